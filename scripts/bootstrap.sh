@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Set up .venv with the pinned real llama.cpp (llama-cpp-python built from source) and this project.
+# Idempotent: a second run only checks a stamp. The llama.cpp wheel is built once per machine into
+# $FAMILY_CERTIFY_CACHE (default ~/.cache/family-certify) and reused by every later setup and clone.
+set -euo pipefail
+
+LLAMA_CPP_PYTHON=0.3.36          # vendors llama.cpp b11312, commit 0c1e570
+GGUF_PY=0.19.0                   # gguf-py from the same vendored tree (PyPI's 0.19.0 lacks newer archs)
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${FAMILY_CERTIFY_CACHE:-$HOME/.cache/family-certify}
+py=${PYTHON:-python3}
+venv="$root/.venv"
+stamp="$venv/.bootstrap-stamp"
+want="$LLAMA_CPP_PYTHON $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+say() { echo "bootstrap: $*" >&2; }
+[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+mkdir -p "$cache/sdist" "$cache/wheels"
+sdist="$cache/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz"
+if [ ! -f "$sdist" ]; then
+  say "downloading llama-cpp-python $LLAMA_CPP_PYTHON sdist"
+  "${pip[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$cache/sdist"
+fi
+
+wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+  say "building llama.cpp from source (first setup only; about 6 minutes on 2 cores)"
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+    "${pip[@]}" wheel --no-deps "$sdist" -w "$cache/wheels"
+  wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl | head -1)
+fi
+
+gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$gguf_wheel" ]; then
+  say "building gguf-py $GGUF_PY from the pinned llama.cpp tree"
+  tmp=$(mktemp -d)
+  tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py"
+  "${pip[@]}" wheel --no-deps "$tmp/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py" -w "$cache/wheels"
+  rm -rf "$tmp"
+  gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl | head -1)
+fi
+
+say "installing into $venv"
+"${pip[@]}" install "$wheel" "$gguf_wheel"
+"${pip[@]}" install -e "$root[dev]"
+echo "$want" > "$stamp"
+say "ready"

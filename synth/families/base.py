@@ -1,0 +1,234 @@
+"""The Family base: how a family module declares what it is, which knobs it honours, and its GGUF.
+
+A family module subclasses Family, sets the class attributes, and implements `build` (keys + tensors) and,
+where it has constraints beyond the generic ones, `check`. Keys and tensor names come from gguf-py's
+constants (gguf.Keys, gguf.MODEL_TENSOR) so a typo is an AttributeError, not a file llama.cpp rejects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+import gguf
+import numpy as np
+
+from synth.errors import UserError
+from synth.gguf_io import KV, VT
+from synth.spec import ATTN, BOTH, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
+from synth.tokenizer import tokenizer_kv
+from synth.weights import Init, make_tensor
+
+K = gguf.Keys.LLM
+KA = gguf.Keys.Attention
+T = gguf.MODEL_TENSOR
+
+# CLI spelling of each knob, for messages.
+FLAG = {
+    "layers": "--layers", "period": "--period", "offset": "--offset", "pattern": "--pattern",
+    "kv_heads": "--kv-heads", "embd": "--embd", "heads": "--heads", "head_dim": "--head-dim", "ff": "--ff",
+    "vocab": "--vocab", "experts": "--experts", "experts_used": "--experts-used",
+    "shared_experts": "--shared-experts", "leading_dense": "--leading-dense", "indexer": "--indexer",
+    "indexer_top_k": "--indexer-top-k",
+}
+BASE_KNOBS = frozenset({"layers", "embd", "heads", "ff", "vocab"})
+PATTERN_KNOBS = frozenset({"period", "offset", "pattern"})
+MOE_KNOBS = frozenset({"experts", "experts_used"})
+
+OUTPUT_GAIN = 3.0  # std of logits ≈ OUTPUT_GAIN: clear top-1/top-2 margins over a tiny vocab
+
+
+class Family:
+    name: ClassVar[str]  # CLI name, e.g. "falcon-h1"
+    arch: ClassVar[gguf.MODEL_ARCH]
+    kind: ClassVar[str]  # "dense" | "recurrent" | "hybrid"
+    summary: ClassVar[str] = ""
+    knobs: ClassVar[frozenset[str]] = BASE_KNOBS
+    per_layer_kv: ClassVar[bool] = False  # honours a per-layer head_count_kv (uneven K/V widths)
+    parallel_hybrid: ClassVar[bool] = False  # every layer is attention + recurrent (falcon-h1)
+    # defaults for the resolved spec
+    n_layer: ClassVar[int] = 4
+    n_embd: ClassVar[int] = 32
+    n_head: ClassVar[int] = 4
+    n_head_kv: ClassVar[int] = 2
+    head_dim: ClassVar[int | None] = None  # None: n_embd // n_head
+    n_ff: ClassVar[int] = 64
+    n_vocab: ClassVar[int] = 64
+    period: ClassVar[int] = 4  # hybrids: default attention period
+    n_expert: ClassVar[int] = 0
+    n_expert_used: ClassVar[int] = 0
+
+    @property
+    def arch_name(self) -> str:
+        return gguf.MODEL_ARCH_NAMES[self.arch]
+
+    # ---- knob resolution -------------------------------------------------------------------------
+    def natural_offset(self, period: int) -> int:
+        """Where the attention layer sits inside each period by default (the family's real phase)."""
+        return period - 1
+
+    def supported_flags(self) -> str:
+        return " ".join(FLAG[k] for k in FLAG if k in self.knobs) or "(none)"
+
+    def reject(self, knob: str, why: str) -> UserError:
+        return UserError(f"family {self.name}: {FLAG.get(knob, knob)} {why}; "
+                         f"it supports: {self.supported_flags()}")
+
+    def resolve(self, knobs: Knobs) -> ModelSpec:
+        for k in knobs.given():
+            if k not in self.knobs:
+                raise self.reject(k, "is not something this family can express")
+        pattern = self._pattern(knobs)
+        n_layer = len(pattern)
+        n_embd = _positive(knobs.embd, self.n_embd, "--embd")
+        n_head = _positive(knobs.heads, self.n_head, "--heads")
+        head_dim = knobs.head_dim or self.head_dim or n_embd // n_head
+        if knobs.head_dim is None and n_embd % n_head:
+            raise UserError(f"family {self.name}: --embd {n_embd} is not a multiple of --heads {n_head}")
+        kv = self._kv_heads(knobs, pattern, n_head)
+        n_expert = knobs.experts if knobs.experts is not None else self.n_expert
+        n_used = knobs.experts_used if knobs.experts_used is not None else \
+            (min(self.n_expert_used or 2, n_expert) if n_expert else 0)
+        if n_expert and not 0 < n_used <= n_expert:
+            raise UserError(f"family {self.name}: --experts-used {n_used} must be in 1..--experts {n_expert}")
+        spec = ModelSpec(
+            family=self.name, pattern=pattern, n_embd=n_embd, n_head=n_head, n_head_kv=kv,
+            head_dim=head_dim, n_ff=_positive(knobs.ff, self.n_ff, "--ff"),
+            n_vocab=_positive(knobs.vocab, self.n_vocab, "--vocab"),
+            n_expert=n_expert, n_expert_used=n_used,
+            n_expert_shared=knobs.shared_experts or 0, n_leading_dense=knobs.leading_dense or 0,
+            indexer=bool(knobs.indexer), indexer_top_k=knobs.indexer_top_k or 0, seed=knobs.seed,
+        )
+        if spec.n_vocab < 4:
+            raise UserError(f"family {self.name}: --vocab {spec.n_vocab} is too small; use at least 4")
+        spec = replace(spec, extra=self.derive(spec))
+        self.check(spec)
+        return spec
+
+    def _pattern(self, knobs: Knobs) -> str:
+        if self.kind == "dense":
+            return ATTN * _positive(knobs.layers, self.n_layer, "--layers")
+        if self.kind == "recurrent":
+            return REC * _positive(knobs.layers, self.n_layer, "--layers")
+        if self.parallel_hybrid:
+            return BOTH * _positive(knobs.layers, self.n_layer, "--layers")
+        if knobs.pattern is not None:
+            if knobs.period is not None or knobs.offset is not None:
+                raise UserError(f"family {self.name}: give either --pattern or --period/--offset, not both")
+            pattern = parse_pattern(knobs.pattern)
+            if knobs.layers is not None and knobs.layers != len(pattern):
+                raise UserError(f"family {self.name}: --pattern has {len(pattern)} layers "
+                                f"but --layers is {knobs.layers}")
+        elif knobs.period is None and knobs.offset is None and knobs.kv_heads is not None \
+                and len(knobs.kv_heads) > 1 and self.per_layer_kv:
+            # a per-layer --kv-heads list with zeros is itself the pattern (0 = recurrent layer)
+            pattern = "".join(ATTN if h else REC for h in knobs.kv_heads)
+            if knobs.layers is not None and knobs.layers != len(pattern):
+                raise UserError(f"family {self.name}: --kv-heads has {len(pattern)} entries "
+                                f"but --layers is {knobs.layers}")
+        else:
+            n_layer = _positive(knobs.layers, self.n_layer, "--layers")
+            period = _positive(knobs.period, self.period, "--period")
+            offset = knobs.offset if knobs.offset is not None else self.natural_offset(period)
+            if not 0 <= offset < period:
+                raise UserError(f"family {self.name}: --offset {offset} must be in 0..{period - 1} "
+                                f"(--period {period})")
+            pattern = periodic_pattern(n_layer, period, offset)
+        if ATTN not in pattern or REC not in pattern:
+            raise UserError(f"family {self.name}: pattern {pattern} needs at least one attention (A) and one "
+                            "recurrent (R) layer; llama.cpp aborts on a hybrid with an empty KV or state cache")
+        return pattern
+
+    def _kv_heads(self, knobs: Knobs, pattern: str, n_head: int) -> tuple[int, ...]:
+        attn = [c in (ATTN, BOTH) for c in pattern]
+        if knobs.kv_heads is None:
+            vals = [self.n_head_kv if a else 0 for a in attn]
+        elif len(knobs.kv_heads) == 1:
+            vals = [knobs.kv_heads[0] if a else 0 for a in attn]
+        else:
+            if len(knobs.kv_heads) != len(pattern):
+                raise UserError(f"family {self.name}: --kv-heads has {len(knobs.kv_heads)} entries "
+                                f"for {len(pattern)} layers")
+            vals = list(knobs.kv_heads)
+            for i, (a, h) in enumerate(zip(attn, vals, strict=True)):
+                if a and h == 0 or not a and h != 0:
+                    raise UserError(f"family {self.name}: --kv-heads[{i}]={h} disagrees with layer {i} being "
+                                    f"{'attention' if a else 'recurrent'} (0 marks recurrent layers)")
+        distinct = {h for h, a in zip(vals, attn, strict=True) if a}
+        if len(distinct) > 1 and not self.per_layer_kv:
+            raise self.reject("kv_heads", f"{','.join(map(str, vals))} varies across layers, but llama.cpp "
+                              "sizes every layer of this arch from layer 0 (one value only)")
+        for h in distinct:
+            if h <= 0 or n_head % h:
+                raise UserError(f"family {self.name}: --kv-heads {h} must divide --heads {n_head}")
+        return tuple(vals)
+
+    # ---- family hooks ----------------------------------------------------------------------------
+    def derive(self, spec: ModelSpec) -> dict[str, int]:
+        """Family-specific dims (SSM sizes, ranks, ...) computed from the spec."""
+        return {}
+
+    def check(self, spec: ModelSpec) -> None:
+        """Raise UserError for a spec this arch cannot load or run."""
+
+    def build(self, spec: ModelSpec, b: Builder) -> None:
+        raise NotImplementedError
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def to_gguf(self, spec: ModelSpec) -> tuple[dict[str, KV], list[tuple[str, np.ndarray]]]:
+        b = Builder(self.arch_name, spec)
+        b.u32(K.CONTEXT_LENGTH, spec.n_ctx_train)
+        b.u32(K.EMBEDDING_LENGTH, spec.n_embd)
+        b.u32(K.BLOCK_COUNT, spec.n_layer)
+        b.u32(K.VOCAB_SIZE, spec.n_vocab)
+        self.build(spec, b)
+        b.kv.update(tokenizer_kv(spec.n_vocab))
+        b.kv[SPEC_KEY] = KV(spec.to_json(), VT.STRING)
+        tensors = [(name, make_tensor(spec.seed, name, ne, init)) for name, ne, init in b.tensors]
+        return b.kv, tensors
+
+
+class Builder:
+    """Collects one fixture's metadata keys and tensor declarations, in order."""
+
+    def __init__(self, arch: str, spec: ModelSpec):
+        self.arch = arch
+        self.spec = spec
+        self.kv: dict[str, KV] = {}
+        self.tensors: list[tuple[str, tuple[int, ...], Init]] = []
+
+    def key(self, template: str) -> str:
+        return template.format(arch=self.arch)
+
+    def u32(self, template: str, v: int) -> None:
+        self.kv[self.key(template)] = KV(int(v), VT.UINT32)
+
+    def f32(self, template: str, v: float) -> None:
+        self.kv[self.key(template)] = KV(float(v), VT.FLOAT32)
+
+    def flag(self, template: str, v: bool) -> None:
+        self.kv[self.key(template)] = KV(bool(v), VT.BOOL)
+
+    def u32s(self, template: str, values: list[int] | tuple[int, ...]) -> None:
+        self.kv[self.key(template)] = KV([int(x) for x in values], VT.ARRAY, VT.UINT32)
+
+    def i32s(self, template: str, values: list[int] | tuple[int, ...]) -> None:
+        self.kv[self.key(template)] = KV([int(x) for x in values], VT.ARRAY, VT.INT32)
+
+    def bools(self, template: str, values: list[bool]) -> None:
+        self.kv[self.key(template)] = KV([bool(x) for x in values], VT.ARRAY, VT.BOOL)
+
+    def t(self, tensor: gguf.MODEL_TENSOR, ne: tuple[int, ...], init: Init | None = None, *,
+          bid: int | None = None, suffix: str | None = "weight") -> None:
+        """Declare a tensor; init defaults to a linear layer scaled by its fan-in (ne[0])."""
+        name = gguf.TENSOR_NAMES[tensor].format(bid=bid)
+        if suffix:
+            name += "." + suffix
+        self.tensors.append((name, tuple(int(x) for x in ne), init or Init.std(ne[0] ** -0.5)))
+
+
+def _positive(v: int | None, default: int, flag: str) -> int:
+    v = default if v is None else v
+    if v <= 0:
+        raise UserError(f"{flag} {v}: must be a positive integer")
+    return v

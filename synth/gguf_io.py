@@ -1,0 +1,133 @@
+"""Writing and reading GGUF files: the one place that touches gguf-py's writer and reader."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from synth.errors import UserError
+
+VT = gguf.GGUFValueType
+
+
+@dataclass(frozen=True)
+class KV:
+    value: Any
+    type: gguf.GGUFValueType
+    sub_type: gguf.GGUFValueType | None = None
+
+
+def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: list[tuple[str, np.ndarray]]) -> int:
+    """Write a GGUF atomically (temp file + rename, so a failure never leaves a partial file).
+
+    kv must not contain general.architecture (the writer adds it first). Returns the file size.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, arch)
+        for key, v in kv.items():
+            w.add_key_value(key, v.value, v.type, v.sub_type)
+        for name, arr in tensors:
+            w.add_tensor(name, arr, raw_dtype=_raw_dtype(arr))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def _raw_dtype(arr: np.ndarray) -> gguf.GGMLQuantizationType | None:
+    if arr.dtype == np.float32:
+        return gguf.GGMLQuantizationType.F32
+    if arr.dtype == np.float16:
+        return gguf.GGMLQuantizationType.F16
+    return None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ne: tuple[int, ...]  # ggml order, innermost first
+    type: str  # e.g. "F32", "Q4_K"
+    n_bytes: int
+
+
+class GGUFFile:
+    """A read-only view of a GGUF file: metadata values (decoded) and tensor infos."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"{self.path}: no such file; pass the path of a .gguf file")
+        try:
+            self.reader = gguf.GGUFReader(self.path, "r")
+        except Exception as e:  # gguf-py raises ValueError/struct.error/IndexError on corrupt input
+            raise UserError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e}); "
+                            "regenerate it or check the download") from None
+        self.kv: dict[str, Any] = {}
+        self.kv_types: dict[str, tuple[gguf.GGUFValueType, gguf.GGUFValueType | None]] = {}
+        for f in self.reader.fields.values():
+            if f.name.startswith("GGUF."):
+                continue
+            self.kv[f.name] = _field_value(f)
+            sub = f.types[-1] if f.types and f.types[0] == VT.ARRAY and len(f.types) > 1 else None
+            self.kv_types[f.name] = (f.types[0], sub) if f.types else (VT.UINT32, None)
+        self.tensors: dict[str, TensorInfo] = {
+            t.name: TensorInfo(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name, int(t.n_bytes))
+            for t in self.reader.tensors
+        }
+        self.arch: str = str(self.kv.get("general.architecture", ""))
+        if not self.arch:
+            raise UserError(f"{self.path}: GGUF has no general.architecture; not a model file")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Value of '{arch}.<key>' (or of a full key containing a dot prefix like 'tokenizer.')."""
+        full = key if key.startswith(("general.", "tokenizer.")) or key.startswith(self.arch + ".") \
+            else f"{self.arch}.{key}"
+        return self.kv.get(full, default)
+
+    def tensor_data(self, name: str) -> np.ndarray:
+        for t in self.reader.tensors:
+            if t.name == name:
+                return np.array(t.data)
+        raise KeyError(name)
+
+    def kv_entry(self, key: str) -> KV:
+        vtype, sub = self.kv_types[key]
+        return KV(self.kv[key], vtype, sub)
+
+
+def _field_value(f: Any) -> Any:
+    if not f.types:
+        return None
+    t0 = f.types[0]
+    if t0 == VT.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
+    if t0 == VT.ARRAY:
+        sub = f.types[-1]
+        if sub == VT.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        return [_scalar(f.parts[i], sub) for i in f.data]
+    return _scalar(f.parts[f.data[0]], t0)
+
+
+def _scalar(part: Any, t: gguf.GGUFValueType) -> Any:
+    v = part[0]
+    if t == VT.BOOL:
+        return bool(v)
+    if t in (VT.FLOAT32, VT.FLOAT64):
+        return float(v)
+    return int(v)

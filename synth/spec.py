@@ -1,0 +1,112 @@
+"""What a fixture is: the user's knobs (Knobs) and the fully resolved model (ModelSpec)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+from synth.errors import UserError
+
+# Layer kinds, one character per layer in ModelSpec.pattern.
+ATTN = "A"  # attention only
+REC = "R"  # recurrent only (SSM, linear attention, short conv, RWKV)
+BOTH = "B"  # attention and recurrent in parallel (falcon-h1)
+
+SPEC_KEY = "family_certify.spec"  # GGUF metadata key holding the ModelSpec JSON (provenance only)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a user asked for; None means 'the family's default'. Family.resolve turns it into a ModelSpec."""
+
+    layers: int | None = None
+    period: int | None = None
+    offset: int | None = None
+    pattern: str | None = None
+    kv_heads: tuple[int, ...] | None = None
+    embd: int | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    ff: int | None = None
+    vocab: int | None = None
+    experts: int | None = None
+    experts_used: int | None = None
+    shared_experts: int | None = None
+    leading_dense: int | None = None
+    indexer: bool | None = None
+    indexer_top_k: int | None = None
+    seed: int = 0
+
+    def given(self) -> dict[str, object]:
+        """The knobs the user set (seed excluded: every family takes a seed)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "seed" and getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A fully resolved fixture. Same spec → same GGUF bytes."""
+
+    family: str
+    pattern: str  # one of A/R/B per layer
+    n_embd: int
+    n_head: int
+    n_head_kv: tuple[int, ...]  # per layer; 0 on recurrent-only layers
+    head_dim: int
+    n_ff: int
+    n_vocab: int = 64
+    n_ctx_train: int = 256
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_expert_shared: int = 0
+    n_ff_exp: int = 0
+    n_leading_dense: int = 0
+    indexer: bool = False
+    indexer_top_k: int = 0
+    seed: int = 0
+    extra: dict[str, int] = field(default_factory=dict)  # family-specific dims (SSM state, ranks, ...)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.pattern)
+
+    def is_attn(self, i: int) -> bool:
+        return self.pattern[i] in (ATTN, BOTH)
+
+    def is_rec(self, i: int) -> bool:
+        return self.pattern[i] in (REC, BOTH)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["n_head_kv"] = list(self.n_head_kv)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> ModelSpec:
+        d = json.loads(text)
+        d["n_head_kv"] = tuple(d["n_head_kv"])
+        return ModelSpec(**d)
+
+
+def parse_pattern(text: str) -> str:
+    """'RRRA RRRA', 'A R R A', 'a,r,r,a' → 'RRRARRRA'. A = attention, R = recurrent."""
+    s = re.sub(r"[\s,|_/-]+", "", text).upper()
+    if not s or set(s) - {ATTN, REC}:
+        raise UserError(f"--pattern {text!r}: use the letters A (attention) and R (recurrent), e.g. 'RRRA RRRA'")
+    return s
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in re.split(r"[\s,]+", text.strip()) if x)
+    except ValueError:
+        raise UserError(f"{what} {text!r}: expected comma-separated integers, e.g. '2,0,1,0'") from None
+    if not vals or any(v < 0 for v in vals):
+        raise UserError(f"{what} {text!r}: expected non-negative integers, e.g. '2,0,1,0'")
+    return vals
+
+
+def periodic_pattern(n_layer: int, period: int, offset: int) -> str:
+    """One attention layer per `period`, at layers i with i % period == offset."""
+    return "".join(ATTN if i % period == offset else REC for i in range(n_layer))
