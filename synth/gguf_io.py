@@ -131,3 +131,19 @@ def _scalar(part: Any, t: gguf.GGUFValueType) -> Any:
     if t in (VT.FLOAT32, VT.FLOAT64):
         return float(v)
     return int(v)
+
+
+def read_all(path: str | os.PathLike) -> tuple[GGUFFile, dict[str, KV], list[tuple[str, np.ndarray]]]:
+    """Everything in a GGUF as writable pieces: metadata (minus general.architecture) and tensors.
+
+    Tensors come back as numpy arrays in numpy order (reversed ggml ne); quantized tensors keep their
+    raw bytes via gguf-py's reader shapes, so only float files can be rewritten element-wise.
+    """
+    g = GGUFFile(path)
+    kv = {k: g.kv_entry(k) for k in g.kv if k != "general.architecture"}
+    tensors = []
+    for t in g.reader.tensors:
+        data = np.array(t.data)
+        tensors.append((t.name, data.reshape(tuple(reversed([int(x) for x in t.shape])))
+                        if t.tensor_type.name in ("F32", "F16") else data))
+    return g, kv, tensors

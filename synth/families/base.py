@@ -79,7 +79,6 @@ class Family:
             if k not in self.knobs:
                 raise self.reject(k, "is not something this family can express")
         pattern = self._pattern(knobs)
-        n_layer = len(pattern)
         n_embd = _positive(knobs.embd, self.n_embd, "--embd")
         n_head = _positive(knobs.heads, self.n_head, "--heads")
         head_dim = knobs.head_dim or self.head_dim or n_embd // n_head

@@ -3,7 +3,7 @@
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, Family, K, T
 from synth.families.mamba2 import mamba2_dims, mamba2_keys, mamba2_layer
 from synth.spec import ModelSpec
 

@@ -4,7 +4,7 @@
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, MOE_KNOBS, PATTERN_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, MOE_KNOBS, PATTERN_KNOBS, Family, K, T
 from synth.families.mamba2 import mamba2_dims, mamba2_keys, mamba2_layer
 from synth.spec import ModelSpec
 

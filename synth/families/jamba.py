@@ -7,7 +7,7 @@ dense elsewhere. Jamba's own phase puts attention at offset period/2 (attn_layer
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, MOE_KNOBS, PATTERN_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, MOE_KNOBS, PATTERN_KNOBS, Family, K, T
 from synth.spec import ModelSpec
 
 KS = gguf.Keys.SSM

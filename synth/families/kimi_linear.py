@@ -3,9 +3,9 @@
 
 import gguf
 
-from synth.families import blocks
 from synth.errors import UserError
-from synth.families.base import BASE_KNOBS, MOE_KNOBS, PATTERN_KNOBS, Family, K, KA, T
+from synth.families import blocks
+from synth.families.base import BASE_KNOBS, KA, MOE_KNOBS, PATTERN_KNOBS, Family, K, T
 from synth.spec import ModelSpec
 from synth.weights import Init
 

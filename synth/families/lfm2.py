@@ -6,7 +6,7 @@ The final norm is stored as token_embd_norm (not output_norm); attention has per
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, PATTERN_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, PATTERN_KNOBS, Family, K, T
 from synth.spec import ModelSpec
 from synth.weights import Init
 

@@ -3,7 +3,7 @@
 import gguf
 
 from synth.families import blocks
-from synth.families.base import Family, KA, T
+from synth.families.base import KA, Family, T
 from synth.spec import ModelSpec
 
 KS = gguf.Keys.SSM

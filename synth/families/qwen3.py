@@ -3,7 +3,7 @@
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, Family, K, T
 from synth.spec import ModelSpec
 
 

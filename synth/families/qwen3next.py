@@ -7,7 +7,7 @@ pattern has that shape, else the per-layer `attention.recurrent_layers` array, w
 import gguf
 
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, MOE_KNOBS, PATTERN_KNOBS, Family, K, KA, T
+from synth.families.base import BASE_KNOBS, KA, MOE_KNOBS, PATTERN_KNOBS, Family, K, T
 from synth.spec import REC, ModelSpec, periodic_pattern
 from synth.weights import Init
 

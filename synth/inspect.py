@@ -1,0 +1,189 @@
+"""What a GGUF file says about its layers, read from the file alone (ours or a real model).
+
+Per layer: kind (attention / recurrent / both / mlp), mixer, heads, K/V widths and KV-cache row bytes,
+FFN kind, indexer. The file-level recurrent/hybrid flags follow llama.cpp's own rule, which is by arch
+(llm_arch_is_recurrent / llm_arch_is_hybrid in src/llama-arch.cpp of the pinned b11312).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from synth.gguf_io import GGUFFile
+
+# Mirrors of the pinned llama.cpp's arch lists (src/llama-arch.cpp). Re-check when the pin moves.
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHS = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
+    "deepseek4", "minimax-01",
+})
+PARALLEL_ARCHS = frozenset({"falcon-h1"})  # every layer has attention and SSM
+# archs whose attention layers follow full_attention_interval when no per-layer array is present
+INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
+DEFAULT_INTERVAL = 4
+
+KV_CACHE_BYTES = 2  # llama.cpp's default cache type is f16
+
+_BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+_REC_MARKERS = ("ssm_", "time_mix_", "shortconv.")
+_ATTN_MARKERS = ("attn_q.", "attn_k.", "attn_v.", "attn_qkv.", "attn_kv_a_mqa.", "attn_q_a.", "attn_kv.")
+
+
+@dataclass
+class LayerInfo:
+    index: int
+    kind: str  # attention | recurrent | both | mlp
+    mixer: str  # attention | mla | mamba | mamba2 | gated-deltanet | kda | shortconv | rwkv6 | rwkv7 | ...
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    k_width: int  # KV-cache K elements per token (0 on recurrent-only layers)
+    v_width: int
+    k_row_bytes: int  # at the default f16 cache type
+    v_row_bytes: int
+    ffn: str  # dense | moe | none
+    n_expert: int
+    indexer: bool
+    n_tensors: int
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    is_recurrent: bool
+    is_hybrid: bool
+    file_bytes: int
+    n_tensors: int
+    layers: list[LayerInfo]
+    spec: str | None  # the synth spec JSON if this is one of our fixtures
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def per_layer(value: Any, n: int, default: int = 0) -> list[int]:
+    if value is None:
+        return [default] * n
+    if isinstance(value, list):
+        return [int(v) for v in value] + [default] * (n - len(value))
+    return [int(value)] * n
+
+
+def inspect_file(path: str) -> ModelInfo:
+    g = GGUFFile(path)
+    arch = g.arch
+    n_layer = int(g.get("block_count", 0))
+    n_embd = int(g.get("embedding_length", 0))
+    tokens = g.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if isinstance(tokens, list) else int(g.get("vocab_size", 0))
+
+    by_layer: dict[int, list[str]] = {i: [] for i in range(n_layer)}
+    for name in g.tensors:
+        m = _BLK.match(name)
+        if m and int(m.group(1)) in by_layer:
+            by_layer[int(m.group(1))].append(m.group(2))
+
+    n_head = per_layer(g.get("attention.head_count"), n_layer)
+    n_head_kv_raw = g.get("attention.head_count_kv")
+    n_head_kv = per_layer(n_head_kv_raw, n_layer, default=0) if n_head_kv_raw is not None else list(n_head)
+    kinds = _layer_kinds(g, arch, n_layer, by_layer, n_head_kv_raw)
+
+    mla = g.get("attention.key_length_mla") is not None
+    h0 = n_head[0] if n_head and n_head[0] else 0
+    dk = int(g.get("attention.key_length", n_embd // h0 if h0 else 0))
+    dv = int(g.get("attention.value_length", n_embd // h0 if h0 else 0))
+    n_expert = int(g.get("expert_count", 0) or 0)
+
+    layers = []
+    for i in range(n_layer):
+        names = by_layer[i]
+        kind = kinds[i]
+        has_attn = kind in ("attention", "both")
+        kv = n_head_kv[i] if has_attn else 0
+        if has_attn and kv == 0:  # e.g. falcon-h1 writes a scalar; MLA caches one latent head
+            kv = 1 if mla else n_head[i]
+        kw, vw = (dk * kv, dv * kv) if has_attn else (0, 0)
+        moe = any(n.startswith(("ffn_gate_inp.", "ffn_up_exps.", "ffn_gate_up_exps.", "ffn_down_exps."))
+                  for n in names)
+        dense = any(n.startswith(("ffn_up.", "ffn_down.", "channel_mix_key.")) for n in names)
+        layers.append(LayerInfo(
+            index=i, kind=kind, mixer=_mixer(kind, names, mla), n_head=n_head[i], n_head_kv=kv,
+            head_dim_k=dk if has_attn else 0, head_dim_v=dv if has_attn else 0,
+            k_width=kw, v_width=vw, k_row_bytes=kw * KV_CACHE_BYTES, v_row_bytes=vw * KV_CACHE_BYTES,
+            ffn="moe" if moe else "dense" if dense else "none", n_expert=n_expert if moe else 0,
+            indexer=any(n.startswith("indexer.") for n in names), n_tensors=len(names),
+        ))
+    spec = g.kv.get("family_certify.spec")
+    return ModelInfo(
+        path=str(path), arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
+        is_recurrent=arch in RECURRENT_ARCHS, is_hybrid=arch in HYBRID_ARCHS,
+        file_bytes=g.path.stat().st_size, n_tensors=len(g.tensors), layers=layers,
+        spec=spec if isinstance(spec, str) else None,
+    )
+
+
+def _layer_kinds(g: GGUFFile, arch: str, n: int, by_layer: dict[int, list[str]], kv_raw: Any) -> list[str]:
+    def has(i: int, prefixes: tuple[str, ...]) -> bool:
+        return any(t.startswith(p) for t in by_layer[i] for p in prefixes)
+
+    def not_recurrent(i: int) -> str:
+        return "attention" if has(i, _ATTN_MARKERS) or not has(i, ("ffn_",)) else "mlp"
+
+    if arch in RECURRENT_ARCHS:
+        return ["recurrent"] * n
+    if arch in PARALLEL_ARCHS:
+        return ["both"] * n
+    rec_layers = g.get("attention.recurrent_layers")
+    if isinstance(rec_layers, list) and len(rec_layers) == n:
+        return ["recurrent" if r else not_recurrent(i) for i, r in enumerate(rec_layers)]
+    if arch in INTERVAL_ARCHS:
+        interval = int(g.get("full_attention_interval", DEFAULT_INTERVAL))
+        return ["attention" if (i + 1) % interval == 0 else "recurrent" for i in range(n)]
+    if arch in HYBRID_ARCHS and isinstance(kv_raw, list):
+        return ["recurrent" if kv == 0 and has(i, _REC_MARKERS) else
+                not_recurrent(i) for i, kv in enumerate(per_layer(kv_raw, n))]
+    return ["recurrent" if has(i, _REC_MARKERS) else not_recurrent(i) for i in range(n)]
+
+
+def _mixer(kind: str, names: list[str], mla: bool) -> str:
+    def has(p: str) -> bool:
+        return any(t.startswith(p) for t in names)
+
+    if kind in ("attention", "mlp"):
+        return "mla" if kind == "attention" and (mla or has("attn_kv_a_mqa.")) else kind
+    if has("time_mix_w0."):
+        return "rwkv7"
+    if has("time_mix_"):
+        return "rwkv6"
+    if has("shortconv."):
+        return "shortconv"
+    if has("ssm_f_a."):
+        return "kda"
+    if has("ssm_ba.") or has("ssm_alpha.") or has("ssm_beta."):
+        return "gated-deltanet"
+    if has("ssm_x."):
+        return "mamba"
+    if has("ssm_in."):
+        return "mamba2"
+    return "recurrent"
+
+
+def format_table(info: ModelInfo) -> str:
+    lines = [f"{info.path}: arch {info.arch}, {info.n_layer} layers, n_embd {info.n_embd}, vocab {info.n_vocab}, "
+             f"{info.file_bytes} bytes, recurrent={info.is_recurrent} hybrid={info.is_hybrid}",
+             f"{'layer':>5}  {'kind':<9} {'mixer':<14} {'heads':>5} {'kv':>3} {'k_dim':>5} {'v_dim':>5} "
+             f"{'k_row_B':>7} {'v_row_B':>7}  {'ffn':<5} indexer"]
+    for x in info.layers:
+        ffn = f"moe{x.n_expert}" if x.ffn == "moe" else x.ffn
+        lines.append(f"{x.index:>5}  {x.kind:<9} {x.mixer:<14} {x.n_head:>5} {x.n_head_kv:>3} {x.head_dim_k:>5} "
+                     f"{x.head_dim_v:>5} {x.k_row_bytes:>7} {x.v_row_bytes:>7}  {ffn:<5} "
+                     f"{'yes' if x.indexer else '-'}")
+    return "\n".join(lines)
