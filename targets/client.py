@@ -1,0 +1,212 @@
+"""The engine side of the protocol: a worker process that may abort, segfault or hang.
+
+Every call returns a Reply. A crash or a timeout is a Failure inside the Reply (with the request that
+caused it and the worker's last stderr lines), never an exception; the next call starts a fresh worker
+and replays the last successful `load` first, so the engine keeps going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from synth.errors import UserError
+
+DEFAULT_TIMEOUT = 120.0
+_INFORMATIVE = ("GGML_ASSERT", "GGML_ABORT", "error", "Error", "terminate", "Assertion", "fault", "abort",
+                "double free", "corruption", "unsupported")
+
+
+@dataclass
+class Failure:
+    kind: str  # crash | timeout | error (the target refused the request) | protocol
+    message: str  # one line
+    op: str
+    request: dict[str, Any] = field(repr=False)
+    returncode: int | None = None
+    error_kind: str | None = None  # for kind == "error": load_failed, decode_failed, bad_request, ...
+    stderr_tail: list[str] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "op": self.op, "returncode": self.returncode,
+                "error_kind": self.error_kind, "request": elide(self.request), "stderr_tail": self.stderr_tail}
+
+
+@dataclass
+class Reply:
+    ok: bool
+    data: dict[str, Any]
+    failure: Failure | None = None
+
+
+def elide(req: dict[str, Any], limit: int = 200) -> dict[str, Any]:
+    """The request with long strings (base64 blobs) shortened, for reports and messages."""
+    out = {}
+    for k, v in req.items():
+        if isinstance(v, str) and len(v) > limit:
+            out[k] = f"<{len(v)} chars>"
+        elif isinstance(v, list) and len(v) > 64:
+            out[k] = v[:64] + [f"... {len(v) - 64} more"]
+        else:
+            out[k] = v
+    return out
+
+
+class WorkerClient:
+    def __init__(self, argv: list[str], *, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None,
+                 name: str = "target"):
+        self.argv = argv
+        self.timeout = timeout
+        self.env = env
+        self.name = name
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: deque[str] = deque(maxlen=60)
+        self.next_id = 0
+        self.restarts = 0
+        self.starts = 0
+        self.load_request: dict[str, Any] | None = None  # replayed into a restarted worker
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                bufsize=1, env={**os.environ, **(self.env or {})}, start_new_session=True)
+        except OSError as e:
+            raise UserError(f"target {self.name}: cannot start {self.argv[0]!r} ({e.strerror or e}); "
+                            "install it or fix --target") from None
+        self.starts += 1
+        self.lines = queue.Queue()
+        self.stderr = deque(maxlen=60)
+        threading.Thread(target=_pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
+        threading.Thread(target=_pump, args=(self.proc.stderr, self._stderr_line), daemon=True).start()
+
+    def _stderr_line(self, line: str | None) -> None:
+        if line is not None:
+            self.stderr.append(line.rstrip("\n"))
+
+    def _ensure(self) -> Reply | None:
+        if self.proc is not None and self.proc.poll() is None:
+            return None
+        if self.proc is not None:
+            self.restarts += 1
+        self._start()
+        if self.load_request is not None:  # put the restarted worker back where it was
+            reply = self._roundtrip(dict(self.load_request), self.timeout)
+            if not reply.ok:
+                return reply
+        return None
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"id": -1, "op": "shutdown"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self._kill()
+        self.proc = None
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> WorkerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- calls -----------------------------------------------------------------------------------
+    def call(self, op: str, *, timeout: float | None = None, **args: Any) -> Reply:
+        failed = self._ensure()
+        if failed is not None:
+            return failed
+        reply = self._roundtrip({"op": op, **args}, timeout or self.timeout)
+        if op == "load":
+            self.load_request = {"op": op, **args} if reply.ok else None
+        elif op == "unload" and reply.ok:
+            self.load_request = None
+        return reply
+
+    def _roundtrip(self, req: dict[str, Any], timeout: float) -> Reply:
+        self.next_id += 1
+        rid = self.next_id
+        msg = {"id": rid, **req}
+        op = str(req.get("op"))
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return self._crashed(op, req)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill()
+                return Reply(False, {}, Failure("timeout", f"{self.name} did not answer '{op}' within "
+                                                f"{timeout:g}s (killed)", op, req, stderr_tail=list(self.stderr)))
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                return self._crashed(op, req)
+            try:
+                resp = json.loads(line)
+            except json.JSONDecodeError:
+                self._kill()
+                return Reply(False, {}, Failure("protocol", f"{self.name} wrote a non-JSON line: {line[:120]!r}",
+                                                op, req, stderr_tail=list(self.stderr)))
+            if resp.get("id") != rid:
+                continue  # a stale answer from before a timeout
+            if resp.get("ok"):
+                return Reply(True, resp)
+            return Reply(False, resp, Failure("error", str(resp.get("error", "request failed")), op, req,
+                                              error_kind=resp.get("error_kind")))
+
+    def _crashed(self, op: str, req: dict[str, Any]) -> Reply:
+        rc = None
+        if self.proc is not None:
+            try:
+                rc = self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                rc = self.proc.returncode
+        time.sleep(0.05)  # let the stderr pump drain the last lines
+        tail = list(self.stderr)
+        lines = [ln.strip() for ln in tail if ln.strip()]
+        why = next((ln for ln in reversed(lines) if any(m in ln for m in _INFORMATIVE)), lines[-1] if lines else "")
+        sig = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
+        msg = f"{self.name} crashed ({sig}) during '{op}'" + (f": {why[:300]}" if why else "")
+        return Reply(False, {}, Failure("crash", msg, op, req, returncode=rc, stderr_tail=tail))
+
+
+def _pump(stream: Any, put: Any) -> None:
+    try:
+        for line in stream:
+            put(line)
+    except (OSError, ValueError):
+        pass
+    finally:
+        put(None)

@@ -1,0 +1,390 @@
+"""The llama.cpp target: a worker process that speaks targets/PROTOCOL.md over stdin/stdout.
+
+Run as `python -m targets.llama_cpp_worker`. One model and one context at a time. llama.cpp aborts the
+process on some bad inputs; that is expected — the client (targets/client.py) turns it into a typed
+crash result and restarts the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import sys
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+PINNED_LLAMA_CPP_PYTHON = "0.3.36"
+PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
+
+# Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
+DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False}
+
+
+class RequestError(Exception):
+    """The request cannot be served (bad arguments, load failure, decode error). Reported, not fatal."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def f32_b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+
+
+def b64_f32(s: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<f4")
+
+
+class LlamaWorker:
+    def __init__(self) -> None:
+        import llama_cpp as L  # imported here so `--help`-style failures stay cheap
+
+        self.L = L
+        self.log: deque[str] = deque(maxlen=200)
+        self._log_cb = L.llama_log_callback(self._on_log)
+        L.llama_log_set(self._log_cb, None)
+        L.llama_backend_init()
+        ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
+        ggml.ggml_get_name.restype = ctypes.c_char_p
+        ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
+        ggml.ggml_nbytes.restype = ctypes.c_size_t
+        ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_tensor_get.restype = None
+        ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                 ctypes.c_size_t]
+        self.ggml = ggml
+        self._eval_cb = L.ggml_backend_sched_eval_callback(self._on_eval)
+        self.model = None
+        self.ctx = None
+        self.params: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
+        self.want: set[bytes] = set()  # tensor names to capture during the current decode
+        self.captured: dict[bytes, list[np.ndarray]] = {}
+
+    # ---- callbacks -------------------------------------------------------------------------------
+    def _on_log(self, level: int, text: bytes, _ud: Any) -> None:
+        line = text.decode("utf-8", errors="replace").rstrip("\n")
+        if line:
+            self.log.append(line)
+        if os.environ.get("FAMILY_CERTIFY_WORKER_LOG"):
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+    def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
+        name = self.ggml.ggml_get_name(t)
+        if name not in self.want:
+            return False
+        if ask:
+            return True
+        # ggml_tensor starts with {enum type; buffer*; int64 ne[4]; ...}; l_out-N is F32 [n_embd, n_tokens]
+        head = ctypes.cast(t, ctypes.POINTER(_TensorHead)).contents
+        n = self.ggml.ggml_nbytes(t)
+        buf = np.empty(n // 4, dtype=np.float32)
+        self.ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n)
+        if head.type == 0:  # GGML_TYPE_F32
+            self.captured.setdefault(name, []).append(buf.reshape(int(head.ne[1]), int(head.ne[0])))
+        return True
+
+    # ---- ops ---------------------------------------------------------------------------------------
+    def op_hello(self, _req: dict) -> dict:
+        return {"protocol": PROTOCOL_VERSION, "target": "llama-cpp",
+                "llama_cpp_python": self.L.__version__, "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT,
+                "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON,
+                "system_info": self.L.llama_print_system_info().decode(errors="replace")}
+
+    def op_load(self, req: dict) -> dict:
+        L = self.L
+        self._unload()
+        path = req.get("path")
+        if not path or not Path(path).is_file():
+            raise RequestError("bad_request", f"load: no such file: {path!r}")
+        params = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
+        if params["n_batch"] < params["n_seq_max"]:
+            raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
+        self.log.clear()
+        mp = L.llama_model_default_params()
+        mp.use_mmap = bool(req.get("mmap", True))
+        model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not model:
+            raise RequestError("load_failed", "load: " + self._last_error("failed to load model"))
+        cp = L.llama_context_default_params()
+        cp.n_ctx = params["n_ctx"]
+        cp.n_batch = params["n_batch"]
+        cp.n_ubatch = params["n_ubatch"]
+        cp.n_seq_max = params["n_seq_max"]
+        cp.n_threads = params["n_threads"]
+        cp.n_threads_batch = params["n_threads"]
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
+            else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
+        cp.cb_eval = self._eval_cb
+        cp.cb_eval_user_data = None
+        ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            L.llama_model_free(model)
+            raise RequestError("load_failed", "load: " + self._last_error("failed to create context"))
+        self.model, self.ctx, self.params = model, ctx, params
+        self.info = self._model_info()
+        return self.info
+
+    def op_info(self, _req: dict) -> dict:
+        self._need_model()
+        return self.info
+
+    def _model_info(self) -> dict:
+        L, m = self.L, self.model
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_meta_val_str(m, b"general.architecture", buf, 256)
+        return {"arch": buf.value.decode(), "n_layer": L.llama_model_n_layer(m), "n_embd": L.llama_model_n_embd(m),
+                "n_embd_inp": L.llama_model_n_embd_inp(m),
+                "n_vocab": L.llama_vocab_n_tokens(L.llama_model_get_vocab(m)),
+                "is_recurrent": bool(L.llama_model_is_recurrent(m)), "is_hybrid": bool(L.llama_model_is_hybrid(m)),
+                "rope_type": L.llama_model_rope_type(m), "params": self.params,
+                "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT}
+
+    def op_decode(self, req: dict) -> dict:
+        """One llama_decode of tokens or embeddings, with per-token positions, sequences and outputs."""
+        L, ctx = self.L, self._need_ctx()
+        info = self.info
+        if "tokens" in req:
+            tokens = [int(t) for t in req["tokens"]]
+            n, embd = len(tokens), None
+            if any(not 0 <= t < info["n_vocab"] for t in tokens):
+                raise RequestError("bad_request", f"decode: token id out of range 0..{info['n_vocab'] - 1}")
+        elif "embd" in req:
+            embd = b64_f32(req["embd"])
+            width = info["n_embd_inp"]
+            if embd.size == 0 or embd.size % width:
+                raise RequestError("bad_request", f"decode: embd has {embd.size} floats, not a multiple of "
+                                   f"n_embd_inp {width}")
+            n, tokens = embd.size // width, None
+        else:
+            raise RequestError("bad_request", "decode: give 'tokens' or 'embd'")
+        if n == 0 or n > self.params["n_batch"]:
+            raise RequestError("bad_request", f"decode: {n} tokens; must be 1..n_batch ({self.params['n_batch']})")
+        seqs = _per_token(req.get("seq", 0), n, "seq")
+        if "pos" in req:
+            pos = _per_token(req["pos"], n, "pos")
+        else:  # continue each sequence from where it is
+            mem = L.llama_get_memory(ctx)
+            nxt: dict[int, int] = {}
+            pos = []
+            for s in seqs:
+                nxt.setdefault(s, L.llama_memory_seq_pos_max(mem, s) + 1)
+                pos.append(nxt[s])
+                nxt[s] += 1
+        n_pos = int(req.get("n_pos_per_token", 1))  # 4 for M-RoPE archs fed embeddings
+        outputs = req.get("logits", "last")
+        if outputs == "last":
+            out = [i == n - 1 for i in range(n)]
+        elif outputs == "all":
+            out = [True] * n
+        elif outputs == "none":
+            out = [False] * n
+        else:
+            out = [bool(x) for x in _per_token(outputs, n, "logits")]
+        capture = [int(k) for k in req.get("capture", [])]
+        # with a capture every row must reach the last layer (llama.cpp prunes non-output rows there)
+        computed = [True] * n if capture else out
+        self.want = {f"l_out-{k}".encode() for k in capture}
+        self.captured = {}
+
+        batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0, 1)
+        try:
+            batch.n_tokens = n
+            if embd is not None:
+                ctypes.memmove(batch.embd, embd.ctypes.data, embd.nbytes)
+            for i in range(n):
+                if tokens is not None:
+                    batch.token[i] = tokens[i]
+                batch.pos[i] = pos[i]
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seqs[i]
+                batch.logits[i] = 1 if computed[i] else 0
+            if n_pos > 1:  # M-RoPE: section-major p,p,p,0 (notes §2.5)
+                for j in range(1, n_pos):
+                    for i in range(n):
+                        batch.pos[j * n + i] = pos[i] if j < 3 else 0
+            rc = L.llama_decode(ctx, batch)
+        finally:
+            L.llama_batch_free(batch)
+            self.want = set()
+        if rc != 0:
+            raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
+        rows = [i for i in range(n) if out[i]]
+        logits = np.stack([self._logits(i, info["n_vocab"]) for i in rows]) if rows else np.zeros((0, 0), "f4")
+        resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [int(np.argmax(r)) for r in logits],
+                                "n_vocab": info["n_vocab"]}
+        if req.get("return_logits", True) and rows:
+            resp["logits"] = f32_b64(logits)
+        if capture:
+            resp["captures"] = {}
+            for k in capture:
+                parts = self.captured.get(f"l_out-{k}".encode())
+                if not parts:
+                    raise RequestError("bad_request", f"decode: no tensor l_out-{k} in this graph "
+                                       f"(layers 0..{info['n_layer'] - 1})")
+                resp["captures"][str(k)] = f32_b64(np.concatenate(parts, axis=0))
+        return resp
+
+    def op_generate(self, req: dict) -> dict:
+        """Prefill `prompt` in chunks of `chunk` tokens, then greedy-decode `n_predict` tokens (seq `seq`)."""
+        prompt = [int(t) for t in req.get("prompt", [])]
+        if not prompt:
+            raise RequestError("bad_request", "generate: empty prompt")
+        chunk = int(req.get("chunk", self.params.get("n_batch", 64)))
+        seq = int(req.get("seq", 0))
+        want_logits = bool(req.get("return_logits", True))
+        steps: list[np.ndarray] = []
+        last = None
+        for i in range(0, len(prompt), chunk):
+            last = self.op_decode({"tokens": prompt[i:i + chunk], "seq": seq, "logits": "last",
+                                   "return_logits": True})
+        assert last is not None
+        out_tokens: list[int] = []
+        logits = b64_f32(last["logits"])
+        for _ in range(int(req.get("n_predict", 0))):
+            steps.append(logits)
+            tok = int(np.argmax(logits))
+            out_tokens.append(tok)
+            last = self.op_decode({"tokens": [tok], "seq": seq, "logits": "last"})
+            logits = b64_f32(last["logits"])
+        resp: dict[str, Any] = {"tokens": out_tokens, "n_vocab": last["n_vocab"]}
+        if want_logits and steps:
+            resp["logits"] = f32_b64(np.stack(steps))
+        return resp
+
+    def op_state_get(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        seq, flags = int(req.get("seq", 0)), _state_flags(req)
+        size = L.llama_state_seq_get_size_ext(ctx, seq, flags)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
+        data = bytes(buf)[:got]
+        resp: dict[str, Any] = {"size": got}
+        if req.get("path"):
+            Path(req["path"]).write_bytes(data)
+            resp["path"] = req["path"]
+        else:
+            resp["data"] = base64.b64encode(data).decode()
+        return resp
+
+    def op_state_set(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        data = Path(req["path"]).read_bytes() if req.get("path") else base64.b64decode(req.get("data", ""))
+        seq, flags = int(req.get("seq", 0)), _state_flags(req)
+        buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+        got = L.llama_state_seq_set_data_ext(ctx, buf, len(data), seq, flags)
+        if got == 0 and data:
+            raise RequestError("state_failed", "llama_state_seq_set_data_ext read 0 bytes: "
+                               + self._last_error("state rejected"))
+        return {"read": int(got)}
+
+    def op_seq_rm(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        ok = L.llama_memory_seq_rm(L.llama_get_memory(ctx), int(req.get("seq", -1)), int(req.get("p0", -1)),
+                                   int(req.get("p1", -1)))
+        return {"removed": bool(ok)}
+
+    def op_seq_pos_max(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        return {"pos_max": int(L.llama_memory_seq_pos_max(L.llama_get_memory(ctx), int(req.get("seq", 0))))}
+
+    def op_reset(self, _req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        return {}
+
+    def op_unload(self, _req: dict) -> dict:
+        self._unload()
+        return {}
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _logits(self, i: int, n_vocab: int) -> np.ndarray:
+        p = self.L.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(p, shape=(n_vocab,)).astype(np.float32, copy=True)
+
+    def _need_model(self):
+        if not self.model:
+            raise RequestError("bad_request", "no model loaded; send a 'load' request first")
+        return self.model
+
+    def _need_ctx(self):
+        self._need_model()
+        return self.ctx
+
+    def _unload(self) -> None:
+        if self.ctx:
+            self.L.llama_free(self.ctx)
+        if self.model:
+            self.L.llama_model_free(self.model)
+        self.ctx = self.model = None
+        self.params, self.info = {}, {}
+
+    def _last_error(self, fallback: str) -> str:
+        errs = [ln.strip() for ln in self.log if "error" in ln.lower() or "failed" in ln.lower()]
+        return errs[0] if errs else fallback
+
+
+class _TensorHead(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+
+
+def _per_token(v: Any, n: int, what: str) -> list[int]:
+    if isinstance(v, list):
+        if len(v) != n:
+            raise RequestError("bad_request", f"'{what}' has {len(v)} entries for {n} tokens")
+        return [int(x) for x in v]
+    return [int(v)] * n
+
+
+def _state_flags(req: dict) -> int:
+    return 1 if req.get("partial") else 0  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+
+def serve(stdin, stdout) -> None:
+    worker = LlamaWorker()
+    for line in stdin:
+        if not line.strip():
+            continue
+        rid = None
+        try:
+            req = json.loads(line)
+            rid = req.get("id")
+            op = req.get("op")
+            if op == "shutdown":
+                stdout.write(json.dumps({"id": rid, "ok": True}) + "\n")
+                stdout.flush()
+                return
+            handler = getattr(worker, f"op_{op}", None)
+            if handler is None:
+                raise RequestError("bad_request", f"unknown op {op!r}")
+            resp = {"id": rid, "ok": True, **handler(req)}
+        except RequestError as e:
+            resp = {"id": rid, "ok": False, "error_kind": e.kind, "error": str(e)}
+        except (ValueError, KeyError, TypeError) as e:
+            resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc(limit=3)}
+        stdout.write(json.dumps(resp) + "\n")
+        stdout.flush()
+
+
+def main() -> None:
+    # ggml attaches gdb for a backtrace on abort: slow, and it buries the abort message the client reports
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    # The protocol owns the real stdout; anything native code prints to fd 1 goes to stderr instead.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin, proto)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""A target as the engine sees it: typed calls over the protocol, blobs decoded to numpy / bytes."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
+
+
+def _f32(s: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<f4").copy()
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+
+
+class Target:
+    """Anything that speaks targets/PROTOCOL.md, run as a worker process."""
+
+    def __init__(self, name: str, argv: list[str], *, timeout: float = DEFAULT_TIMEOUT,
+                 env: dict[str, str] | None = None):
+        self.name = name
+        self.client = WorkerClient(argv, timeout=timeout, env=env, name=name)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def restarts(self) -> int:
+        return self.client.restarts
+
+    def hello(self) -> Reply:
+        return self.client.call("hello")
+
+    def load(self, path: str, **params: Any) -> Reply:
+        return self.client.call("load", path=str(path), **params)
+
+    def info(self) -> Reply:
+        return self.client.call("info")
+
+    def decode(self, tokens: Sequence[int] | None = None, *, embd: np.ndarray | None = None,
+               seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None,
+               logits: str | Sequence[bool] = "last", capture: Sequence[int] = (),
+               n_pos_per_token: int = 1, timeout: float | None = None) -> Reply:
+        """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}."""
+        args: dict[str, Any] = {"seq": list(seq) if not isinstance(seq, int) else seq,
+                                "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
+        if tokens is not None:
+            args["tokens"] = [int(t) for t in tokens]
+        if embd is not None:
+            args["embd"] = _b64(embd)
+        if pos is not None:
+            args["pos"] = [int(p) for p in pos]
+        if capture:
+            args["capture"] = [int(k) for k in capture]
+        if n_pos_per_token != 1:
+            args["n_pos_per_token"] = n_pos_per_token
+        r = self.client.call("decode", timeout=timeout, **args)
+        if r.ok:
+            n_vocab = r.data["n_vocab"]
+            r.data["logits"] = _f32(r.data["logits"]).reshape(-1, n_vocab) if "logits" in r.data \
+                else np.zeros((0, n_vocab), np.float32)
+            r.data["captures"] = {int(k): _f32(v).reshape(r.data["n_tokens"], -1)
+                                  for k, v in r.data.get("captures", {}).items()}
+        return r
+
+    def generate(self, prompt: Sequence[int], n_predict: int, *, chunk: int | None = None, seq: int = 0,
+                 timeout: float | None = None) -> Reply:
+        """Chunked prefill then greedy decode. Reply.data: tokens, logits (n_predict × n_vocab)."""
+        args: dict[str, Any] = {"prompt": [int(t) for t in prompt], "n_predict": int(n_predict), "seq": seq}
+        if chunk:
+            args["chunk"] = int(chunk)
+        r = self.client.call("generate", timeout=timeout, **args)
+        if r.ok:
+            r.data["logits"] = _f32(r.data["logits"]).reshape(-1, r.data["n_vocab"]) if "logits" in r.data \
+                else np.zeros((0, r.data["n_vocab"]), np.float32)
+        return r
+
+    def state_get(self, seq: int = 0, *, partial: bool = False) -> Reply:
+        r = self.client.call("state_get", seq=seq, partial=partial)
+        if r.ok:
+            r.data["blob"] = base64.b64decode(r.data.pop("data", ""))
+        return r
+
+    def state_set(self, blob: bytes, seq: int = 0, *, partial: bool = False) -> Reply:
+        return self.client.call("state_set", seq=seq, partial=partial, data=base64.b64encode(blob).decode())
+
+    def seq_rm(self, seq: int = -1, p0: int = -1, p1: int = -1) -> Reply:
+        return self.client.call("seq_rm", seq=seq, p0=p0, p1=p1)
+
+    def reset(self) -> Reply:
+        return self.client.call("reset")
