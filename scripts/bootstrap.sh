@@ -49,6 +49,7 @@ fi
 
 say "installing into $venv"
 "${pip[@]}" install "$wheel" "$gguf_wheel"
-"${pip[@]}" install -e "$root[dev]"
+# compat mode: a path entry to the checkout, so new modules and packages need no reinstall
+"${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=compat
 echo "$want" > "$stamp"
 say "ready"

@@ -1,0 +1,1 @@
+"""fuzz: the differential engine. Talks to targets only through the protocol (targets.Target)."""

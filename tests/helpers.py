@@ -1,0 +1,25 @@
+"""Deliberately broken files for testing how targets fail (tests may write what synth never would)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from synth.gguf_io import read_all, write_gguf
+
+
+def rewrite(src: Path, dst: Path, *, tensor=None, drop=None) -> Path:
+    """Copy a GGUF, transforming tensors: tensor(name, array) -> array; drop(name) -> bool."""
+    g, kv, tensors = read_all(src)
+    out = [(n, tensor(n, a) if tensor else a) for n, a in tensors if not (drop and drop(n))]
+    write_gguf(dst, g.arch, kv, out)
+    return dst
+
+
+def aborting_at_decode(src: Path, dst: Path) -> Path:
+    """An F16 norm vector: loads, then ggml aborts in binary_op at the first decode (notes §7.2)."""
+    return rewrite(src, dst, tensor=lambda n, a: a.astype(np.float16) if n == "blk.0.attn_norm.weight" else a)
+
+
+def segfaulting_at_load(src_mamba2_hybrid: Path, dst: Path) -> Path:
+    """A Mamba-2 hybrid without its (loader-optional, graph-required) conv bias (notes §7.1)."""
+    return rewrite(src_mamba2_hybrid, dst, drop=lambda n: n.endswith("ssm_conv1d.bias"))

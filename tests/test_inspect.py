@@ -1,0 +1,65 @@
+"""synth inspect reads layer kinds and K/V heads from the file alone, and agrees with llama.cpp."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from synth.inspect import inspect_file
+from synth.make import write_fixture
+from synth.spec import ATTN, BOTH, REC
+from synth.strategies import specs
+
+from upstream import shapes, write_upstream_fixture
+
+KIND = {ATTN: "attention", REC: "recurrent", BOTH: "both"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=specs())
+def test_inspect_agrees_with_spec(tmp_path, spec):
+    path = tmp_path / "f.gguf"
+    write_fixture(spec, path)
+    info = inspect_file(str(path))
+    assert info.n_layer == spec.n_layer
+    assert [x.kind for x in info.layers] == [KIND[c] for c in spec.pattern]
+    for x, kv in zip(info.layers, spec.n_head_kv, strict=True):
+        if x.kind == "recurrent":
+            assert (x.n_head_kv, x.k_row_bytes, x.v_row_bytes) == (0, 0, 0)
+        else:
+            assert x.n_head_kv == kv
+            assert x.k_row_bytes == x.head_dim_k * kv * 2  # f16 cache rows
+
+
+def test_inspect_reports_uneven_kv_widths(fixtures):
+    info = inspect_file(str(fixtures("jamba", kv_heads=(2, 0, 1, 0, 4, 0))))
+    assert [x.n_head_kv for x in info.layers] == [2, 0, 1, 0, 4, 0]
+    assert [x.k_row_bytes for x in info.layers] == [32, 0, 16, 0, 64, 0]
+
+
+@pytest.mark.llama
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=specs(max_layers=8))
+def test_generated_specs_load_and_decode(llama, tmp_path, spec):
+    path = tmp_path / "f.gguf"
+    write_fixture(spec, path)
+    loaded = llama.load(str(path))
+    assert loaded.ok, (spec, loaded.failure)
+    out = llama.generate([1, 2, 3, 4], 4)
+    assert out.ok, (spec, out.failure)
+
+
+@pytest.mark.llama
+def test_recurrent_hybrid_flags_match_llama_cpp_on_upstream_fixtures(llama, tmp_path):
+    """All 128 of upstream's own fixtures: our file-level flags equal llama_model_is_recurrent/hybrid."""
+    seen = {"recurrent": 0, "hybrid": 0, "neither": 0}
+    for name in shapes():
+        path = tmp_path / "u.gguf"
+        write_upstream_fixture(name, path)
+        info = inspect_file(str(path))
+        loaded = llama.load(str(path), n_ctx=64)
+        assert loaded.ok, (name, loaded.failure)
+        assert (info.is_recurrent, info.is_hybrid) == (loaded.data["is_recurrent"], loaded.data["is_hybrid"]), name
+        assert info.n_layer == loaded.data["n_layer"]
+        seen["recurrent" if info.is_recurrent else "hybrid" if info.is_hybrid else "neither"] += 1
+        if info.is_recurrent:
+            assert all(x.kind == "recurrent" for x in info.layers), name
+    assert seen["recurrent"] >= 2 and seen["hybrid"] >= 15, seen  # upstream skips RWKV

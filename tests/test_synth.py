@@ -1,0 +1,84 @@
+"""Spec resolution, knob validation and byte-determinism (pure Python, no llama.cpp)."""
+
+import hashlib
+
+import pytest
+
+from synth.errors import UserError
+from synth.families import FAMILIES, get_family
+from synth.make import resolve, write_fixture
+from synth.spec import Knobs, parse_pattern
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_same_spec_same_bytes(tmp_path, family):
+    a, b, c = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
+    write_fixture(resolve(family, Knobs(seed=3)), a)
+    write_fixture(resolve(family, Knobs(seed=3)), b)
+    write_fixture(resolve(family, Knobs(seed=4)), c)
+    assert digest(a) == digest(b)
+    assert digest(a) != digest(c)
+
+
+def test_hybrid_alias_and_period():
+    spec = resolve("hybrid", Knobs(period=4))
+    assert spec.family == "granitehybrid"
+    assert spec.pattern == "RRRARRRA"
+
+
+def test_natural_phase_and_offset():
+    assert resolve("qwen3next", Knobs(layers=8, period=4)).pattern == "RRRARRRA"
+    assert resolve("jamba", Knobs(layers=8, period=4)).pattern == "RRARRRAR"  # Jamba: offset period/2
+    assert resolve("kimi-linear", Knobs(layers=6, period=3, offset=0)).pattern == "ARRARR"
+
+
+def test_pattern_spellings():
+    assert parse_pattern("RRRA RRRA") == parse_pattern("r,r,r,a,r,r,r,a") == "RRRARRRA"
+    assert parse_pattern("A R R A") == "ARRA"
+
+
+def test_kv_heads_list_defines_the_pattern():
+    spec = resolve("lfm2", Knobs(kv_heads=(2, 0, 1, 0)))
+    assert spec.pattern == "ARAR" and spec.n_head_kv == (2, 0, 1, 0)
+
+
+def test_qwen3next_expresses_any_pattern_through_its_array():
+    fam = get_family("qwen3next")
+    kv, _ = fam.to_gguf(resolve("qwen3next", Knobs(pattern="ARRARR")))
+    assert kv["qwen3next.attention.recurrent_layers"].value == [False, True, True, False, True, True]
+    kv, _ = fam.to_gguf(resolve("qwen3next", Knobs(layers=8, period=2)))
+    assert kv["qwen3next.full_attention_interval"].value == 2
+    assert "qwen3next.attention.recurrent_layers" not in kv
+
+
+@pytest.mark.parametrize("family,knobs,words", [
+    ("llama", Knobs(period=4), ["llama", "--period", "supports"]),
+    ("llama", Knobs(kv_heads=(2, 1, 2, 2)), ["llama", "--kv-heads", "layer 0"]),
+    ("qwen3", Knobs(kv_heads=(2, 1)), ["qwen3", "--kv-heads"]),
+    ("falcon-h1", Knobs(pattern="ARRA"), ["falcon-h1", "--pattern"]),
+    ("mamba", Knobs(heads=4), ["mamba", "--heads"]),
+    ("qwen3next", Knobs(layers=4, kv_heads=(1, 0, 2, 0)), ["qwen3next", "--kv-heads"]),
+    ("kimi-linear", Knobs(kv_heads=(1,)), ["kimi-linear", "--kv-heads"]),
+    ("jamba", Knobs(pattern="RRRR"), ["jamba", "attention"]),
+    ("jamba", Knobs(pattern="AAAA"), ["jamba", "recurrent"]),
+    ("jamba", Knobs(period=4, offset=4), ["--offset"]),
+    ("lfm2", Knobs(pattern="ARRA", kv_heads=(2, 2, 0, 2)), ["--kv-heads", "layer 1"]),
+    ("granitehybrid", Knobs(kv_heads=(3, 0)), ["--kv-heads", "divide"]),
+    ("qwen3next", Knobs(experts=0), ["qwen3next", "--experts"]),
+])
+def test_unexpressible_knobs_are_one_line_errors(family, knobs, words):
+    with pytest.raises(UserError) as e:
+        resolve(family, knobs)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_unknown_family():
+    with pytest.raises(UserError, match="unknown family"):
+        get_family("gpt5")

@@ -1,0 +1,119 @@
+"""The llama.cpp target behind the protocol: typed results, crash and hang recovery, cmd: targets."""
+
+import shlex
+import sys
+
+import numpy as np
+import pytest
+
+from synth.errors import UserError
+from synth.gguf_io import GGUFFile
+from targets import open_target
+
+from helpers import aborting_at_decode, segfaulting_at_load
+
+pytestmark = pytest.mark.llama
+
+
+def test_hello_reports_the_pin(llama):
+    h = llama.hello().data
+    assert h["llama_cpp_python"] == "0.3.36"
+    assert h["llama_cpp_commit"].startswith("0c1e570")
+
+
+def test_abort_is_a_crash_and_the_next_call_works(fixtures, tmp_path):
+    good = fixtures("llama")
+    bad = aborting_at_decode(good, tmp_path / "abort.gguf")
+    with open_target() as t:
+        assert t.load(str(bad)).ok
+        r = t.decode([1, 2, 3])
+        assert not r.ok and r.failure.kind == "crash"
+        assert r.failure.returncode == -6  # SIGABRT
+        assert "binary_op" in r.failure.message and r.failure.request["tokens"] == [1, 2, 3]
+        # the next call gets a fresh worker (which replays the last load: the same abort again)
+        assert t.decode([1]).failure.kind == "crash"
+        assert t.load(str(good)).ok
+        out = t.generate([1, 2, 3], 5)
+        assert out.ok and len(out.data["tokens"]) == 5
+        assert t.restarts >= 2
+
+
+def test_segfault_during_load_is_a_crash(fixtures, tmp_path):
+    bad = segfaulting_at_load(fixtures("granitehybrid"), tmp_path / "segv.gguf")
+    with open_target() as t:
+        r = t.load(str(bad))
+        assert not r.ok and r.failure.kind == "crash" and r.failure.returncode == -11
+        assert t.load(str(fixtures("granitehybrid"))).ok
+
+
+def test_corrupt_file_is_a_load_error_not_a_crash(fixtures, tmp_path, llama):
+    bad = tmp_path / "trunc.gguf"
+    bad.write_bytes(fixtures("llama").read_bytes()[:300])
+    r = llama.load(str(bad))
+    assert not r.ok and r.failure.kind == "error" and r.failure.error_kind == "load_failed"
+    assert "\n" not in r.failure.message
+
+
+def test_hang_is_a_timeout_and_the_worker_is_replaced():
+    hang = f"cmd:{shlex.quote(sys.executable)} -c 'import sys, time; sys.stdin.readline(); time.sleep(60)'"
+    with open_target(hang, timeout=1.5) as t:
+        r = t.hello()
+        assert not r.ok and r.failure.kind == "timeout" and r.failure.op == "hello"
+        assert t.hello().failure.kind == "timeout"
+        assert t.restarts == 1
+
+
+def test_non_json_output_is_a_protocol_failure():
+    prog = "import sys; sys.stdin.readline(); print('not-json', flush=True); sys.stdin.readline()"
+    with open_target(f"cmd:{shlex.quote(sys.executable)} -c {shlex.quote(prog)}") as t:
+        assert t.hello().failure.kind == "protocol"
+
+
+def test_missing_binary_is_a_user_error():
+    with pytest.raises(UserError, match="cannot start"):
+        open_target("cmd:/nonexistent/skippy-worker --serve").hello()
+    with pytest.raises(UserError, match="unknown --target"):
+        open_target("llama-server")
+
+
+def test_bad_requests_leave_the_worker_usable(llama, fixtures):
+    assert llama.load(str(fixtures("qwen3"))).ok
+    assert llama.client.call("no_such_op").failure.error_kind == "bad_request"
+    assert llama.decode([10_000]).failure.error_kind == "bad_request"
+    assert llama.decode([1], capture=[99]).failure.error_kind == "bad_request"
+    assert llama.decode([1, 2]).ok
+
+
+def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
+    path = str(fixtures("lfm2"))
+    cmd = f"cmd:{shlex.quote(sys.executable)} -m targets.llama_cpp_worker"
+    with open_target(cmd) as t:
+        assert t.load(path).ok
+        a = t.generate([4, 5, 6], 8)
+    assert llama.load(path).ok
+    b = llama.generate([4, 5, 6], 8)
+    assert a.data["tokens"] == b.data["tokens"]
+    assert np.array_equal(a.data["logits"], b.data["logits"])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "jamba", "qwen3next", "kimi-linear", "mamba2"])
+def test_embedding_input_equals_token_input(llama, fixtures, family):
+    """Feeding token_embd rows through batch.embd gives bit-identical logits (the stage-input path)."""
+    path = fixtures(family)
+    toks = [3, 9, 27, 5, 1]
+    rows = GGUFFile(path).tensor_data("token_embd.weight")[toks]
+    assert llama.load(str(path)).ok
+    a = llama.decode(toks, logits="all")
+    llama.reset()
+    b = llama.decode(embd=rows, logits="all")
+    assert a.ok and b.ok
+    assert np.array_equal(a.data["logits"], b.data["logits"])
+
+
+def test_capture_returns_every_row_of_the_residual(llama, fixtures):
+    path = fixtures("jamba")
+    assert llama.load(str(path)).ok
+    r = llama.decode([1, 2, 3, 4, 5, 6], capture=[0, 3, 7])
+    assert r.ok
+    assert {k: v.shape for k, v in r.data["captures"].items()} == {0: (6, 32), 3: (6, 32), 7: (6, 32)}
+    assert r.data["logits"].shape == (1, 64)  # still only the requested rows come back
