@@ -40,6 +40,8 @@ def make(
     experts_used: Annotated[int | None, Opt(help="MoE experts used per token")] = None,
     shared_experts: Annotated[int | None, Opt(help="MoE shared experts")] = None,
     leading_dense: Annotated[int | None, Opt(help="dense layers before the MoE layers")] = None,
+    q_lora_rank: Annotated[int | None, Opt(help="MLA: compressed q rank (0 = plain attn_q)")] = None,
+    kv_lora_rank: Annotated[int | None, Opt(help="MLA: latent KV rank")] = None,
     indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help="DSA indexer tensors")] = None,
     indexer_top_k: Annotated[int | None, Opt(help="DSA indexer top-k")] = None,
     seed: Annotated[int, Opt(help="weight seed")] = 0,
@@ -51,6 +53,7 @@ def make(
                   kv_heads=parse_int_list(kv_heads, "--kv-heads") if kv_heads is not None else None,
                   embd=embd, heads=heads, head_dim=head_dim, ff=ff, vocab=vocab, experts=experts,
                   experts_used=experts_used, shared_experts=shared_experts, leading_dense=leading_dense,
+                  q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank,
                   indexer=indexer, indexer_top_k=indexer_top_k, seed=seed)
     spec = fam.resolve(knobs)
     path = out or Path(f"{fam.name}.gguf")

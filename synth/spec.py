@@ -34,6 +34,8 @@ class Knobs:
     experts_used: int | None = None
     shared_experts: int | None = None
     leading_dense: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
     indexer: bool | None = None
     indexer_top_k: int | None = None
     seed: int = 0
@@ -62,6 +64,8 @@ class ModelSpec:
     n_expert_shared: int = 0
     n_ff_exp: int = 0
     n_leading_dense: int = 0
+    q_lora_rank: int = 0  # MLA: 0 = no compressed q (attn_q)
+    kv_lora_rank: int = 0  # MLA latent KV width
     indexer: bool = False
     indexer_top_k: int = 0
     seed: int = 0

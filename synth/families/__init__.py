@@ -1,26 +1,33 @@
-"""The family registry: one small module per family, each a Family subclass."""
+"""The family registry. Every module in this package that defines a Family subclass with a `name` is a
+family; adding a family is adding a module (base and blocks hold shared machinery)."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from synth.errors import UserError
 from synth.families.base import Family
-from synth.families.falcon_h1 import FalconH1
-from synth.families.granitehybrid import GraniteHybrid
-from synth.families.jamba import Jamba
-from synth.families.kimi_linear import KimiLinear
-from synth.families.lfm2 import Lfm2
-from synth.families.llama import Llama
-from synth.families.mamba import Mamba
-from synth.families.mamba2 import Mamba2
-from synth.families.qwen2 import Qwen2
-from synth.families.qwen3 import Qwen3
-from synth.families.qwen3next import Qwen3Next
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Llama(), Qwen2(), Qwen3(),
-    Mamba(), Mamba2(),
-    Jamba(), GraniteHybrid(), Lfm2(), FalconH1(), Qwen3Next(), KimiLinear(),
-)}
+_SHARED = {"base", "blocks"}
+
+
+def _discover() -> dict[str, Family]:
+    found: dict[str, Family] = {}
+    for m in pkgutil.iter_modules(__path__):
+        if m.name in _SHARED or m.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{m.name}")
+        for obj in vars(mod).values():
+            if isinstance(obj, type) and issubclass(obj, Family) and obj.__module__ == mod.__name__ \
+                    and "name" in vars(obj):
+                if obj.name in found:
+                    raise RuntimeError(f"two family modules define {obj.name!r}")
+                found[obj.name] = obj()
+    return dict(sorted(found.items()))
+
+
+FAMILIES: dict[str, Family] = _discover()
 
 # `synth make hybrid`: the hybrid that can express the most (any A/R pattern, per-layer K/V heads, MoE).
 ALIASES = {"hybrid": "granitehybrid"}

@@ -28,7 +28,8 @@ FLAG = {
     "layers": "--layers", "period": "--period", "offset": "--offset", "pattern": "--pattern",
     "kv_heads": "--kv-heads", "embd": "--embd", "heads": "--heads", "head_dim": "--head-dim", "ff": "--ff",
     "vocab": "--vocab", "experts": "--experts", "experts_used": "--experts-used",
-    "shared_experts": "--shared-experts", "leading_dense": "--leading-dense", "indexer": "--indexer",
+    "shared_experts": "--shared-experts", "leading_dense": "--leading-dense", "q_lora_rank": "--q-lora-rank",
+    "kv_lora_rank": "--kv-lora-rank", "indexer": "--indexer",
     "indexer_top_k": "--indexer-top-k",
 }
 BASE_KNOBS = frozenset({"layers", "embd", "heads", "ff", "vocab"})
@@ -57,6 +58,12 @@ class Family:
     period: ClassVar[int] = 4  # hybrids: default attention period
     n_expert: ClassVar[int] = 0
     n_expert_used: ClassVar[int] = 0
+    n_expert_shared: ClassVar[int] = 0
+    n_leading_dense: ClassVar[int] = 0
+    q_lora_rank: ClassVar[int] = 0
+    kv_lora_rank: ClassVar[int] = 0
+    indexer: ClassVar[bool] = False
+    indexer_top_k: ClassVar[int] = 0
 
     @property
     def arch_name(self) -> str:
@@ -95,8 +102,12 @@ class Family:
             head_dim=head_dim, n_ff=_positive(knobs.ff, self.n_ff, "--ff"),
             n_vocab=_positive(knobs.vocab, self.n_vocab, "--vocab"),
             n_expert=n_expert, n_expert_used=n_used,
-            n_expert_shared=knobs.shared_experts or 0, n_leading_dense=knobs.leading_dense or 0,
-            indexer=bool(knobs.indexer), indexer_top_k=knobs.indexer_top_k or 0, seed=knobs.seed,
+            n_expert_shared=_given(knobs.shared_experts, self.n_expert_shared),
+            n_leading_dense=_given(knobs.leading_dense, self.n_leading_dense),
+            q_lora_rank=_given(knobs.q_lora_rank, self.q_lora_rank),
+            kv_lora_rank=_given(knobs.kv_lora_rank, self.kv_lora_rank),
+            indexer=bool(_given(knobs.indexer, self.indexer)),
+            indexer_top_k=_given(knobs.indexer_top_k, self.indexer_top_k), seed=knobs.seed,
         )
         if spec.n_vocab < 4:
             raise UserError(f"family {self.name}: --vocab {spec.n_vocab} is too small; use at least 4")
@@ -224,6 +235,11 @@ class Builder:
         if suffix:
             name += "." + suffix
         self.tensors.append((name, tuple(int(x) for x in ne), init or Init.std(ne[0] ** -0.5)))
+
+
+def _given(v, default):
+    """The user's value when given (0 included), else the family default."""
+    return default if v is None else v
 
 
 def _positive(v: int | None, default: int, flag: str) -> int:

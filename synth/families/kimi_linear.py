@@ -17,37 +17,39 @@ class KimiLinear(Family):
     arch = gguf.MODEL_ARCH.KIMI_LINEAR
     kind = "hybrid"
     summary = "Kimi-Linear: KDA + MLA (3:1 by default), MoE after leading dense layers"
-    knobs = BASE_KNOBS | PATTERN_KNOBS | MOE_KNOBS | {"shared_experts", "leading_dense"}
+    knobs = BASE_KNOBS | PATTERN_KNOBS | MOE_KNOBS | {"shared_experts", "leading_dense", "kv_lora_rank"}
     n_layer = 8
     n_head = 2
     n_head_kv = 1  # MLA layers hold one latent KV head
     n_expert = 4
     n_expert_used = 2
+    n_expert_shared = 1
+    n_leading_dense = 1
+    kv_lora_rank = 16
 
     def derive(self, spec: ModelSpec) -> dict[str, int]:
-        kv_lora, rope = 16, 8
-        return {"d_conv": 4, "kda_head_dim": 16, "kv_lora": kv_lora, "n_rot": rope,
-                "k_mla": 16 + rope, "v_mla": 16, "n_ff_exp": spec.n_ff // 4,
-                "n_shared": spec.n_expert_shared or 1, "n_lead": spec.n_leading_dense or 1}
+        rope = 8
+        return {"d_conv": 4, "kda_head_dim": 16, "n_rot": rope, "k_mla": 16 + rope, "v_mla": 16,
+                "n_ff_exp": spec.n_ff // 4}
 
     def check(self, spec: ModelSpec) -> None:
         if not spec.n_expert:
             raise self.reject("experts", "0: kimi-linear is MoE (expert_count must be > 0)")
-        if spec.extra["n_lead"] >= spec.n_layer:
-            raise UserError(f"family {self.name}: --leading-dense {spec.extra['n_lead']} must be below "
+        if spec.n_leading_dense >= spec.n_layer:
+            raise UserError(f"family {self.name}: --leading-dense {spec.n_leading_dense} must be below "
                             f"--layers {spec.n_layer} (the remaining layers are MoE)")
 
     def build(self, spec: ModelSpec, b) -> None:
         E, H, x = spec.n_embd, spec.n_head, spec.extra
-        dk, kvl, rope, dq, dv = x["kda_head_dim"], x["kv_lora"], x["n_rot"], x["k_mla"], x["v_mla"]
+        dk, kvl, rope, dq, dv = x["kda_head_dim"], spec.kv_lora_rank, x["n_rot"], x["k_mla"], x["v_mla"]
         b.f32(KA.LAYERNORM_RMS_EPS, 1e-5)
         b.u32(K.FEED_FORWARD_LENGTH, spec.n_ff)
         b.u32(K.EXPERT_COUNT, spec.n_expert)
         b.u32(K.EXPERT_USED_COUNT, spec.n_expert_used)
         b.u32(K.EXPERT_FEED_FORWARD_LENGTH, x["n_ff_exp"])
-        b.u32(K.EXPERT_SHARED_COUNT, x["n_shared"])
+        b.u32(K.EXPERT_SHARED_COUNT, spec.n_expert_shared)
         b.u32(K.EXPERT_GATING_FUNC, 2)  # sigmoid
-        b.u32(K.LEADING_DENSE_BLOCK_COUNT, x["n_lead"])
+        b.u32(K.LEADING_DENSE_BLOCK_COUNT, spec.n_leading_dense)
         b.u32(KA.HEAD_COUNT, H)
         b.u32s(KA.HEAD_COUNT_KV, [1 if spec.is_attn(i) else 0 for i in range(spec.n_layer)])
         b.u32(KA.KV_LORA_RANK, kvl)
@@ -84,9 +86,10 @@ class KimiLinear(Family):
                 b.t(T.ATTN_V_B, (kvl, dv, H), bid=i)
                 b.t(T.ATTN_OUT, (H * dv, E), bid=i)
             b.t(T.FFN_NORM, (E,), blocks.NORM, bid=i)
-            if i < x["n_lead"]:
+            if i < spec.n_leading_dense:
                 blocks.ffn_dense(b, E, spec.n_ff, i)
             else:
                 blocks.ffn_moe(b, E, x["n_ff_exp"], spec.n_expert, i, probs_bias=True)
-                blocks.ffn_shared(b, E, x["n_ff_exp"] * x["n_shared"], i)
+                if spec.n_expert_shared:
+                    blocks.ffn_shared(b, E, x["n_ff_exp"] * spec.n_expert_shared, i)
 
