@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from fuzz.fixtures import fixture_path, parse_tokens
+from fuzz.schedule import PHASES
+from fuzz.sweep import Sweep, SweepConfig, format_report
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from targets import TARGETS_HELP, open_target
@@ -51,6 +55,40 @@ def run_cmd(
               f"{' '.join(map(str, out.data['tokens']))}")
         print(f"distinct tokens {len(set(out.data['tokens']))}, min top-1/top-2 margin {margin:.4f}")
     return 0
+
+
+@app.command("sweep")
+def sweep_cmd(
+    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    cuts: Annotated[str, Opt(help="all | period | cut sets like '3;5;2,6'")] = "all",
+    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    tokens: Annotated[int, Opt(help="greedy decode steps")] = 32,
+    period: Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")] = None,
+    prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
+    chunk: Annotated[int, Opt(help="prefill chunk size")] = 7,
+    seqs: Annotated[int, Opt(help="sequences in the batched-decode phase")] = 3,
+    phases: Annotated[str, Opt(help="comma list of prefill,decode,batched")] = ",".join(PHASES),
+    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
+    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
+    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
+    seed: Annotated[int, Opt(help="prompt seed")] = 0,
+) -> int:
+    """Full model vs K-stage chain at every cut: token-exact and bit-exact, localized on divergence."""
+    ph = tuple(p.strip() for p in phases.split(",") if p.strip())
+    if not ph or set(ph) - set(PHASES):
+        raise UserError(f"--phases {phases!r}: choose from {','.join(PHASES)}")
+    for name, v in (("--tokens", tokens), ("--prompt-len", prompt_len), ("--chunk", chunk), ("--seqs", seqs)):
+        if v < 1:
+            raise UserError(f"{name} {v}: must be at least 1")
+    cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=seqs,
+                      phases=ph, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+    rep = Sweep(fixture_path(fixture), cfg).run()
+    print(format_report(rep))
+    if report:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(rep.to_dict(), indent=2))
+    return rep.exit_code
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -147,3 +147,17 @@ def read_all(path: str | os.PathLike) -> tuple[GGUFFile, dict[str, KV], list[tup
         tensors.append((t.name, data.reshape(tuple(reversed([int(x) for x in t.shape])))
                         if t.tensor_type.name in ("F32", "F16") else data))
     return g, kv, tensors
+
+
+def token_embeddings(path: str | os.PathLike) -> np.ndarray:
+    """The token embedding table as float32 (n_vocab × n_embd), dequantized if needed."""
+    g = GGUFFile(path)
+    for t in g.reader.tensors:
+        if t.name == "token_embd.weight":
+            if t.tensor_type.name in ("F32", "F16", "BF16"):
+                data = np.array(t.data, dtype=np.float32) if t.tensor_type.name != "BF16" else \
+                    gguf.quants.dequantize(t.data, t.tensor_type)
+            else:
+                data = gguf.quants.dequantize(t.data, t.tensor_type)
+            return np.asarray(data, dtype=np.float32).reshape(int(t.shape[1]), int(t.shape[0]))
+    raise UserError(f"{g.path}: no token_embd.weight tensor; cannot build embedding input")

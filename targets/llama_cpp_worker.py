@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 import traceback
 from collections import deque
 from pathlib import Path
@@ -66,6 +67,7 @@ class LlamaWorker:
         self.ctx = None
         self.params: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
+        self.decode_seconds = 0.0  # time spent inside llama_decode since the last report
         self.want: set[bytes] = set()  # tensor names to capture during the current decode
         self.captured: dict[bytes, list[np.ndarray]] = {}
 
@@ -212,7 +214,9 @@ class LlamaWorker:
                 for j in range(1, n_pos):
                     for i in range(n):
                         batch.pos[j * n + i] = pos[i] if j < 3 else 0
+            t0 = time.perf_counter()
             rc = L.llama_decode(ctx, batch)
+            self.decode_seconds += time.perf_counter() - t0
         finally:
             L.llama_batch_free(batch)
             self.want = set()
@@ -233,6 +237,24 @@ class LlamaWorker:
                                        f"(layers 0..{info['n_layer'] - 1})")
                 resp["captures"][str(k)] = f32_b64(np.concatenate(parts, axis=0))
         return resp
+
+    def op_script(self, req: dict) -> dict:
+        """Several decodes in one round trip. A token may be "argmax@R": the argmax of output row R of the
+        previous step (greedy decoding without a round trip per token). Stops at the first failing step."""
+        steps = req.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise RequestError("bad_request", "script: 'steps' must be a non-empty list of decode requests")
+        results: list[dict] = []
+        prev: dict | None = None
+        for k, step in enumerate(steps):
+            step = dict(step)
+            if "tokens" in step:
+                step["tokens"] = [_resolve_token(t, prev, k) for t in step["tokens"]]
+            res = self.op_decode(step)
+            res["tokens"] = step.get("tokens")
+            results.append(res)
+            prev = res
+        return {"results": results}
 
     def op_generate(self, req: dict) -> dict:
         """Prefill `prompt` in chunks of `chunk` tokens, then greedy-decode `n_predict` tokens (seq `seq`)."""
@@ -333,6 +355,17 @@ class LlamaWorker:
         return errs[0] if errs else fallback
 
 
+def _resolve_token(t: Any, prev: dict | None, k: int) -> int:
+    if isinstance(t, str) and t.startswith("argmax@"):
+        if prev is None:
+            raise RequestError("bad_request", f"script step {k}: {t} needs a previous step")
+        row = int(t[len("argmax@"):])
+        if row not in prev["rows"]:
+            raise RequestError("bad_request", f"script step {k}: {t}: the previous step has no output row {row}")
+        return prev["argmax"][prev["rows"].index(row)]
+    return int(t)
+
+
 class _TensorHead(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
 
@@ -366,7 +399,8 @@ def serve(stdin, stdout) -> None:
             handler = getattr(worker, f"op_{op}", None)
             if handler is None:
                 raise RequestError("bad_request", f"unknown op {op!r}")
-            resp = {"id": rid, "ok": True, **handler(req)}
+            worker.decode_seconds = 0.0
+            resp = {"id": rid, "ok": True, **handler(req), "decode_seconds": worker.decode_seconds}
         except RequestError as e:
             resp = {"id": rid, "ok": False, "error_kind": e.kind, "error": str(e)}
         except (ValueError, KeyError, TypeError) as e:

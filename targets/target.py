@@ -19,6 +19,33 @@ def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
 
 
+def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | None = None,
+              seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None, logits: str | Sequence[bool] = "last",
+              capture: Sequence[int] = (), n_pos_per_token: int = 1) -> dict[str, Any]:
+    """A decode request in protocol form."""
+    args: dict[str, Any] = {"seq": seq if isinstance(seq, int) else [int(x) for x in seq],
+                            "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
+    if tokens is not None:
+        args["tokens"] = [t if isinstance(t, str) else int(t) for t in tokens]
+    if embd is not None:
+        args["embd"] = _b64(embd)
+    if pos is not None:
+        args["pos"] = [int(p) for p in pos]
+    if capture:
+        args["capture"] = [int(k) for k in capture]
+    if n_pos_per_token != 1:
+        args["n_pos_per_token"] = n_pos_per_token
+    return args
+
+
+def decode_result(data: dict[str, Any]) -> None:
+    """Turn a decode result's blobs into arrays, in place."""
+    n_vocab = data["n_vocab"]
+    data["logits"] = _f32(data["logits"]).reshape(-1, n_vocab) if "logits" in data \
+        else np.zeros((0, n_vocab), np.float32)
+    data["captures"] = {int(k): _f32(v).reshape(data["n_tokens"], -1) for k, v in data.get("captures", {}).items()}
+
+
 class Target:
     """Anything that speaks targets/PROTOCOL.md, run as a worker process."""
 
@@ -54,25 +81,20 @@ class Target:
                logits: str | Sequence[bool] = "last", capture: Sequence[int] = (),
                n_pos_per_token: int = 1, timeout: float | None = None) -> Reply:
         """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}."""
-        args: dict[str, Any] = {"seq": list(seq) if not isinstance(seq, int) else seq,
-                                "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
-        if tokens is not None:
-            args["tokens"] = [int(t) for t in tokens]
-        if embd is not None:
-            args["embd"] = _b64(embd)
-        if pos is not None:
-            args["pos"] = [int(p) for p in pos]
-        if capture:
-            args["capture"] = [int(k) for k in capture]
-        if n_pos_per_token != 1:
-            args["n_pos_per_token"] = n_pos_per_token
-        r = self.client.call("decode", timeout=timeout, **args)
+        r = self.client.call("decode", timeout=timeout, **step_args(tokens, embd=embd, seq=seq, pos=pos,
+                                                                     logits=logits, capture=capture,
+                                                                     n_pos_per_token=n_pos_per_token))
         if r.ok:
-            n_vocab = r.data["n_vocab"]
-            r.data["logits"] = _f32(r.data["logits"]).reshape(-1, n_vocab) if "logits" in r.data \
-                else np.zeros((0, n_vocab), np.float32)
-            r.data["captures"] = {int(k): _f32(v).reshape(r.data["n_tokens"], -1)
-                                  for k, v in r.data.get("captures", {}).items()}
+            decode_result(r.data)
+        return r
+
+    def script(self, steps: Sequence[dict[str, Any]], *, timeout: float | None = None) -> Reply:
+        """Several decodes in one round trip; each step takes decode()'s keyword arguments (tokens may be
+        "argmax@R": the argmax of output row R of the previous step). Reply.data["results"]: decoded steps."""
+        r = self.client.call("script", timeout=timeout, steps=[step_args(**st) for st in steps])
+        if r.ok:
+            for res in r.data["results"]:
+                decode_result(res)
         return r
 
     def generate(self, prompt: Sequence[int], n_predict: int, *, chunk: int | None = None, seq: int = 0,

@@ -1,0 +1,155 @@
+"""The parity oracle's runs and comparisons: full model vs a chain of stages, bit for bit.
+
+Every run goes through targets.Target (the protocol); nothing here knows how a target computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fuzz.schedule import Step
+from targets import Failure, Target
+
+
+@dataclass
+class StepOut:
+    tokens: list[int]
+    logits: np.ndarray  # rows × n_vocab (every row of the step)
+    captures: dict[int, np.ndarray] = field(default_factory=dict)  # layer → rows × n_embd
+
+
+@dataclass
+class Trace:
+    steps: list[StepOut]
+    decode_seconds: float
+
+
+@dataclass
+class RunFailure:
+    failure: Failure
+    stage: int | None  # None: the reference
+
+
+def script_steps(steps: list[Step], *, tokens: list[list[int]] | None = None,
+                 embd: list[np.ndarray] | None = None, capture: list[int] = (),
+                 n_pos_per_token: int = 1) -> list[dict[str, Any]]:
+    """Protocol steps for a schedule: its own tokens, resolved tokens, or embedding rows per step."""
+    out = []
+    for k, st in enumerate(steps):
+        d: dict[str, Any] = {"seq": st.seq, "pos": st.pos, "logits": "all", "capture": list(capture),
+                             "n_pos_per_token": n_pos_per_token}
+        if embd is not None:
+            d["embd"] = embd[k]
+        else:
+            d["tokens"] = tokens[k] if tokens is not None else st.tokens
+        out.append(d)
+    return out
+
+
+def run_script(target: Target, steps: list[dict[str, Any]]) -> Trace | Failure:
+    r = target.script(steps)
+    if not r.ok:
+        return r.failure
+    return Trace([StepOut([int(t) for t in (res["tokens"] or [])], res["logits"], res["captures"])
+                  for res in r.data["results"]], float(r.data.get("decode_seconds", 0.0)))
+
+
+def run_chain(targets: list[Target], stage_layers: list[int], steps: list[Step], tokens: list[list[int]], *,
+              capture_all: bool = False, n_pos_per_token: int = 1) -> tuple[list[Trace], RunFailure | None]:
+    """Run the stages in order over the whole schedule (teacher-forced with `tokens`).
+
+    Stage 0 takes tokens; stage s > 0 takes stage s-1's boundary rows (the residual after its last layer)
+    through batch.embd, step by step. Non-final stages capture their last layer (or every layer)."""
+    traces: list[Trace] = []
+    inputs: list[np.ndarray] | None = None
+    for s, (t, n) in enumerate(zip(targets, stage_layers, strict=True)):
+        last = s == len(targets) - 1
+        capture = list(range(n)) if capture_all else ([] if last else [n - 1])
+        if s == 0:
+            reqs = script_steps(steps, tokens=tokens, capture=capture)
+        else:
+            reqs = script_steps(steps, embd=inputs, capture=capture, n_pos_per_token=n_pos_per_token)
+        tr = run_script(t, reqs)
+        if isinstance(tr, Failure):
+            return traces, RunFailure(tr, s)
+        traces.append(tr)
+        if not last:
+            inputs = [so.captures[n - 1] for so in tr.steps]
+    return traces, None
+
+
+@dataclass
+class Divergence:
+    phase: str
+    step: int
+    position: int
+    seq: int
+    stage: int  # the stage whose output first differs
+    where: str  # "boundary" (a stage's output residual) or "logits"
+    max_abs: float
+    layer: int | str | None = None  # first source layer whose output differs, or "output" (head)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return float(np.nanmax(d)) if d.size else 0.0
+
+
+def first_row_diff(a: np.ndarray, b: np.ndarray) -> int | None:
+    if a.shape != b.shape:
+        return 0
+    rows = np.nonzero(np.any(a != b, axis=tuple(range(1, a.ndim))))[0]
+    return int(rows[0]) if rows.size else None
+
+
+def compare(ref: Trace, chain: list[Trace], steps: list[Step], cuts: list[int]) -> tuple[Divergence | None, float]:
+    """First bit-level difference (step order, then stage order), and max |Δlogit| over the run."""
+    first: Divergence | None = None
+    worst = 0.0
+    final = chain[-1]
+    for k, st in enumerate(steps):
+        for s, c in enumerate(cuts):
+            if first is None:
+                got, want = chain[s].steps[k].captures[max(chain[s].steps[k].captures)], ref.steps[k].captures[c - 1]
+                row = first_row_diff(got, want)
+                if row is not None:
+                    first = Divergence(st.phase, k, st.pos[row], st.seq[row], s, "boundary", max_abs(got, want))
+        got, want = final.steps[k].logits, ref.steps[k].logits
+        worst = max(worst, max_abs(got, want))
+        if first is None:
+            row = first_row_diff(got, want)
+            if row is not None:
+                first = Divergence(st.phase, k, st.pos[row], st.seq[row], len(cuts), "logits", max_abs(got, want))
+    return first, worst
+
+
+def localize(ref: Trace, chain: list[Trace], stages: list[tuple[int, int, list[int], list[int]]],
+             upto_step: int) -> int | str:
+    """The first source layer the chain does not reproduce, from a run that captured every stage layer.
+
+    stages: (first, last, source layer of each stage layer, pad indices). A layer of [first, last) that the
+    stage does not hold at all (a slice that dropped it) is reported as not reproduced, too."""
+    for k in range(upto_step + 1):
+        for s, (first, last, sources, pads) in enumerate(stages):
+            held = {src: j for j, src in enumerate(sources) if j not in pads}
+            for src in range(first, last):
+                if src not in held:
+                    return src
+                got = chain[s].steps[k].captures.get(held[src])
+                want = ref.steps[k].captures.get(src)
+                if got is not None and want is not None and first_row_diff(got, want) is not None:
+                    return src
+    return "output"
+
+
+def tokens_equal(ref: Trace, chain: list[Trace]) -> bool:
+    return all(np.array_equal(np.argmax(a.logits, axis=1), np.argmax(b.logits, axis=1))
+               for a, b in zip(ref.steps, chain[-1].steps, strict=True))

@@ -1,0 +1,70 @@
+"""Decode schedules: the token/position/sequence layout of each phase, shared by reference and chain runs.
+
+A schedule is a list of steps (one llama_decode each). Every step outputs all rows (logits="all"), so no run
+prunes rows in its last layer and reference and stages compute the same shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PHASES = ("prefill", "decode", "batched")
+
+
+@dataclass
+class Step:
+    tokens: list[int | str]  # ints, or "argmax@R" (greedy from the previous step's row R) in reference runs
+    seq: list[int]
+    pos: list[int]
+    phase: str
+
+
+@dataclass
+class Schedule:
+    """Two runs: `sequential` (seq 0: chunked prefill, then token-by-token decode) and `batched` (several
+    sequences prefilled in one mixed batch, then one token per sequence per step)."""
+
+    sequential: list[Step] = field(default_factory=list)
+    batched: list[Step] = field(default_factory=list)
+    n_seq: int = 1
+
+    def runs(self) -> dict[str, list[Step]]:
+        return {"sequential": self.sequential, "batched": self.batched} if self.batched \
+            else {"sequential": self.sequential}
+
+
+def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return [int(x) for x in rng.integers(0, n_vocab, n)]
+
+
+def build_schedule(*, n_vocab: int, prompt_len: int = 24, chunk: int = 7, n_decode: int = 32,
+                   n_seq: int = 3, batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
+                   phases: tuple[str, ...] = PHASES) -> Schedule:
+    sched = Schedule(n_seq=n_seq if "batched" in phases else 1)
+    prompt = prompt_tokens(seed, prompt_len, n_vocab)
+    if "prefill" in phases or "decode" in phases:
+        for i in range(0, prompt_len, chunk):
+            part = prompt[i:i + chunk]
+            sched.sequential.append(Step(list(part), [0] * len(part), list(range(i, i + len(part))), "prefill"))
+        if "decode" in phases:
+            last_row = len(sched.sequential[-1].tokens) - 1
+            for k in range(n_decode):
+                tok = f"argmax@{last_row if k == 0 else 0}"
+                sched.sequential.append(Step([tok], [0], [prompt_len + k], "decode"))
+    if "batched" in phases and n_seq > 1:
+        prompts = [prompt_tokens(seed + 1 + s, batched_prompt_len, n_vocab) for s in range(n_seq)]
+        toks, seqs, pos = [], [], []
+        for s, p in enumerate(prompts):
+            toks += p
+            seqs += [s] * len(p)
+            pos += list(range(len(p)))
+        sched.batched.append(Step(toks, seqs, pos, "batched"))
+        for k in range(batched_decode):
+            rows = [s * batched_prompt_len + batched_prompt_len - 1 for s in range(n_seq)] if k == 0 \
+                else list(range(n_seq))
+            sched.batched.append(Step([f"argmax@{r}" for r in rows], list(range(n_seq)),
+                                      [batched_prompt_len + k] * n_seq, "batched"))
+    return sched

@@ -1,0 +1,82 @@
+"""The parity oracle (fuzz sweep): every cut of every Foundation family is bit-exact on the pinned llama.cpp,
+and the oracle itself catches a wrong stage."""
+
+import json
+
+import pytest
+
+from fuzz.sweep import Sweep, SweepConfig, cut_sets, pattern_period
+from synth.errors import UserError
+from synth.stage import StageInfo, slice_model
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.llama
+
+FOUNDATION = [("llama", {"layers": 8}), ("qwen2", {"layers": 8}), ("qwen3", {"layers": 8}),
+              ("mamba", {"layers": 8}), ("mamba2", {"layers": 8}), ("falcon-h1", {"layers": 8})] + \
+             [(f, k) for f in ("jamba", "granitehybrid", "lfm2", "qwen3next", "kimi-linear")
+              for k in ({"layers": 12, "period": 4}, {"layers": 9, "period": 3, "offset": 0})]
+
+
+IDS = [f"{f}-{'-'.join(map(str, k.values()))}" for f, k in FOUNDATION]
+
+
+@pytest.mark.parametrize("family,knobs", FOUNDATION, ids=IDS)
+def test_every_cut_is_bit_exact(fixtures, family, knobs):
+    rep = Sweep(fixtures(family, **knobs), SweepConfig(cuts="all", tokens=8)).run()
+    assert rep.control["status"] == "pass"
+    assert len(rep.results) == rep.n_layer - 1
+    bad = [r.to_dict() for r in rep.results if r.status != "pass"]
+    assert not bad, bad
+    assert all(r.max_abs_dlogit == 0.0 and r.tokens_equal for r in rep.results)
+    assert rep.exit_code == 0
+
+
+def test_three_stage_chains_at_every_pair_of_cuts(fixtures):
+    rep = Sweep(fixtures("qwen3next", layers=8, period=4), SweepConfig(cuts="all", stages=3, tokens=4)).run()
+    assert len(rep.results) == 21  # C(7, 2)
+    assert all(r.status == "pass" and len(r.stages) == 3 for r in rep.results), [r.to_dict() for r in rep.results]
+
+
+def dropping_last_layer(src, dst, a, b) -> StageInfo:
+    """A broken materializer: a non-final stage silently loses its last layer."""
+    full = slice_model(src, dst, a, b)
+    return full if b == full.n_layer_source or b - a < 2 else slice_model(src, dst, a, b - 1)
+
+
+def test_a_stage_that_drops_a_layer_is_caught_and_localized(fixtures):
+    rep = Sweep(fixtures("jamba", layers=8, period=4), SweepConfig(cuts="3;5", tokens=4),
+                slicer=dropping_last_layer).run()
+    assert [r.status for r in rep.results] == ["diverged", "diverged"]
+    for r, cut in zip(rep.results, (3, 5), strict=True):
+        assert r.phase == "prefill" and r.step == 0 and r.position == 0
+        assert r.where == "boundary" and r.stage == 0
+        assert r.reproduced is True
+        assert r.layer == cut - 1  # the layer the broken stage lost
+        assert r.max_abs_dlogit > 0
+    assert rep.exit_code == 1
+
+
+def test_period_cuts_cover_every_offset():
+    assert cut_sets("period", 12, 2, 4) == [[1], [2], [3], [4]]
+    assert pattern_period("RRRARRRARRRA") == 4 and pattern_period("AAAA") == 1
+    assert cut_sets("3;5;2,6", 8, 2, 1) == [[3], [5], [2, 6]]
+    assert len(cut_sets("all", 8, 3, 1)) == 21
+    for bad in ("0", "8", "3,3", "x"):
+        with pytest.raises(UserError):
+            cut_sets(bad, 8, 2, 1)
+
+
+def test_cli_sweep_report_and_exit_codes(fixtures, tmp_path):
+    path = fixtures("lfm2", layers=8, period=4)
+    out = tmp_path / "r.json"
+    r = run_cli("fuzz", "sweep", str(path), "--cuts", "period", "--tokens", "4", "--report", str(out))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["summary"]["pass"] == 4 and rep["config"]["period"] == 4
+    assert {"cuts", "status", "stages", "max_abs_dlogit"} <= set(rep["results"][0])
+    assert rep["llama_cpp_commit"].startswith("0c1e570")
+    for args in (["--cuts", "9"], ["--stages", "1"], ["--phases", "warmup"]):
+        bad = run_cli("fuzz", "sweep", str(path), *args)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
