@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
+import queue
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +38,10 @@ from fuzz.parity import (
 )
 from fuzz.schedule import PHASES, Schedule, build_schedule
 from synth.errors import UserError
-from synth.gguf_io import GGUFFile, token_embeddings
+from synth.gguf_io import token_embeddings
 from synth.inspect import ModelInfo, inspect_file
-from synth.stage import StageInfo, Unsupported, slice_model, stage_path
-from targets import Failure, Target, open_target
+from synth.stage import SourceModel, StageInfo, Unsupported, embd_input_contract, stage_path
+from targets import Failure, Target, close_all, open_target
 
 STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE: embedding input needs 4 positions per token
@@ -57,6 +61,7 @@ class SweepConfig:
     timeout: float = 120.0
     seed: int = 0
     workdir: Path | None = None  # where stage files go (default: a temporary directory)
+    jobs: int = 0  # cut sets run concurrently, each lane with its own stage workers (0: one per core, ≤ 2)
 
 
 @dataclass
@@ -102,7 +107,7 @@ class SweepReport:
     @property
     def exit_code(self) -> int:
         bad = any(r.status in ("diverged", "crash", "timeout") for r in self.results)
-        return 1 if bad or self.control.get("status") not in ("pass", None) else 0
+        return 1 if bad or self.control.get("status") not in ("pass", "unsupported", None) else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"fixture": self.fixture, "sha256": self.sha256, "arch": self.arch, "n_layer": self.n_layer,
@@ -151,23 +156,40 @@ def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int
     return [list(cs) for cs in itertools.combinations(pool if spec == "period" else singles, stages - 1)]
 
 
+def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
+    """[[0, c1], [c1, c2], ..., [ck, n_layer]]"""
+    bounds = [0, *cuts, n_layer]
+    return [[bounds[i], bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
 # ---- the sweep ------------------------------------------------------------------------------------------
 Slicer = Callable[[Path, Path, int, int], StageInfo]  # (source, destination, first, last) → StageInfo
 
 
 class Sweep:
-    def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer = slice_model):
-        """slicer materializes a stage file; tests inject broken ones to prove the oracle catches them."""
+    def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None):
+        """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
+        broken ones to prove the oracle catches them."""
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.slicer = slicer
+        self.source: SourceModel | None = None
+        self.slicer = slicer or self._slice
         self.info: ModelInfo = inspect_file(str(self.fixture))
-        self.g = GGUFFile(self.fixture)
         self.kinds = "".join({"attention": "A", "recurrent": "R", "both": "B", "mlp": "M"}[x.kind]
                              for x in self.info.layers)
         self.period = cfg.period or pattern_period(self.kinds)
         self.stage_cache: dict[tuple[int, int], tuple[Path, StageInfo] | Unsupported] = {}
         self.decode_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def _slice(self, src: Path, dst: Path, a: int, b: int) -> StageInfo:
+        if self.source is None:
+            self.source = SourceModel(src)
+        return self.source.slice(dst, a, b)
+
+    def _add_time(self, seconds: float) -> None:
+        with self._lock:
+            self.decode_seconds += seconds
 
     def run(self) -> SweepReport:
         cfg = self.cfg
@@ -182,14 +204,16 @@ class Sweep:
             workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         n_stages = max(len(s) for s in sets) + 1
+        jobs = max(1, min(cfg.jobs or min(2, os.cpu_count() or 1), len(sets)))
         ref = open_target(cfg.target, timeout=cfg.timeout)
-        stage_targets = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_stages)]
+        lanes = [[open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_stages)] for _ in range(jobs)]
+        everyone = [ref, *(t for lane in lanes for t in lane)]
         try:
-            results, control, commit = self._run(sets, ref, stage_targets)
+            for t in everyone:  # spawn all workers at once; their start-up overlaps
+                t.start()
+            results, control, commit = self._run(sets, ref, lanes)
         finally:
-            ref.close()
-            for t in stage_targets:
-                t.close()
+            close_all(everyone)
             if tmp is not None:
                 tmp.cleanup()
         wall = time.perf_counter() - t_start
@@ -199,7 +223,7 @@ class Sweep:
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed},
+                    "phases": list(cfg.phases), "seed": cfg.seed, "jobs": jobs},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
@@ -207,11 +231,11 @@ class Sweep:
     def _load_params(self, sched: Schedule) -> dict[str, Any]:
         return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": sched.n_seq}
 
-    def _run(self, sets: list[list[int]], ref: Target, stage_targets: list[Target]):
+    def _run(self, sets: list[list[int]], ref: Target, lanes: list[list[Target]]):
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
                                n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
-        params = self._load_params(sched)
+        params = self._load_params_cache = self._load_params(sched)
         loaded = ref.load(str(self.fixture), **params)
         if not loaded.ok:
             if loaded.failure.kind == "error":
@@ -228,17 +252,34 @@ class Sweep:
             if isinstance(tr, Failure):
                 raise UserError(f"{self.fixture}: the full model fails in the target ({tr.message}); "
                                 "fix the fixture before sweeping it")
-            self.decode_seconds += tr.decode_seconds
+            self._add_time(tr.decode_seconds)
             refs[name] = tr
-        control = self._control(ref, sched, refs["sequential"])
+        control = self._control(ref, sched, refs["sequential"]) if "sequential" in refs else \
+            {"status": "unsupported", "reason": "no sequential phase"}
+        for cuts in sets:  # materialize every stage up front (lanes then only read files)
+            for a, b in stage_ranges(cuts, self.info.n_layer):
+                self._stage(a, b)
 
-        results = []
-        for cuts in sets:
-            results.append(self._cut(cuts, sched, refs, stage_targets, params))
+        free: queue.Queue[list[Target]] = queue.Queue()
+        for lane in lanes:
+            free.put(lane)
+
+        def one(cuts: list[int]) -> CutResult:
+            lane = free.get()
+            try:
+                return self._cut(cuts, sched, refs, lane, params)
+            finally:
+                free.put(lane)
+
+        with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+            results = list(pool.map(one, sets))
         return results, control, commit
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
+        why = embd_input_contract(self.info.arch)
+        if why:
+            return {"status": "unsupported", "reason": why}
         try:
             table = token_embeddings(self.fixture)
         except UserError as e:
@@ -250,7 +291,7 @@ class Sweep:
                                            n_pos_per_token=self.n_pos))
         if isinstance(ctl, Failure):
             return {"status": ctl.kind, "reason": ctl.message}
-        self.decode_seconds += ctl.decode_seconds
+        self._add_time(ctl.decode_seconds)
         div, worst = compare(tr, [ctl], steps, [])
         if div is None:
             return {"status": "pass", "max_abs_dlogit": worst}
@@ -272,8 +313,7 @@ class Sweep:
 
     def _cut(self, cuts: list[int], sched: Schedule, refs: dict[str, Trace], stage_targets: list[Target],
              params: dict[str, Any]) -> CutResult:
-        bounds = [0, *cuts, self.info.n_layer]
-        ranges = [[bounds[i], bounds[i + 1]] for i in range(len(bounds) - 1)]
+        ranges = stage_ranges(cuts, self.info.n_layer)
         res = CutResult(cuts=cuts, stages=ranges, status="pass")
         stages = []
         for a, b in ranges:
@@ -285,8 +325,8 @@ class Sweep:
             if st[1].pads:
                 res.pads[f"{a}:{b}"] = st[1].pads
         targets = stage_targets[:len(stages)]
-        for (path, st), t in zip(stages, targets, strict=True):
-            r = t.load(str(path), **params)
+        for k, ((path, st), t) in enumerate(zip(stages, targets, strict=True)):
+            r = t.load(str(path), **params, capture=k < len(stages) - 1)  # the final stage captures nothing
             if not r.ok:
                 return self._failed(res, RunFailure(r.failure, ranges.index([st.first, st.last])), "load")
         sizes = [st.n_layer for _, st in stages]
@@ -296,7 +336,7 @@ class Sweep:
             for t in targets:
                 t.reset()
             chain, fail = run_chain(targets, sizes, steps, tokens, n_pos_per_token=self.n_pos)
-            self.decode_seconds += sum(tr.decode_seconds for tr in chain)
+            self._add_time(sum(tr.decode_seconds for tr in chain))
             if fail is not None:
                 return self._failed(res, fail, name)
             div, worst = compare(ref_tr, chain, steps, cuts)
@@ -310,8 +350,10 @@ class Sweep:
     def _diverged(self, res: CutResult, div: Divergence, targets, stages, steps, tokens, ref_tr: Trace,
                   cuts: list[int]) -> CutResult:
         """Reproduce with every stage layer captured, and localize the first differing layer."""
-        for t in targets:
-            t.reset()
+        for (path, _), t in zip(stages, targets, strict=True):
+            r = t.load(str(path), **self._load_params_cache, capture=True)
+            if not r.ok:
+                return self._failed(res, RunFailure(r.failure, targets.index(t)), div.phase)
         chain, fail = run_chain(targets, [st.n_layer for _, st in stages], steps, tokens, capture_all=True,
                                 n_pos_per_token=self.n_pos)
         again = None if fail is not None else compare(ref_tr, chain, steps, cuts)[0]

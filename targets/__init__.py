@@ -12,7 +12,7 @@ import sys
 
 from synth.errors import UserError
 from targets.client import DEFAULT_TIMEOUT, Failure, Reply, WorkerClient
-from targets.target import Target
+from targets.target import Target, close_all
 
 TARGETS_HELP = 'llama-cpp, or cmd:"<command line>" (a program speaking targets/PROTOCOL.md)'
 
@@ -33,4 +33,5 @@ def open_target(spec: str = "llama-cpp", *, timeout: float = DEFAULT_TIMEOUT,
     return Target(spec, worker_argv(spec), timeout=timeout, env=env)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "open_target", "worker_argv"]
+__all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",
+           "worker_argv"]

@@ -106,16 +106,32 @@ class WorkerClient:
                 return reply
         return None
 
+    def start(self) -> Reply | None:
+        """Spawn the worker now (calls otherwise spawn it lazily); returns a failed replayed load, if any."""
+        return self._ensure()
+
     def close(self) -> None:
+        self.request_close()
+        self.wait_closed()
+
+    def request_close(self) -> None:
+        """Ask the worker to exit without waiting for it (close many workers in parallel)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.stdin.write(json.dumps({"id": -1, "op": "shutdown"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            self._kill()
+
+    def wait_closed(self, timeout: float = 5.0) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"id": -1, "op": "shutdown"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                self._kill()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
         self.proc = None
 
     def _kill(self) -> None:

@@ -25,7 +25,8 @@ PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
-DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False}
+DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
+            "capture": True}
 
 
 class RequestError(Exception):
@@ -67,7 +68,8 @@ class LlamaWorker:
         self.ctx = None
         self.params: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
-        self.decode_seconds = 0.0  # time spent inside llama_decode since the last report
+        self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
+        self.callback_seconds = 0.0  # part of it spent in our own eval callback (subtracted)
         self.want: set[bytes] = set()  # tensor names to capture during the current decode
         self.captured: dict[bytes, list[np.ndarray]] = {}
 
@@ -80,6 +82,13 @@ class LlamaWorker:
             sys.stderr.write(text.decode("utf-8", errors="replace"))
 
     def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
+        t0 = time.perf_counter()
+        try:
+            return self._eval(t, ask)
+        finally:
+            self.callback_seconds += time.perf_counter() - t0
+
+    def _eval(self, t: int, ask: bool) -> bool:
         name = self.ggml.ggml_get_name(t)
         if name not in self.want:
             return False
@@ -126,8 +135,9 @@ class LlamaWorker:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
-        cp.cb_eval = self._eval_cb
-        cp.cb_eval_user_data = None
+        if params["capture"]:  # the per-node callback costs time in every decode: only when asked for
+            cp.cb_eval = self._eval_cb
+            cp.cb_eval_user_data = None
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             L.llama_model_free(model)
@@ -193,6 +203,8 @@ class LlamaWorker:
         else:
             out = [bool(x) for x in _per_token(outputs, n, "logits")]
         capture = [int(k) for k in req.get("capture", [])]
+        if capture and not self.params["capture"]:
+            raise RequestError("bad_request", "decode: capture needs a context loaded with capture=true")
         # with a capture every row must reach the last layer (llama.cpp prunes non-output rows there)
         computed = [True] * n if capture else out
         self.want = {f"l_out-{k}".encode() for k in capture}
@@ -214,9 +226,9 @@ class LlamaWorker:
                 for j in range(1, n_pos):
                     for i in range(n):
                         batch.pos[j * n + i] = pos[i] if j < 3 else 0
-            t0 = time.perf_counter()
+            t0, cb0 = time.perf_counter(), self.callback_seconds
             rc = L.llama_decode(ctx, batch)
-            self.decode_seconds += time.perf_counter() - t0
+            self.decode_seconds += time.perf_counter() - t0 - (self.callback_seconds - cb0)
         finally:
             L.llama_batch_free(batch)
             self.want = set()

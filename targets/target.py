@@ -54,6 +54,10 @@ class Target:
         self.name = name
         self.client = WorkerClient(argv, timeout=timeout, env=env, name=name)
 
+    def start(self) -> None:
+        """Spawn the worker process now instead of at the first call."""
+        self.client.start()
+
     def close(self) -> None:
         self.client.close()
 
@@ -123,3 +127,11 @@ class Target:
 
     def reset(self) -> Reply:
         return self.client.call("reset")
+
+
+def close_all(targets: Sequence[Target]) -> None:
+    """Close several targets in parallel (each worker exits on its own; then wait for all)."""
+    for t in targets:
+        t.client.request_close()
+    for t in targets:
+        t.client.wait_closed()
