@@ -44,7 +44,9 @@ class LayerInfo:
     k_width: int  # KV-cache K elements per token (0 on recurrent-only layers)
     v_width: int
     k_row_bytes: int  # at the default f16 cache type
-    v_row_bytes: int
+    v_row_bytes: int  # 0 on MLA layers: llama.cpp keeps no V cache there (has_v = !is_mla)
+    v_row_bytes_padded: int  # with flash attention off the transposed V cache pads every layer to the widest
+    indexer_row_bytes: int  # DSA indexer key cache row (k_idx), on layers that own an indexer
     ffn: str  # dense | moe | none
     n_expert: int
     indexer: bool
@@ -78,7 +80,10 @@ def per_layer(value: Any, n: int, default: int = 0) -> list[int]:
 
 
 def inspect_file(path: str) -> ModelInfo:
-    g = GGUFFile(path)
+    return inspect_gguf(GGUFFile(path))
+
+
+def inspect_gguf(g: GGUFFile) -> ModelInfo:
     arch = g.arch
     n_layer = int(g.get("block_count", 0))
     n_embd = int(g.get("embedding_length", 0))
@@ -101,6 +106,7 @@ def inspect_file(path: str) -> ModelInfo:
     dk = int(g.get("attention.key_length", n_embd // h0 if h0 else 0))
     dv = int(g.get("attention.value_length", n_embd // h0 if h0 else 0))
     n_expert = int(g.get("expert_count", 0) or 0)
+    idx_dim = int(g.get("attention.indexer.key_length", 0) or 0)
 
     layers = []
     for i in range(n_layer):
@@ -110,7 +116,7 @@ def inspect_file(path: str) -> ModelInfo:
         kv = n_head_kv[i] if has_attn else 0
         if has_attn and kv == 0:  # e.g. falcon-h1 writes a scalar; MLA caches one latent head
             kv = 1 if mla else n_head[i]
-        kw, vw = (dk * kv, dv * kv) if has_attn else (0, 0)
+        kw, vw = (dk * kv, 0 if mla else dv * kv) if has_attn else (0, 0)
         moe = any(n.startswith(("ffn_gate_inp.", "ffn_up_exps.", "ffn_gate_up_exps.", "ffn_down_exps."))
                   for n in names)
         dense = any(n.startswith(("ffn_up.", "ffn_down.", "channel_mix_key.")) for n in names)
@@ -118,12 +124,19 @@ def inspect_file(path: str) -> ModelInfo:
             index=i, kind=kind, mixer=_mixer(kind, names, mla), n_head=n_head[i], n_head_kv=kv,
             head_dim_k=dk if has_attn else 0, head_dim_v=dv if has_attn else 0,
             k_width=kw, v_width=vw, k_row_bytes=kw * KV_CACHE_BYTES, v_row_bytes=vw * KV_CACHE_BYTES,
+            v_row_bytes_padded=0, indexer_row_bytes=0,
             ffn="moe" if moe else "dense" if dense else "none", n_expert=n_expert if moe else 0,
             indexer=any(n.startswith("indexer.") for n in names), n_tensors=len(names),
         ))
+    v_max = max((x.v_row_bytes for x in layers), default=0)
+    for x in layers:
+        if x.v_row_bytes:
+            x.v_row_bytes_padded = v_max
+        if x.indexer:
+            x.indexer_row_bytes = idx_dim * KV_CACHE_BYTES
     spec = g.kv.get("family_certify.spec")
     return ModelInfo(
-        path=str(path), arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
+        path=str(g.path), arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
         is_recurrent=arch in RECURRENT_ARCHS, is_hybrid=arch in HYBRID_ARCHS,
         file_bytes=g.path.stat().st_size, n_tensors=len(g.tensors), layers=layers,
         spec=spec if isinstance(spec, str) else None,
@@ -180,10 +193,10 @@ def format_table(info: ModelInfo) -> str:
     lines = [f"{info.path}: arch {info.arch}, {info.n_layer} layers, n_embd {info.n_embd}, vocab {info.n_vocab}, "
              f"{info.file_bytes} bytes, recurrent={info.is_recurrent} hybrid={info.is_hybrid}",
              f"{'layer':>5}  {'kind':<9} {'mixer':<14} {'heads':>5} {'kv':>3} {'k_dim':>5} {'v_dim':>5} "
-             f"{'k_row_B':>7} {'v_row_B':>7}  {'ffn':<5} indexer"]
+             f"{'k_row_B':>7} {'v_row_B':>7}  {'ffn':<5} indexer(row_B)"]
     for x in info.layers:
         ffn = f"moe{x.n_expert}" if x.ffn == "moe" else x.ffn
         lines.append(f"{x.index:>5}  {x.kind:<9} {x.mixer:<14} {x.n_head:>5} {x.n_head_kv:>3} {x.head_dim_k:>5} "
                      f"{x.head_dim_v:>5} {x.k_row_bytes:>7} {x.v_row_bytes:>7}  {ffn:<5} "
-                     f"{'yes' if x.indexer else '-'}")
+                     f"{f'yes({x.indexer_row_bytes})' if x.indexer else '-'}")
     return "\n".join(lines)

@@ -31,7 +31,7 @@ import numpy as np
 
 from synth.errors import UserError
 from synth.gguf_io import KV, VT, GGUFFile, read_all, write_gguf
-from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, inspect_file
+from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, ModelInfo, inspect_gguf
 from synth.spec import SPEC_KEY
 
 # Keys llama.cpp reads per layer (get_key_or_arr / get_arr of length n_layer); suffixes after "{arch}.".
@@ -88,21 +88,50 @@ def parse_range(text: str, n_layer: int) -> tuple[int, int]:
     return a, b
 
 
+def embd_input_contract(arch: str) -> str | None:
+    """Why this arch cannot take batch.embd at all (declared by its family module), or None."""
+    from synth.families import family_for_arch  # stage.py is imported by families' users, not vice versa
+
+    fam = family_for_arch(arch)
+    return fam.embd_input if fam else None
+
+
+def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
+    """Which source layers use the sliding window, by llama.cpp's load_swa_pattern rule for this arch."""
+    from synth.families import family_for_arch
+
+    value = g.get("attention.sliding_window_pattern")
+    if isinstance(value, list) and len(value) == n:
+        return [bool(v) for v in value]
+    fam = family_for_arch(g.arch)
+    if fam is None or fam.swa_pattern is None:
+        return None
+    period, dense_first = fam.swa_pattern
+    period = int(value) if value is not None else period
+    if dense_first:
+        return [period == 0 or i % period != 0 for i in range(n)]
+    return [period == 0 or i % period < period - 1 for i in range(n)]
+
+
 def stage_input_contract(g: GGUFFile) -> str | None:
     """Why a stage that does not start at layer 0 cannot take the residual as input, or None if it can.
 
     llama.cpp applies some input transforms to batch.embd exactly as to token embeddings, so a stage fed the
     residual would apply them twice.
     """
+    why = embd_input_contract(g.arch)
+    if why:
+        return why
     if "token_embd_norm.weight" in g.tensors and g.arch != "lfm2":  # lfm2 stores its *final* norm there
         return "input LayerNorm (token_embd_norm) would be applied to the residual again; llama.cpp has no " \
                "switch to skip it for embedding input"
     return None
 
 
-def plan_stage(g: GGUFFile, a: int, b: int) -> StageInfo:
+def plan_stage(g: GGUFFile, info: ModelInfo, a: int, b: int) -> StageInfo:
     """Which source layers a stage [a, b) holds, including any pass-through pads it needs."""
-    info = inspect_file(str(g.path))
+    from synth.families import family_for_arch
+
     n = info.n_layer
     layers = list(range(a, b))
     st = StageInfo(source=str(g.path), first=a, last=b, n_layer_source=n, layers=layers)
@@ -120,6 +149,19 @@ def plan_stage(g: GGUFFile, a: int, b: int) -> StageInfo:
             st.pads.append(len(st.layers) - 1)
             st.notes.append(f"stage {a}:{b} has {why}: appended a pass-through copy of layer {donor} "
                             "(output projections zeroed)")
+    fam = family_for_arch(g.arch)
+    if fam is not None and fam.stage_starts_full and int(g.get("attention.sliding_window", 0) or 0) > 0:
+        is_swa = source_swa_layers(g, n)
+        if is_swa is not None and is_swa[a]:
+            lead = int(g.get("leading_dense_block_count", 0) or 0)
+            donors = [i for i in range(n) if not is_swa[i] and (i < lead or a >= lead)]
+            if not donors:
+                raise Unsupported(f"stage {a}:{b} starts on a sliding-window layer and the model has no full layer "
+                                  "to prepend (the graph sizes RoPE from layer 0)")
+            st.layers.insert(0, donors[0])
+            st.pads = [0] + [p + 1 for p in st.pads]
+            st.notes.append(f"stage {a}:{b} starts on a sliding-window layer, but {g.arch} sizes every full "
+                            f"layer's RoPE from layer 0: prepended a pass-through copy of full layer {donors[0]}")
     return st
 
 
@@ -131,22 +173,33 @@ def _pick_donor(g: GGUFFile, donors: list[int], layers: list[int]) -> int:
     return donors[0]
 
 
+class SourceModel:
+    """A model read once, to cut many stages from."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.g, self.kv, self.tensors = read_all(path)
+        self.info = inspect_gguf(self.g)
+
+    def slice(self, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
+        """Write the stage [a, b) to dst. Raises Unsupported for a stage llama.cpp cannot express."""
+        g = self.g
+        n = self.info.n_layer
+        if not 0 <= a < b <= n:
+            raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
+        if a > 0:
+            why = stage_input_contract(g)
+            if why:
+                raise Unsupported(why)
+        st = plan_stage(g, self.info, a, b)
+        new_kv = _stage_metadata(g, self.kv, st)
+        new_tensors = _stage_tensors(self.tensors, st, neutralize_positions=a > 0)
+        write_gguf(dst, g.arch, new_kv, new_tensors)
+        return st
+
+
 def slice_model(src: str | os.PathLike, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
     """Write the stage [a, b) of src to dst. Raises Unsupported for a stage llama.cpp cannot express."""
-    g, kv, tensors = read_all(src)
-    n = int(g.get("block_count", 0))
-    if not 0 <= a < b <= n:
-        raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
-    if a > 0:
-        why = stage_input_contract(g)
-        if why:
-            raise Unsupported(why)
-    st = plan_stage(g, a, b)
-    arch = g.arch
-    new_kv = _stage_metadata(g, kv, st)
-    new_tensors = _stage_tensors(tensors, st, neutralize_positions=a > 0)
-    write_gguf(dst, arch, new_kv, new_tensors)
-    return st
+    return SourceModel(src).slice(dst, a, b)
 
 
 def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, KV]:
@@ -172,6 +225,13 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
             raise Unsupported(f"leading dense blocks ({lead}) cannot be expressed for source layers {src}")
         out[lead_key] = KV(k, VT.UINT32)
 
+    # glm-dsa: a "shared" indexer layer reuses the top-k of the previous full layer (a sideband); llama.cpp
+    # asserts that a stage's layer 0 is full
+    types = out.get(f"{arch}.attention.indexer.types")
+    if types is not None and isinstance(types.value, list) and types.value and not types.value[0]:
+        raise Unsupported(f"stage starts on layer {src[0]}, a shared indexer layer: its top-k comes from an earlier "
+                          "full layer (a sideband llama.cpp cannot take as stage input)")
+
     # "attention every Nth layer" is relative to the layer index: write the per-layer array instead
     rec_key = f"{arch}.attention.recurrent_layers"
     if arch in INTERVAL_ARCHS and rec_key not in kv:
@@ -179,11 +239,19 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
         out[rec_key] = KV([(i + 1) % interval != 0 for i in src], VT.ARRAY, VT.BOOL)
         out.pop(f"{arch}.full_attention_interval", None)
 
-    # sliding-window pattern given as a period: re-express per layer (llama.cpp: load_swa_pattern)
+    # sliding-window layers follow the layer index unless given per layer: write the per-layer array
     swa_key = f"{arch}.attention.sliding_window_pattern"
-    if swa_key in kv and not isinstance(kv[swa_key].value, list):
-        raise Unsupported("sliding_window_pattern given as a period; this arch's stage needs a per-layer array "
-                          "(family module must declare its dense_first rule)")
+    if int(g.get("attention.sliding_window", 0) or 0) > 0:
+        is_swa = source_swa_layers(g, n)
+        if is_swa is None:
+            raise Unsupported("sliding-window layers follow a rule of this arch's layer index that a stage cannot "
+                              "re-express (no per-layer sliding_window_pattern in llama.cpp for it)")
+        stage_swa = [is_swa[i] for i in src]
+        if any(stage_swa):
+            out[swa_key] = KV(stage_swa, VT.ARRAY, VT.BOOL)
+        else:  # llama.cpp asserts is_swa_any() when a window is set; these layers are full attention anyway
+            out.pop(f"{arch}.attention.sliding_window", None)
+            out.pop(swa_key, None)
 
     out[f"{STAGE_KEYS}.source_layers"] = KV(list(src), VT.ARRAY, VT.INT32)
     out[f"{STAGE_KEYS}.range"] = KV([st.first, st.last], VT.ARRAY, VT.INT32)

@@ -33,6 +33,11 @@ FAMILIES: dict[str, Family] = _discover()
 ALIASES = {"hybrid": "granitehybrid"}
 
 
+def family_for_arch(arch: str) -> Family | None:
+    """The family module that declares this llama.cpp arch (for per-arch stage contracts)."""
+    return next((f for f in FAMILIES.values() if f.arch_name == arch), None)
+
+
 def get_family(name: str) -> Family:
     fam = FAMILIES.get(ALIASES.get(name, name))
     if fam is None:
