@@ -58,12 +58,28 @@ class Family:
     period: ClassVar[int] = 4  # hybrids: default attention period
     n_expert: ClassVar[int] = 0
     n_expert_used: ClassVar[int] = 0
+    # RoPE over the head: "full" (the whole head dim, which must then be even: ggml's CPU rope aborts on an odd
+    # width), "partial" (the family checks its own rotary width) or None (no RoPE). Head dims below 2 abort
+    # every attention arch when the context is created (ggml_can_mul_mat).
+    rope: ClassVar[str | None] = "full"
+    # Why K/V heads always equal the query heads for this arch (then --kv-heads is refused with this reason).
+    mha_only: ClassVar[str | None] = None
     n_expert_shared: ClassVar[int] = 0
     n_leading_dense: ClassVar[int] = 0
     q_lora_rank: ClassVar[int] = 0
     kv_lora_rank: ClassVar[int] = 0
     indexer: ClassVar[bool] = False
     indexer_top_k: ClassVar[int] = 0
+    # Stage contract: why this arch cannot take hidden states through batch.embd at all (then no stage but
+    # the first can run, and the sweep's control run is unsupported), with the llama.cpp source reference.
+    embd_input: ClassVar[str | None] = None
+    # Stage contract: (default period, dense_first) if this arch reads its sliding-window layer pattern
+    # through llama.cpp's load_swa_pattern (an explicit per-layer array overrides the index rule), so a stage
+    # can keep each layer's kind. None: no SWA, or a rule a stage cannot re-express.
+    swa_pattern: ClassVar[tuple[int, bool] | None] = None
+    # Stage contract (layer-0 trap): the graph sizes every full-attention layer's RoPE from layer 0, so a stage
+    # must start on a full (non-SWA) layer; the slicer prepends a pass-through full layer when it would not.
+    stage_starts_full: ClassVar[bool] = False
 
     @property
     def arch_name(self) -> str:
@@ -77,19 +93,25 @@ class Family:
     def supported_flags(self) -> str:
         return " ".join(FLAG[k] for k in FLAG if k in self.knobs) or "(none)"
 
+    def rope_kind(self, spec: ModelSpec) -> str | None:
+        """The RoPE kind for this spec (most families: the class attribute)."""
+        return self.rope
+
     def reject(self, knob: str, why: str) -> UserError:
         return UserError(f"family {self.name}: {FLAG.get(knob, knob)} {why}; "
                          f"it supports: {self.supported_flags()}")
 
     def resolve(self, knobs: Knobs) -> ModelSpec:
         for k in knobs.given():
+            if k == "kv_heads" and self.mha_only:
+                raise self.reject(k, f"is not something this family can express ({self.mha_only})")
             if k not in self.knobs:
                 raise self.reject(k, "is not something this family can express")
         pattern = self._pattern(knobs)
         n_embd = _positive(knobs.embd, self.n_embd, "--embd")
         n_head = _positive(knobs.heads, self.n_head, "--heads")
         head_dim = knobs.head_dim or self.head_dim or n_embd // n_head
-        if knobs.head_dim is None and n_embd % n_head:
+        if knobs.head_dim is None and self.head_dim is None and n_embd % n_head:
             raise UserError(f"family {self.name}: --embd {n_embd} is not a multiple of --heads {n_head}")
         kv = self._kv_heads(knobs, pattern, n_head)
         n_expert = knobs.experts if knobs.experts is not None else self.n_expert
@@ -111,13 +133,28 @@ class Family:
         )
         if spec.n_vocab < 4:
             raise UserError(f"family {self.name}: --vocab {spec.n_vocab} is too small; use at least 4")
+        self._check_head_dim(spec)
         spec = replace(spec, extra=self.derive(spec))
         self.check(spec)
         return spec
 
+    def _check_head_dim(self, spec: ModelSpec) -> None:
+        if not any(c in (ATTN, BOTH) for c in spec.pattern):
+            return
+        D, rope = spec.head_dim, self.rope_kind(spec)
+        if D >= 2 and not (rope == "full" and D % 2):
+            return
+        need = "even (RoPE rotates pairs of dims; ggml's CPU rope aborts on an odd width)" if D >= 2 \
+            else "at least 2 (llama.cpp aborts creating the context)"
+        src = f"--head-dim {D}" if D != spec.n_embd // max(spec.n_head, 1) \
+            else f"--embd {spec.n_embd} / --heads {spec.n_head}"
+        raise UserError(f"family {self.name}: head dim {D} ({src}) must be {need}; use e.g. --embd 32 --heads 4")
+
     def _pattern(self, knobs: Knobs) -> str:
         if self.kind == "dense":
-            return ATTN * _positive(knobs.layers, self.n_layer, "--layers")
+            # a per-layer --kv-heads list is one entry per layer
+            listed = len(knobs.kv_heads) if knobs.kv_heads is not None and len(knobs.kv_heads) > 1 else None
+            return ATTN * _positive(knobs.layers if knobs.layers is not None else listed, self.n_layer, "--layers")
         if self.kind == "recurrent":
             return REC * _positive(knobs.layers, self.n_layer, "--layers")
         if self.parallel_hybrid:
@@ -152,7 +189,7 @@ class Family:
     def _kv_heads(self, knobs: Knobs, pattern: str, n_head: int) -> tuple[int, ...]:
         attn = [c in (ATTN, BOTH) for c in pattern]
         if knobs.kv_heads is None:
-            vals = [self.n_head_kv if a else 0 for a in attn]
+            vals = [(n_head if self.mha_only else self.n_head_kv) if a else 0 for a in attn]
         elif len(knobs.kv_heads) == 1:
             vals = [knobs.kv_heads[0] if a else 0 for a in attn]
         else:

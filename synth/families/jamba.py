@@ -17,6 +17,7 @@ class Jamba(Family):
     name = "jamba"
     arch = gguf.MODEL_ARCH.JAMBA
     kind = "hybrid"
+    rope = None
     summary = "Jamba: Mamba-1 + attention, per-layer K/V heads, MoE on odd layers with --experts"
     knobs = BASE_KNOBS | PATTERN_KNOBS | MOE_KNOBS | {"kv_heads"}
     per_layer_kv = True

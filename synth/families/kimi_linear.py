@@ -16,6 +16,7 @@ class KimiLinear(Family):
     name = "kimi-linear"
     arch = gguf.MODEL_ARCH.KIMI_LINEAR
     kind = "hybrid"
+    rope = "partial"
     summary = "Kimi-Linear: KDA + MLA (3:1 by default), MoE after leading dense layers"
     knobs = BASE_KNOBS | PATTERN_KNOBS | MOE_KNOBS | {"shared_experts", "leading_dense", "kv_lora_rank"}
     n_layer = 8

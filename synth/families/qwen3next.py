@@ -26,6 +26,7 @@ class Qwen3Next(Family):
     name = "qwen3next"
     arch = gguf.MODEL_ARCH.QWEN3NEXT
     kind = "hybrid"
+    rope = "partial"
     summary = "Qwen3-Next: gated delta-net + gated attention (3:1 by default), MoE with shared expert"
     knobs = BASE_KNOBS | PATTERN_KNOBS | MOE_KNOBS | {"kv_heads", "head_dim"}
     n_layer = 8
