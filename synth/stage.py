@@ -16,13 +16,18 @@ express and names the ones it cannot:
   which layers are pads;
 - input transforms that would be applied a second time to a residual (absolute position embeddings) are
   neutralized where that is exact (zeroed), and reported as unsupported where it is not (an input LayerNorm,
-  a hard-coded embedding scale) — see `stage_input_contract`.
+  a hard-coded embedding scale) — see `stage_contract`.
+
+`write_stage` is the one stage writer: `SourceModel.slice` (a model GGUF) and `synth.package.materialize_stage`
+(a layer package) both hand it the model as pieces (metadata, global tensors, per-layer tensors), so the two
+give byte-identical stages.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,12 +93,12 @@ def parse_range(text: str, n_layer: int) -> tuple[int, int]:
     return a, b
 
 
-def embd_input_contract(arch: str) -> str | None:
-    """Why this arch cannot take batch.embd at all (declared by its family module), or None."""
+def embd_input_contract(g: GGUFFile) -> str | None:
+    """Why this model cannot take batch.embd at all (declared by its family module), or None."""
     from synth.families import family_for_arch  # stage.py is imported by families' users, not vice versa
 
-    fam = family_for_arch(arch)
-    return fam.embd_input if fam else None
+    fam = family_for_arch(g.arch)
+    return fam.embd_refusal(g) if fam else None
 
 
 def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
@@ -113,19 +118,23 @@ def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
     return [period == 0 or i % period < period - 1 for i in range(n)]
 
 
-def stage_input_contract(g: GGUFFile) -> str | None:
-    """Why a stage that does not start at layer 0 cannot take the residual as input, or None if it can.
+def stage_contract(g: GGUFFile, a: int, b: int) -> str | None:
+    """Why the stage [a, b) cannot compute the same function as those layers of the full model, or None.
 
-    llama.cpp applies some input transforms to batch.embd exactly as to token embeddings, so a stage fed the
-    residual would apply them twice.
+    Stages after the first take the residual through batch.embd, and llama.cpp applies some input transforms to
+    embedding input exactly as to token embeddings, so they would be applied twice. Families declare the rest.
     """
-    why = embd_input_contract(g.arch)
-    if why:
-        return why
-    if "token_embd_norm.weight" in g.tensors and g.arch != "lfm2":  # lfm2 stores its *final* norm there
-        return "input LayerNorm (token_embd_norm) would be applied to the residual again; llama.cpp has no " \
-               "switch to skip it for embedding input"
-    return None
+    from synth.families import family_for_arch
+
+    fam = family_for_arch(g.arch)
+    if a > 0:
+        why = embd_input_contract(g)
+        if why:
+            return why
+        if "token_embd_norm.weight" in g.tensors and g.arch != "lfm2":  # lfm2 stores its *final* norm there
+            return "input LayerNorm (token_embd_norm) would be applied to the residual again; llama.cpp has no " \
+                   "switch to skip it for embedding input"
+    return fam.stage_refusal(g, a, b) if fam else None
 
 
 def plan_stage(g: GGUFFile, info: ModelInfo, a: int, b: int) -> StageInfo:
@@ -150,18 +159,29 @@ def plan_stage(g: GGUFFile, info: ModelInfo, a: int, b: int) -> StageInfo:
             st.notes.append(f"stage {a}:{b} has {why}: appended a pass-through copy of layer {donor} "
                             "(output projections zeroed)")
     fam = family_for_arch(g.arch)
-    if fam is not None and fam.stage_starts_full and int(g.get("attention.sliding_window", 0) or 0) > 0:
-        is_swa = source_swa_layers(g, n)
-        if is_swa is not None and is_swa[a]:
-            lead = int(g.get("leading_dense_block_count", 0) or 0)
-            donors = [i for i in range(n) if not is_swa[i] and (i < lead or a >= lead)]
-            if not donors:
-                raise Unsupported(f"stage {a}:{b} starts on a sliding-window layer and the model has no full layer "
-                                  "to prepend (the graph sizes RoPE from layer 0)")
-            st.layers.insert(0, donors[0])
-            st.pads = [0] + [p + 1 for p in st.pads]
-            st.notes.append(f"stage {a}:{b} starts on a sliding-window layer, but {g.arch} sizes every full "
-                            f"layer's RoPE from layer 0: prepended a pass-through copy of full layer {donors[0]}")
+    is_swa = source_swa_layers(g, n) if int(g.get("attention.sliding_window", 0) or 0) > 0 else None
+    if is_swa is not None and not any(is_swa[i] for i in layers):
+        # llama.cpp sets up an iSWA cache whenever a window is set and asserts it has an SWA layer
+        donor = _pick_donor(g, [i for i in range(n) if is_swa[i]], layers)
+        st.layers.append(donor)
+        st.pads.append(len(st.layers) - 1)
+        st.notes.append(f"stage {a}:{b} has no sliding-window layer: appended a pass-through copy of layer {donor}")
+    if fam is not None and fam.layer_phase and a % fam.layer_phase:
+        k = a % fam.layer_phase  # the k layers before a have the phases the stage's first k slots need
+        st.layers[:0] = list(range(a - k, a))
+        st.pads = list(range(k)) + [p + k for p in st.pads]
+        st.notes.append(f"{g.arch} derives layer kinds from the index mod {fam.layer_phase}: prepended {k} "
+                        f"pass-through copies of layers {a - k}..{a - 1} so every layer keeps its phase")
+    if fam is not None and fam.stage_starts_full and is_swa is not None and is_swa[a]:
+        lead = int(g.get("leading_dense_block_count", 0) or 0)
+        donors = [i for i in range(n) if not is_swa[i] and (i < lead or a >= lead)]
+        if not donors:
+            raise Unsupported(f"stage {a}:{b} starts on a sliding-window layer and the model has no full layer "
+                              "to prepend (the graph sizes RoPE from layer 0)")
+        st.layers.insert(0, donors[0])  # (a family has either a phase rule or this one, not both)
+        st.pads = [0] + [p + 1 for p in st.pads]
+        st.notes.append(f"stage {a}:{b} starts on a sliding-window layer, but {g.arch} sizes every full "
+                        f"layer's RoPE from layer 0: prepended a pass-through copy of full layer {donors[0]}")
     return st
 
 
@@ -173,28 +193,57 @@ def _pick_donor(g: GGUFFile, donors: list[int], layers: list[int]) -> int:
     return donors[0]
 
 
+Tensors = list[tuple[str, np.ndarray]]
+LayerTensors = Callable[[int], Tensors]  # source layer index → its tensors, names without the `blk.N.` prefix
+
+
+def split_tensors(tensors: Tensors) -> tuple[Tensors, dict[int, Tensors]]:
+    """A model's tensors as (global tensors, each block's tensors), both in source order.
+
+    Block tensors are keyed by their layer index and named without the `blk.N.` prefix. This is the one place
+    that decides which tensors belong to a layer (used by slicing and by layer packages alike)."""
+    by_layer: dict[int, Tensors] = {}
+    globals_: Tensors = []
+    for name, arr in tensors:
+        m = _BLK.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append((m.group(2), arr))
+        else:
+            globals_.append((name, arr))
+    return globals_, by_layer
+
+
+def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tensors, layer_tensors: LayerTensors,
+                dst: str | os.PathLike, a: int, b: int) -> StageInfo:
+    """Write the stage [a, b) of a model given as pieces, wherever they came from (one GGUF or a layer package).
+
+    g describes the whole model (arch, metadata values, every tensor's name); kv is its writable metadata;
+    globals_ its non-block tensors in source order; layer_tensors(i) the tensors of source layer i, called only
+    for the layers the stage holds (pads included). Raises Unsupported for a stage llama.cpp cannot express."""
+    n = info.n_layer
+    if not 0 <= a < b <= n:
+        raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
+    why = stage_contract(g, a, b)
+    if why:
+        raise Unsupported(why)
+    st = plan_stage(g, info, a, b)
+    new_kv = _stage_metadata(g, kv, st)
+    new_tensors = _stage_tensors(globals_, layer_tensors, st, neutralize_positions=a > 0)
+    write_gguf(dst, g.arch, new_kv, new_tensors)
+    return st
+
+
 class SourceModel:
     """A model read once, to cut many stages from."""
 
     def __init__(self, path: str | os.PathLike):
         self.g, self.kv, self.tensors = read_all(path)
         self.info = inspect_gguf(self.g)
+        self.globals, self.by_layer = split_tensors(self.tensors)
 
     def slice(self, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
         """Write the stage [a, b) to dst. Raises Unsupported for a stage llama.cpp cannot express."""
-        g = self.g
-        n = self.info.n_layer
-        if not 0 <= a < b <= n:
-            raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
-        if a > 0:
-            why = stage_input_contract(g)
-            if why:
-                raise Unsupported(why)
-        st = plan_stage(g, self.info, a, b)
-        new_kv = _stage_metadata(g, self.kv, st)
-        new_tensors = _stage_tensors(self.tensors, st, neutralize_positions=a > 0)
-        write_gguf(dst, g.arch, new_kv, new_tensors)
-        return st
+        return write_stage(self.g, self.info, self.kv, self.globals, lambda i: self.by_layer.get(i, []), dst, a, b)
 
 
 def slice_model(src: str | os.PathLike, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
@@ -214,6 +263,11 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
         else:
             out[key] = v
     out[f"{arch}.block_count"] = KV(st.n_layer, VT.UINT32)
+
+    # build_inp_embd applies embedding_scale to embedding input too (llama-graph.cpp): 0 disables it exactly
+    scale_key = f"{arch}.embedding_scale"
+    if st.first > 0 and scale_key in kv:
+        out[scale_key] = KV(0.0, VT.FLOAT32)
 
     # leading dense blocks: source layers < lead are dense; the stage's dense layers must be a prefix
     lead_key = f"{arch}.leading_dense_block_count"
@@ -246,12 +300,7 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
         if is_swa is None:
             raise Unsupported("sliding-window layers follow a rule of this arch's layer index that a stage cannot "
                               "re-express (no per-layer sliding_window_pattern in llama.cpp for it)")
-        stage_swa = [is_swa[i] for i in src]
-        if any(stage_swa):
-            out[swa_key] = KV(stage_swa, VT.ARRAY, VT.BOOL)
-        else:  # llama.cpp asserts is_swa_any() when a window is set; these layers are full attention anyway
-            out.pop(f"{arch}.attention.sliding_window", None)
-            out.pop(swa_key, None)
+        out[swa_key] = KV([is_swa[i] for i in src], VT.ARRAY, VT.BOOL)  # pads keep their donor's kind
 
     out[f"{STAGE_KEYS}.source_layers"] = KV(list(src), VT.ARRAY, VT.INT32)
     out[f"{STAGE_KEYS}.range"] = KV([st.first, st.last], VT.ARRAY, VT.INT32)
@@ -261,23 +310,17 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
     return out
 
 
-def _stage_tensors(tensors: list[tuple[str, np.ndarray]], st: StageInfo, *,
-                   neutralize_positions: bool) -> list[tuple[str, np.ndarray]]:
-    by_layer: dict[int, list[tuple[str, np.ndarray]]] = {}
-    globals_: list[tuple[str, np.ndarray]] = []
-    for name, arr in tensors:
-        m = _BLK.match(name)
-        if m:
-            by_layer.setdefault(int(m.group(1)), []).append((m.group(2), arr))
-        elif neutralize_positions and name == "position_embd.weight":
+def _stage_tensors(globals_: Tensors, layer_tensors: LayerTensors, st: StageInfo, *,
+                   neutralize_positions: bool) -> Tensors:
+    out: Tensors = []
+    for name, arr in globals_:
+        if neutralize_positions and name == "position_embd.weight":
             # the residual already carries the positions: adding them again would double them
-            globals_.append((name, np.zeros_like(arr)))
-        else:
-            globals_.append((name, arr))
-    out = list(globals_)
+            arr = np.zeros_like(arr)
+        out.append((name, arr))
     for j, i in enumerate(st.layers):
         pad = j in st.pads
-        for rest, arr in by_layer.get(i, []):
+        for rest, arr in layer_tensors(i):
             if pad and rest.startswith(OUTPUT_PROJECTIONS) and not rest.endswith(".scale"):
                 arr = np.zeros_like(arr)
             out.append((f"blk.{j}.{rest}", arr))
