@@ -38,7 +38,8 @@ from fuzz.parity import (
 )
 from fuzz.schedule import PHASES, Schedule, build_schedule
 from synth.errors import UserError
-from synth.gguf_io import token_embeddings
+from synth.families import family_for_arch
+from synth.gguf_io import GGUFFile, token_embeddings
 from synth.inspect import ModelInfo, inspect_file
 from synth.stage import SourceModel, StageInfo, Unsupported, embd_input_contract, stage_path
 from targets import Failure, Target, close_all, open_target
@@ -151,9 +152,12 @@ def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int
                 raise UserError(f"--cuts {spec!r}: each cut must be in 1..{n_layer - 1}, distinct within a set")
             sets.append(cs)
         return sets
-    if stages == 2:
-        return [[c] for c in pool]
-    return [list(cs) for cs in itertools.combinations(pool if spec == "period" else singles, stages - 1)]
+    sets = [[c] for c in pool] if stages == 2 else \
+        [list(cs) for cs in itertools.combinations(pool if spec == "period" else singles, stages - 1)]
+    if not sets:
+        raise UserError(f"--cuts {spec} --stages {stages}: no cut sets (only {len(pool)} cut offset(s) with period "
+                        f"{period}); use fewer --stages or --cuts all")
+    return sets
 
 
 def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
@@ -175,6 +179,7 @@ class Sweep:
         self.source: SourceModel | None = None
         self.slicer = slicer or self._slice
         self.info: ModelInfo = inspect_file(str(self.fixture))
+        self.embd_refused = embd_input_contract(GGUFFile(self.fixture))
         self.kinds = "".join({"attention": "A", "recurrent": "R", "both": "B", "mlp": "M"}[x.kind]
                              for x in self.info.layers)
         self.period = cfg.period or pattern_period(self.kinds)
@@ -248,7 +253,9 @@ class Sweep:
         refs: dict[str, Trace] = {}
         for name, steps in sched.runs().items():
             ref.reset()
-            tr = run_script(ref, script_steps(steps, capture=list(range(self.info.n_layer))))
+            # a model that refuses embedding input cannot be split after layer 0: nothing to capture
+            capture = [] if self.embd_refused else list(range(self.info.n_layer))
+            tr = run_script(ref, script_steps(steps, capture=capture))
             if isinstance(tr, Failure):
                 raise UserError(f"{self.fixture}: the full model fails in the target ({tr.message}); "
                                 "fix the fixture before sweeping it")
@@ -277,15 +284,18 @@ class Sweep:
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
-        why = embd_input_contract(self.info.arch)
-        if why:
-            return {"status": "unsupported", "reason": why}
+        if self.embd_refused:
+            return {"status": "unsupported", "reason": self.embd_refused}
         try:
             table = token_embeddings(self.fixture)
         except UserError as e:
             return {"status": "unsupported", "reason": str(e)}
         steps = sched.sequential
         embd = [table[np.array(so.tokens)] for so in tr.steps]
+        fam = family_for_arch(self.info.arch)
+        if fam is not None and fam.token_scale:  # the model scales token input only: do what token input gets
+            scale = np.sqrt(np.float32(self.info.n_embd))
+            embd = [e * scale for e in embd]
         ref.reset()
         ctl = run_script(ref, script_steps(steps, embd=embd, capture=list(range(self.info.n_layer)),
                                            n_pos_per_token=self.n_pos))

@@ -20,6 +20,13 @@ class Baichuan(Family):
     def rope_kind(self, spec: ModelSpec) -> str | None:
         return "full" if spec.n_layer == 32 else None  # 32 layers: 7B, RoPE; 40: ALiBi; otherwise none
 
+    def stage_refusal(self, g, a: int, b: int) -> str | None:
+        n = int(g.get("block_count", 0))
+        if n in (32, 40) and (a, b) != (0, n):
+            return (f"baichuan picks positions by layer count (32: RoPE, 40: ALiBi, else none; baichuan.cpp:58,77-95): "
+                    f"a {b - a}-layer stage of a {n}-layer model loses them")
+        return None
+
     def build(self, spec: ModelSpec, b) -> None:
         E, F = spec.n_embd, spec.n_ff
         b.f32(KA.LAYERNORM_RMS_EPS, 1e-5)

@@ -8,7 +8,7 @@ constants (gguf.Keys, gguf.MODEL_TENSOR) so a typo is an AttributeError, not a f
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import gguf
 import numpy as np
@@ -80,6 +80,23 @@ class Family:
     # Stage contract (layer-0 trap): the graph sizes every full-attention layer's RoPE from layer 0, so a stage
     # must start on a full (non-SWA) layer; the slicer prepends a pass-through full layer when it would not.
     stage_starts_full: ClassVar[bool] = False
+    # Stage contract: why a stage after the first cannot take the residual (an input transform llama.cpp would
+    # apply to it again), with the source reference. See stage_refusal for rules that depend on the cut.
+    stage_input: ClassVar[str | None] = None
+    # Input embeddings are scaled by sqrt(n_embd) for token input only (gemma3/3n/4): a control run that feeds
+    # token_embd rows through batch.embd must pre-scale them to equal token input.
+    token_scale: ClassVar[bool] = False
+    # Stage contract: the graph derives a layer's kind from (layer index % P) with no GGUF override; a stage
+    # starting at a gets (a % P) pass-through pads in front so every layer keeps its phase.
+    layer_phase: ClassVar[int | None] = None
+
+    def embd_refusal(self, g: Any) -> str | None:
+        """Why the model in GGUF g cannot take batch.embd at all (most families: the class attribute)."""
+        return self.embd_input
+
+    def stage_refusal(self, g: Any, a: int, b: int) -> str | None:
+        """Why the stage [a, b) of the model in GGUF g cannot compute the same function, or None."""
+        return self.stage_input if a > 0 else None
 
     @property
     def arch_name(self) -> str:

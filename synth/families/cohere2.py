@@ -23,6 +23,7 @@ class Cohere2(Family):
     name = "cohere2"
     arch = gguf.MODEL_ARCH.COHERE2
     kind = "dense"
+    swa_pattern = (4, False)  # load_swa_pattern: SWA iff il % 4 < 3; the per-layer array overrides it
     summary = "Command-R7B: parallel attn+FFN, SWA 3:1 (NoPE full layers), tied head with logit_scale"
     knobs = BASE_KNOBS | {"kv_heads"}
 

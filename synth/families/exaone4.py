@@ -21,6 +21,13 @@ class Exaone4(Family):
     summary = "EXAONE 4 dense GQA, post-norms, q/k norms"
     knobs = BASE_KNOBS | {"kv_heads"}
 
+    def stage_refusal(self, g, a: int, b: int) -> str | None:
+        n = int(g.get("block_count", 0))
+        if n == 64 and (a, b) != (0, n):
+            return ("exaone4 has SWA and NoPE layers only when block_count == 64 (exaone4.cpp:4-12): a stage "
+                    "with fewer layers silently loses the split")
+        return None
+
     def build(self, spec: ModelSpec, b) -> None:
         E = spec.n_embd
         attn_keys(b, spec, head_dims=False, rms_eps=1e-5)

@@ -19,6 +19,7 @@ class ExaoneMoe(Family):
     name = "exaone-moe"
     arch = gguf.MODEL_ARCH.EXAONE_MOE
     kind = "dense"
+    swa_pattern = (4, False)  # load_swa_pattern: SWA iff il % 4 < 3; the per-layer array overrides it
     summary = "K-EXAONE MoE: SWA 3:1 (NoPE full layers), sigmoid MoE + shared expert after leading dense"
     knobs = BASE_KNOBS | MOE_KNOBS | {"kv_heads", "head_dim", "leading_dense"}
     n_expert = 4

@@ -27,6 +27,8 @@ class Gemma2(Family):
     name = "gemma2"
     arch = gguf.MODEL_ARCH.GEMMA2
     kind = "dense"
+    stage_input = ("gemma2 scales every input, embeddings included, by sqrt(n_embd) (gemma2.cpp:68): a stage fed the "
+                   "residual would scale it again")
     summary = "Gemma 2: local/global sliding-window attention, post-norms, soft-capping, tied head"
     knobs = BASE_KNOBS | {"kv_heads", "head_dim"}
     swa_pattern = (2, False)  # load_swa_pattern(ml, 2) (gemma2.cpp:6)

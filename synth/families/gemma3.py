@@ -25,6 +25,7 @@ class Gemma3(Family):
     name = "gemma3"
     arch = gguf.MODEL_ARCH.GEMMA3
     kind = "dense"
+    token_scale = True  # sqrt(n_embd) on token input only (ubatch.token ? sqrtf(n_embd) : 1)
     summary = "Gemma 3: 5 local : 1 global sliding-window attention, q/k norms, post-norms"
     knobs = BASE_KNOBS | {"kv_heads", "head_dim"}
     swa_pattern = (6, False)  # load_swa_pattern(ml, 6) when sliding_window > 0 (gemma3.cpp:7)

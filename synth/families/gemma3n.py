@@ -41,6 +41,7 @@ class Gemma3n(Family):
     name = "gemma3n"
     arch = gguf.MODEL_ARCH.GEMMA3N
     kind = "dense"
+    token_scale = True  # sqrt(n_embd) on token input only (ubatch.token ? sqrtf(n_embd) : 1)
     summary = "Gemma 3n: AltUp streams, LAuReL, per-layer embeddings, 4 local : 1 global attention"
     knobs = BASE_KNOBS | {"kv_heads", "head_dim"}
     swa_pattern = (5, False)  # load_swa_pattern(ml, 5) (gemma3n.cpp:5); our files also carry the array

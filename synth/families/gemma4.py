@@ -71,6 +71,7 @@ class Gemma4(Family):
     name = "gemma4"
     arch = gguf.MODEL_ARCH.GEMMA4
     kind = "dense"
+    token_scale = True  # sqrt(n_embd) on token input only (ubatch.token ? sqrtf(n_embd) : 1)
     summary = "Gemma 4 E4B (PLE, shared KV, sliding/global head dims); --experts: 26B-A4B MoE"
     knobs = BASE_KNOBS | MOE_KNOBS | {"kv_heads", "head_dim"}
     per_layer_kv = True
@@ -80,6 +81,19 @@ class Gemma4(Family):
     min_layers = 2  # GGML_ASSERT(n_layer_kv_from_start >= 2), src/llama-model.cpp:2782
     embd_input = ("per-layer embeddings (PLE) come from the token ids; for embedding input llama.cpp uses token "
                   "0's row instead (gemma4.cpp:486-499), so hidden states cannot stand in for tokens")
+
+    def stage_refusal(self, g, a: int, b: int) -> str | None:
+        if b - a < 2:
+            return "llama.cpp asserts n_layer_kv_from_start >= 2 for every gemma4 model (llama-model.cpp:2782)"
+        swa = g.get("attention.sliding_window_pattern")
+        if isinstance(swa, list) and all(swa[a:b]):
+            return ("a stage with no global layer leaves rope_freqs unconsumed (it is loaded with the first global "
+                    "layer)")
+        return None
+
+    def embd_refusal(self, g) -> str | None:
+        # only the E-layouts have per-layer embeddings; the MoE (A4B) layout takes embedding input
+        return self.embd_input if "per_layer_token_embd.weight" in g.tensors else None
 
     def _kv_heads(self, knobs: Knobs, pattern: str, n_head: int) -> tuple[int, ...]:
         if knobs.kv_heads is None:  # Gemma 4 writes one value for sliding and one for global layers

@@ -37,6 +37,14 @@ class MiniCPM3(Family):
                 raise UserError(f"family {self.name}: --{knob.replace('_', '-')} {v} must be positive "
                                 "(minicpm3 always has the low-rank q and kv projections)")
 
+    def stage_refusal(self, g, a: int, b: int) -> str | None:
+        n = int(g.get("block_count", 0))
+        if (a, b) == (0, n):
+            return None
+        return (f"minicpm3 hard-codes its residual scale as 1.4/sqrt(n_layer) of the file (minicpm3.cpp:81): a "
+                f"{b - a}-layer stage scales differently from the full model, and the x12 embedding scale "
+                "(minicpm3.cpp:66) would hit the residual again")
+
     def build(self, spec: ModelSpec, b) -> None:
         E, H, x = spec.n_embd, spec.n_head, spec.extra
         ql, kvl, rope, dk, dv = spec.q_lora_rank, spec.kv_lora_rank, x["n_rot"], x["k_head"], x["v_head"]

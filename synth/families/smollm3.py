@@ -15,6 +15,7 @@ class SmolLM3(Family):
     name = "smollm3"
     arch = gguf.MODEL_ARCH.SMOLLM3
     kind = "dense"
+    layer_phase = 4  # NoPE iff (il + 1) % 4 == 0 inside the file (smollm3.cpp:5,69)
     summary = "SmolLM3 dense GQA, every 4th layer NoPE"
     knobs = BASE_KNOBS | {"kv_heads", "head_dim"}
 
