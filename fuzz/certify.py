@@ -1,12 +1,182 @@
-"""`family-certify`: the family-tier manifest (family_tiers.toml) and the lanes it drives."""
+"""`family-certify`: the family-tier manifest (family_tiers.toml) and the lanes it drives.
+
+  family-certify check [FILE] [--json]        validate the manifest, summarize it
+  family-certify matrix [--tier N] [--json]   the CI matrix (one entry per runnable row)
+  family-certify run [--tier N] [ROW ...]     run each row's lanes against a target; exit 1 on any failure
+  family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
 
+import numpy as np
+import typer
+
+from fuzz.sweep import Sweep, SweepConfig
 from synth.cliutil import new_app, run
+from synth.errors import UserError
+from synth.make import write_fixture
+from synth.manifest import Manifest, Row, load_manifest
+from targets import TARGETS_HELP, Target, open_target
 
-app = new_app("Certify model families against the family-tier manifest.")
+app = new_app("Certify model families against the family-tier manifest (family_tiers.toml).")
+Opt = typer.Option
+FileArg = Annotated[Path | None, typer.Argument(help="manifest (default: ./family_tiers.toml)")]
+PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
+
+
+@app.command()
+def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False) -> None:
+    """Validate the manifest (unknown keys, unknown families, duplicates, tiers, recipes) and summarize it."""
+    m = load_manifest(file)
+    if as_json:
+        print(json.dumps({"manifest": str(m.path), "rows": [r.to_dict() for r in m.rows.values()]}, indent=2))
+        return
+    by_tier = Counter(r.tier for r in m.rows.values())
+    runnable = sum(r.runnable for r in m.rows.values())
+    print(f"{m.path}: {len(m.rows)} families valid — " + ", ".join(f"tier {t}: {by_tier[t]}" for t in sorted(by_tier))
+          + f"; {runnable} runnable on the pinned llama.cpp")
+    for r in m.rows.values():
+        if not r.runnable:
+            print(f"  not runnable: {r.key} ({r.arch}): {r.reason}")
+
+
+@app.command()
+def matrix(file: FileArg = None, tier: Annotated[int | None, Opt(help="only this tier")] = None,
+           as_json: Annotated[bool, Opt("--json", help="GitHub Actions matrix JSON")] = True) -> None:
+    """The CI matrix: {"include": [{"row", "tier", "arch", "lanes"}]} for runnable rows."""
+    m = load_manifest(file)
+    include = [{"row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(r.lanes)}
+               for r in m.select(tier) if r.runnable]
+    print(json.dumps({"include": include}) if as_json else "\n".join(i["row"] for i in include))
+
+
+@dataclass
+class LaneResult:
+    row: str
+    lane: str
+    status: str  # pass | fail | unsupported | skipped
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def lane_load(row: Row, path: Path, target: Target) -> LaneResult:
+    loaded = target.load(str(path))
+    if not loaded.ok:
+        return LaneResult(row.key, "load", "fail", loaded.failure.message, {"loaded": False})
+    out = target.generate(PROMPT, 32, chunk=5)
+    if not out.ok:
+        return LaneResult(row.key, "load", "fail", out.failure.message, {"loaded": True})
+    toks, logits = out.data["tokens"], out.data["logits"]
+    ok = bool(np.isfinite(logits).all()) and len(set(toks)) >= 2
+    finite = bool(np.isfinite(logits).all())
+    return LaneResult(row.key, "load", "pass" if ok else "fail",
+                      f"{loaded.data['arch']}, 32 tokens, {len(set(toks))} distinct, finite={finite}",
+                      {"loaded": True, "distinct": len(set(toks)), "bytes": path.stat().st_size})
+
+
+def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
+    if lane == "boundary-sweep":
+        cfg = SweepConfig(cuts="period", tokens=16, period=row.sweep_period, target=target_spec)
+    elif lane == "fixed-split":
+        n = row.spec().n_layer
+        cfg = SweepConfig(cuts=str(max(1, n // 2)), tokens=16, target=target_spec)
+    else:
+        cfg = SweepConfig(cuts="all", tokens=16, target=target_spec)
+    rep = Sweep(path, cfg).run()
+    s = rep.summary
+    bad = s["diverged"] + s["crash"] + s["timeout"] + (rep.control.get("status") not in ("pass", "unsupported"))
+    status = "fail" if bad else "pass" if s["pass"] else "unsupported"
+    reasons = sorted({r.reason for r in rep.results if r.status == "unsupported" and r.reason})
+    detail = f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v) + \
+        f"; control {rep.control.get('status')}" + (f"; unsupported: {reasons[0]}" if reasons else "")
+    return LaneResult(row.key, lane, status, detail, {"summary": s, "control": rep.control})
+
+
+def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list[LaneResult]:
+    if not row.runnable:
+        return [LaneResult(row.key, lane, "unsupported", row.reason or "") for lane in lanes]
+    path = workdir / f"{row.key}.gguf"
+    write_fixture(row.spec(), path)
+    out = []
+    with open_target(target_spec) as target:
+        for lane in lanes:
+            if lane == "load":
+                out.append(lane_load(row, path, target))
+            elif lane in ("parity", "boundary-sweep", "fixed-split"):
+                out.append(lane_sweep(row, path, lane, target_spec))
+            elif lane == "reject":
+                want = row.expect.get(target_spec, "")
+                if want.startswith("rejects"):
+                    loaded = target.load(str(path))
+                    ok = not loaded.ok and "unsupported" in loaded.failure.message.lower()
+                    out.append(LaneResult(row.key, lane, "pass" if ok else "fail",
+                                          loaded.failure.message if not loaded.ok else "loaded; expected a clean "
+                                          "'unsupported family' error"))
+                else:
+                    out.append(LaneResult(row.key, lane, "skipped",
+                                          f"target {target_spec} is expected to load tier-{row.tier} families "
+                                          f"({want or 'no expectation'}); the load lane covers it"))
+            else:
+                out.append(LaneResult(row.key, lane, "skipped", f"lane {lane} is not implemented yet"))
+    return out
+
+
+@app.command("run")
+def run_cmd(
+    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier)")] = None,
+    tier: Annotated[int | None, Opt(help="only this tier")] = None,
+    lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
+    manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    report: Annotated[Path | None, Opt(help="write a JSON report here")] = None,
+) -> int:
+    """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails."""
+    m: Manifest = load_manifest(manifest)
+    selected = m.select(tier, rows)
+    if not selected:
+        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
+    results: list[LaneResult] = []
+    with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
+        for row in selected:
+            lanes = [x for x in row.lanes if not lane or x in lane]
+            for res in run_row(row, lanes, target, Path(d)):
+                results.append(res)
+                loud = "skipped: " if res.status == "skipped" else ""
+                print(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} {loud}{res.detail}",
+                      flush=True)
+    counts = Counter(r.status for r in results)
+    print(f"{len(selected)} rows, {len(results)} lanes: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    if report:
+        report.write_text(json.dumps([r.__dict__ for r in results], indent=2))
+    return 1 if counts["fail"] else 0
+
+
+@app.command()
+def table(file: FileArg = None,
+          target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp") -> None:
+    """Markdown table for the README: family, tier, arch, fixture size, loads, decodes (measured now)."""
+    m = load_manifest(file)
+    print("| row | family | tier | arch | fixture bytes | loads | decodes (distinct of 32) |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as d, open_target(target) as t:
+        for r in m.rows.values():
+            if not r.runnable:
+                print(f"| {r.key} | {r.name} | {r.tier} | {r.arch} | — | no: {r.reason} | — |")
+                continue
+            path = Path(d) / f"{r.key}.gguf"
+            size = write_fixture(r.spec(), path)
+            res = lane_load(r, path, t)
+            loads = "yes" if res.data.get("loaded") else f"no: {res.detail[:60]}"
+            dec = f"yes ({res.data.get('distinct')})" if res.status == "pass" else f"no: {res.detail[:60]}"
+            print(f"| {r.key} | {r.name} | {r.tier} | {r.arch} | {size} | {loads} | {dec} |")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,210 @@
+"""family_tiers.toml: the one manifest of certified families.
+
+Parsing and validation only (synth does not run lanes): every problem is a UserError naming the file, the row
+and the fix. A row's fixture recipe resolves through the family registry like `synth make` knobs do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth.errors import UserError
+from synth.families import FAMILIES, Family, get_family
+from synth.spec import Knobs, ModelSpec
+
+MANIFEST_NAME = "family_tiers.toml"
+SCHEMA = 1
+TIERS = (1, 2, 3)
+LANES = ("load", "parity", "boundary-sweep", "fixed-split", "handoff", "determinism", "reject")
+ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
+            "expect", "runnable", "reason"}
+REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
+TIER_KEYS = {"description", "lanes", "expect"}
+RECIPE_KNOBS = {"layers", "period", "offset", "pattern", "kv_heads", "embd", "heads", "head_dim", "ff", "vocab",
+                "experts", "experts_used", "shared_experts", "leading_dense", "q_lora_rank", "kv_lora_rank",
+                "indexer", "indexer_top_k", "seed"}
+
+
+@dataclass
+class Tier:
+    number: int
+    description: str
+    lanes: list[str]
+    expect: dict[str, str]
+
+
+@dataclass
+class Row:
+    key: str
+    tier: int
+    name: str
+    arch: str
+    artifact: str
+    size: str
+    why: str
+    recipe: dict[str, Any]
+    seed_row: str | None = None
+    sweep_period: int | None = None
+    lanes: list[str] = field(default_factory=list)  # effective lanes (tier defaults unless overridden)
+    expect: dict[str, str] = field(default_factory=dict)
+    runnable: bool = True
+    reason: str | None = None
+
+    @property
+    def family(self) -> Family | None:
+        return FAMILIES.get(str(self.recipe.get("family", "")))
+
+    def knobs(self) -> Knobs:
+        k = {key: v for key, v in self.recipe.items() if key != "family"}
+        if "kv_heads" in k and not isinstance(k["kv_heads"], (list, tuple)):
+            k["kv_heads"] = [k["kv_heads"]]
+        if "kv_heads" in k:
+            k["kv_heads"] = tuple(k["kv_heads"])
+        return Knobs(**k)
+
+    def spec(self) -> ModelSpec:
+        return get_family(str(self.recipe["family"])).resolve(self.knobs())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.key, "title": self.name, "tier": self.tier, "arch": self.arch,
+                "family": self.recipe.get("family"), "runnable": self.runnable, "reason": self.reason,
+                "artifact": self.artifact, "size": self.size, "why": self.why, "seed_row": self.seed_row,
+                "recipe": self.recipe, "sweep_period": self.sweep_period, "lanes": self.lanes, "expect": self.expect}
+
+
+@dataclass
+class Manifest:
+    path: Path
+    tiers: dict[int, Tier]
+    rows: dict[str, Row]
+
+    def row(self, key: str) -> Row:
+        if key not in self.rows:
+            near = [k for k in self.rows if key.lower() in k.lower()]
+            hint = f"; did you mean {', '.join(near[:3])}?" if near else "; `family-certify check` lists the rows"
+            raise UserError(f"{self.path}: no row {key!r}{hint}")
+        return self.rows[key]
+
+    def select(self, tier: int | None = None, names: list[str] | None = None) -> list[Row]:
+        rows = [self.row(n) for n in names] if names else list(self.rows.values())
+        return [r for r in rows if tier is None or r.tier == tier]
+
+
+def default_manifest_path() -> Path:
+    """./family_tiers.toml if present, else the one in this checkout."""
+    here = Path.cwd() / MANIFEST_NAME
+    return here if here.is_file() else Path(__file__).resolve().parent.parent / MANIFEST_NAME
+
+
+def load_manifest(path: str | os.PathLike | None = None) -> Manifest:
+    p = Path(path) if path else default_manifest_path()
+    if not p.is_file():
+        raise UserError(f"{p}: no such manifest; pass the path of a {MANIFEST_NAME}")
+    text = p.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        if "Cannot declare" in msg or "Cannot overwrite a value" in msg:
+            line = re.search(r"line (\d+)", msg)
+            where = f" (line {line.group(1)})" if line else ""
+            raise UserError(f"{p}: duplicate family table{where}: {msg}; each [family.NAME] may appear once") \
+                from None
+        raise UserError(f"{p}: not valid TOML: {msg}") from None
+    return parse_manifest(data, p)
+
+
+def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
+    unknown = set(data) - {"schema", "tiers", "family"}
+    if unknown:
+        raise UserError(f"{p}: unknown top-level key {sorted(unknown)[0]!r}; allowed: schema, tiers, family")
+    if data.get("schema") != SCHEMA:
+        raise UserError(f"{p}: schema = {data.get('schema')!r}; this family-certify reads schema = {SCHEMA}")
+    tiers: dict[int, Tier] = {}
+    for key, t in (data.get("tiers") or {}).items():
+        if not str(key).isdigit() or int(key) not in TIERS:
+            raise UserError(f"{p}: [tiers.{key}]: tier out of range; tiers are {', '.join(map(str, TIERS))}")
+        bad = set(t) - TIER_KEYS
+        if bad:
+            raise UserError(f"{p}: [tiers.{key}]: unknown key {sorted(bad)[0]!r}; "
+                            f"allowed: {', '.join(sorted(TIER_KEYS))}")
+        lanes = _lanes(t.get("lanes", []), p, f"[tiers.{key}]")
+        tiers[int(key)] = Tier(int(key), str(t.get("description", "")), lanes, dict(t.get("expect", {})))
+    missing = [t for t in TIERS if t not in tiers]
+    if missing:
+        raise UserError(f"{p}: no [tiers.{missing[0]}] table; every tier needs its default lanes and expectations")
+
+    rows: dict[str, Row] = {}
+    families = data.get("family") or {}
+    if not families:
+        raise UserError(f"{p}: no [family.NAME] tables")
+    for key, r in families.items():
+        where = f"{p}: [family.{key}]"
+        if not isinstance(r, dict):
+            raise UserError(f"{where}: must be a table")
+        bad = set(r) - ROW_KEYS
+        if bad:
+            raise UserError(f"{where}: unknown key {sorted(bad)[0]!r}; allowed: {', '.join(sorted(ROW_KEYS))}")
+        for req in REQUIRED_ROW_KEYS:
+            if req not in r:
+                raise UserError(f"{where}: missing {req!r}")
+        tier = r["tier"]
+        if not isinstance(tier, int) or tier not in TIERS:
+            raise UserError(f"{where}: tier = {tier!r} is out of range; use 1, 2 or 3")
+        recipe = dict(r.get("recipe", {}))
+        runnable = bool(r.get("runnable", True))
+        reason = r.get("reason")
+        if not runnable and not reason:
+            raise UserError(f"{where}: runnable = false needs a reason (from llama.cpp's own code or tests)")
+        if runnable:
+            _check_recipe(recipe, r["arch"], where)
+        row = Row(key=key, tier=tier, name=str(r["name"]), arch=str(r["arch"]), artifact=str(r["artifact"]),
+                  size=str(r["size"]), why=str(r["why"]), recipe=recipe, seed_row=r.get("seed_row"),
+                  sweep_period=r.get("sweep_period"),
+                  lanes=_lanes(r["lanes"], p, where) if "lanes" in r else list(tiers[tier].lanes),
+                  expect={**tiers[tier].expect, **dict(r.get("expect", {}))}, runnable=runnable, reason=reason)
+        if "lanes" not in r and not _interleaved(row):
+            row.lanes = [x for x in row.lanes if x != "boundary-sweep"]  # the tier's sweep is for hybrids
+        rows[key] = row
+    return Manifest(p, tiers, rows)
+
+
+def _interleaved(row: Row) -> bool:
+    """A row whose layers interleave kinds (hybrids), or that names a sweep period (e.g. SWA patterns)."""
+    fam = row.family
+    return bool(row.sweep_period) or (fam is not None and fam.kind == "hybrid" and not fam.parallel_hybrid)
+
+
+def _lanes(lanes: Any, p: Path, where: str) -> list[str]:
+    if not isinstance(lanes, list):
+        raise UserError(f"{where}: lanes must be a list, e.g. [\"load\", \"parity\"]")
+    for lane in lanes:
+        if lane not in LANES:
+            raise UserError(f"{where}: unknown lane {lane!r}; lanes are {', '.join(LANES)}")
+    return [str(x) for x in lanes]
+
+
+def _check_recipe(recipe: dict[str, Any], arch: str, where: str) -> None:
+    fam_name = recipe.get("family")
+    if not fam_name:
+        raise UserError(f"{where}: recipe needs a family (one of `synth list`), e.g. recipe = {{ family = \"qwen3\" }}")
+    if fam_name not in FAMILIES:
+        raise UserError(f"{where}: unknown family {fam_name!r} in recipe; `synth list` shows the families "
+                        "(or mark the row runnable = false with the reason)")
+    bad = set(recipe) - RECIPE_KNOBS - {"family"}
+    if bad:
+        raise UserError(f"{where}: unknown recipe knob {sorted(bad)[0]!r}; knobs are {', '.join(sorted(RECIPE_KNOBS))}")
+    fam = FAMILIES[fam_name]
+    if fam.arch_name != arch:
+        raise UserError(f"{where}: arch = {arch!r} but recipe family {fam_name!r} writes arch {fam.arch_name!r}")
+    try:
+        Row(key="", tier=1, name="", arch=arch, artifact="", size="", why="", recipe=recipe).spec()
+    except UserError as e:
+        raise UserError(f"{where}: recipe: {e}") from None
+    except TypeError as e:
+        raise UserError(f"{where}: recipe: {e}") from None

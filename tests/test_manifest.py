@@ -1,0 +1,111 @@
+"""family_tiers.toml: every seed row is present, validation errors are one line, moving a tier is one line."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from synth.errors import UserError
+from synth.manifest import load_manifest
+
+from conftest import ROOT, run_cli
+
+SEED_T1 = ["Qwen3 dense", "Qwen2", "Llama", "GLM-4.7 Flash", "GLM4 9B", "DeepSeek2", "DeepSeek3", "Qwen3-MoE",
+           "Qwen3-VL-MoE", "MiniMax M2.7", "Jamba", "Kimi Linear", "Qwen3Next", "Mamba", "Mamba2", "RWKV6", "RWKV7",
+           "Falcon-H1", "Granite-Hybrid", "LFM2", "Laguna S 2.1"]
+SEED_T2_ROWS = ["Qwen2-VL / Qwen3-VL", "Gemma2 / Gemma3 / Gemma3n / Gemma4 A4B / Gemma4 E4B", "Phi2 / Phi3 / PhiMoE",
+                "Granite (dense)", "Hunyuan-Dense / -MoE / -VL", "Falcon (dense)", "InternLM2", "OLMo / OLMo2 / OLMoE",
+                "Mistral3", "Qwen2-MoE", "EXAONE / EXAONE4 / EXAONE-MoE", "Cohere2", "Qwen3.5 recurrent",
+                "SmolLM3 / MiniCPM / MiniCPM3 / Plamo3", "DeepSeek-OCR"]
+SEED_T3 = ["GPT2", "Bloom", "GPT-NeoX", "MPT", "CodeShell", "OpenELM", "Refact", "StableLM", "PLM", "Arcee", "Deci",
+           "ChatGLM", "Baichuan", "Granite-MoE", "SmallThinker", "Maincoder", "XVerse", "StarCoder2"]
+
+
+def test_every_seed_row_is_present():
+    m = load_manifest(ROOT / "family_tiers.toml")
+    names = {r.name: r for r in m.rows.values()}
+    assert [r.tier for n in SEED_T1 for r in [names[n]]] == [1] * len(SEED_T1)
+    assert [names[n].tier for n in SEED_T3] == [3] * len(SEED_T3)
+    covered = {r.seed_row or r.name for r in m.rows.values() if r.tier == 2}
+    assert set(SEED_T2_ROWS) <= covered
+    assert len(m.rows) == 70 and all(r.runnable for r in m.rows.values())
+    # the seed's own words, not invented ones
+    assert names["Kimi Linear"].size == "12.1 GB" and "B1 canonical case" in names["Kimi Linear"].why
+    assert names["Gemma4 A4B"].size == "22.6 GB" and names["Gemma4 A4B"].artifact == "Q6_K"
+
+
+def test_tier_defaults_and_hybrid_sweeps():
+    m = load_manifest(ROOT / "family_tiers.toml")
+    assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "handoff", "determinism"]
+    assert "boundary-sweep" not in m.row("qwen3").lanes  # the tier's sweep is for interleaved layer kinds
+    assert m.row("gpt2").expect["skippy"].startswith("rejects")
+    assert m.row("gemma3").lanes == ["load", "fixed-split"]
+
+
+def test_moving_a_family_between_tiers_is_one_line(tmp_path):
+    src = (ROOT / "family_tiers.toml").read_text()
+    moved = re.sub(r"(\[family\.qwen35\]\ntier = )2", r"\g<1>1", src)
+    assert moved != src
+    path = tmp_path / "family_tiers.toml"
+    path.write_text(moved)
+    r = load_manifest(path).row("qwen35")
+    assert r.tier == 1 and "handoff" in r.lanes and "boundary-sweep" in r.lanes
+    out = run_cli("family-certify", "check", str(path), "--json")
+    assert out.returncode == 0
+    assert {x["name"]: x["tier"] for x in json.loads(out.stdout)["rows"]}["qwen35"] == 1
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda s: s.replace('[family.mamba]\ntier = 1', '[family.mamba]\ntier = 4'), ["[family.mamba]", "tier"]),
+    (lambda s: s.replace('[family.mamba]\ntier = 1', '[family.mamba]\ntier = 1\ncolour = "red"'),
+     ["[family.mamba]", "unknown key 'colour'"]),
+    (lambda s: s.replace('recipe = { family = "mamba", layers = 6 }', 'recipe = { family = "mambo" }'),
+     ["[family.mamba]", "unknown family 'mambo'"]),
+    (lambda s: s + '\n[family.mamba]\ntier = 1\n', ["duplicate family"]),
+    (lambda s: s.replace('recipe = { family = "mamba", layers = 6 }', 'recipe = { family = "mamba", period = 4 }'),
+     ["[family.mamba]", "--period"]),
+    (lambda s: s.replace('arch = "mamba"\n', 'arch = "mamba2"\n', 1), ["[family.mamba]", "arch"]),
+    (lambda s: s.replace("schema = 1", "schema = 2"), ["schema"]),
+    (lambda s: s.replace('lanes = ["load", "reject"]', 'lanes = ["load", "vibes"]'), ["unknown lane 'vibes'"]),
+    (lambda s: s.replace("[tiers.3]", "[tiers.7]"), ["tiers.7", "out of range"]),
+    (lambda s: s + "\n[family.broken\n", ["not valid TOML"]),
+])
+def test_bad_manifests_are_one_line_errors(tmp_path, edit, words):
+    path = tmp_path / "family_tiers.toml"
+    path.write_text(edit((ROOT / "family_tiers.toml").read_text()))
+    with pytest.raises(UserError) as e:
+        load_manifest(path)
+    assert "\n" not in str(e.value)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    r = run_cli("family-certify", "check", str(path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_check_json_and_matrix():
+    rows = json.loads(run_cli("family-certify", "check", "--json").stdout)["rows"]
+    assert {"name", "tier", "arch", "runnable", "reason"} <= set(rows[0])
+    matrix = json.loads(run_cli("family-certify", "matrix", "--tier", "3").stdout)["include"]
+    assert len(matrix) == 18 and all(m["tier"] == 3 for m in matrix)
+
+
+def test_make_row_equals_make_with_the_recipe(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert run_cli("synth", "make", "--row", "lfm2", "-o", str(a)).returncode == 0
+    assert run_cli("synth", "make", "lfm2", "--layers", "9", "--period", "3", "-o", str(b)).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+    r = run_cli("synth", "make", "--row", "nosuchrow", "-o", str(a))
+    assert r.returncode == 2 and "no row" in r.stderr
+
+
+@pytest.mark.llama
+def test_run_lanes_for_a_row(tmp_path):
+    shutil.copy(ROOT / "family_tiers.toml", tmp_path)
+    r = run_cli("family-certify", "run", "mamba", "lfm2", "--lane", "load", "--lane", "parity",
+                "--lane", "boundary-sweep", "--report", str(tmp_path / "r.json"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert {(x["row"], x["lane"], x["status"]) for x in res} == {
+        ("mamba", "load", "pass"), ("mamba", "parity", "pass"),
+        ("lfm2", "load", "pass"), ("lfm2", "parity", "pass"), ("lfm2", "boundary-sweep", "pass")}
