@@ -394,8 +394,8 @@ def _state_flags(req: dict) -> int:
     return 1 if req.get("partial") else 0  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
-def serve(stdin, stdout) -> None:
-    worker = LlamaWorker()
+def serve(stdin, stdout, worker_cls: type[LlamaWorker] = LlamaWorker) -> None:
+    worker = worker_cls()
     for line in stdin:
         if not line.strip():
             continue
@@ -423,13 +423,17 @@ def serve(stdin, stdout) -> None:
 
 
 def main() -> None:
+    main_with(LlamaWorker)
+
+
+def main_with(worker_cls: type[LlamaWorker]) -> None:
     # ggml attaches gdb for a backtrace on abort: slow, and it buries the abort message the client reports
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     # The protocol owns the real stdout; anything native code prints to fd 1 goes to stderr instead.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    serve(sys.stdin, proto)
+    serve(sys.stdin, proto, worker_cls)
 
 
 if __name__ == "__main__":

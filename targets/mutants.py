@@ -1,0 +1,99 @@
+"""Mutant targets: the real llama.cpp worker with a known bug class re-created, so the battery can prove it
+catches that class. Run as `python -m targets.mutants NAME`; select with `--target mutant:NAME`.
+
+  b1-first-layer-probe   B1: decides whether a stage needs recurrent state by probing only its FIRST layer's
+                         tensor names (`.ssm`, `ssm_`, `time_mix`, `recurrent`, `rwkv` — so also blind to LFM2's
+                         `shortconv`). When the probe says "attention", a full-state import restores the KV but the
+                         recurrent state never crosses: its data arrives zeroed (positions intact), so decoding goes
+                         on silently wrong — the seed's ResidentKv misresolution.
+  perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
+                         logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+
+from targets.llama_cpp_worker import LlamaWorker, b64_f32, f32_b64, main_with
+
+RECURRENT_NAME_PROBE = (".ssm", "ssm_", "time_mix", "recurrent", "rwkv")
+
+
+def first_layer_looks_recurrent(path: str) -> bool:
+    """skippy's old probe: only the first layer's tensor names decide."""
+    from synth.gguf_io import GGUFFile
+
+    names = [n for n in GGUFFile(path).tensors if n.startswith("blk.0.")]
+    return any(p in n for n in names for p in RECURRENT_NAME_PROBE)
+
+
+def zero_recurrent_data(partial: bytes, n_recurrent_layers: int) -> bytes:
+    """The recurrent part of a sequence state (llama_memory_recurrent::state_write) with every state tensor's
+    data zeroed and its metadata (cells, positions, types, row sizes) kept."""
+    b = bytearray(partial)
+    off = 0
+    (cells,) = struct.unpack_from("<I", b, off)
+    off += 4
+    for _ in range(cells):
+        off += 4  # pos
+        (n_seq,) = struct.unpack_from("<I", b, off)
+        off += 4 + 4 * n_seq
+    off += 8  # s_trans, n_layer
+    for _ in range(2 * n_recurrent_layers):  # r (conv) states, then s (ssm) states
+        off += 4  # type
+        (row,) = struct.unpack_from("<Q", b, off)
+        off += 8
+        b[off:off + cells * row] = bytes(cells * row)
+        off += cells * row
+    return bytes(b)
+
+
+class B1FirstLayerProbe(LlamaWorker):
+    def op_load(self, req: dict) -> dict:
+        info = super().op_load(req)
+        from synth.inspect import inspect_file
+
+        self.probe_recurrent = first_layer_looks_recurrent(req["path"])
+        self.n_recurrent = sum(x.kind in ("recurrent", "both") for x in inspect_file(req["path"]).layers)
+        return info
+
+    def op_state_set(self, req: dict) -> dict:
+        out = super().op_state_set(req)
+        if not req.get("partial") and not self.probe_recurrent and self.n_recurrent:
+            seq = int(req.get("seq", 0))
+            part = self.op_state_get({"seq": seq, "partial": True})
+            import base64
+
+            zeroed = zero_recurrent_data(base64.b64decode(part["data"]), self.n_recurrent)
+            super().op_state_set({"seq": seq, "partial": True, "data": base64.b64encode(zeroed).decode()})
+        return out
+
+
+class Perturb2Threads(LlamaWorker):
+    def op_decode(self, req: dict) -> dict:
+        out = super().op_decode(req)
+        if self.params.get("n_threads") == 2 and "logits" in out:
+            rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+            rows[:, 0] += np.float32(1e-3)
+            out["logits"] = f32_b64(rows)
+            out["argmax"] = [int(np.argmax(r)) for r in rows]
+        return out
+
+
+MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "perturb-2-threads": Perturb2Threads}
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name not in MUTANTS:
+        sys.stderr.write(f"unknown mutant {name!r}; mutants: {', '.join(MUTANTS)}\n")
+        sys.exit(2)
+    main_with(MUTANTS[name])
+
+
+if __name__ == "__main__":
+    main()
