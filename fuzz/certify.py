@@ -19,6 +19,8 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from fuzz.determinism import Determinism, DeterminismConfig
+from fuzz.handoff import Handoff, HandoffConfig
 from fuzz.sweep import Sweep, SweepConfig
 from synth.cliutil import new_app, run
 from synth.errors import UserError
@@ -100,6 +102,36 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
     return LaneResult(row.key, lane, status, detail, {"summary": s, "control": rep.control})
 
 
+def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
+    cuts = "period" if "boundary-sweep" in row.lanes else "all"
+    rep = Handoff(path, HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3,
+                                      target=target_spec)).run()
+    s = rep["summary"]
+    if s["unsupported"] == len(rep["results"]):  # no split expressible: hand off the unsplit model's state
+        why = rep["results"][0].get("reason")
+        rep = Handoff(path, HandoffConfig(cuts="none", prompt_len=8, tokens=3, target=target_spec)).run()
+        s = rep["summary"]
+        cuts = f"none; every split unsupported: {why}"
+    bad = [r for r in rep["results"] if r["status"] in ("diverged", "crash", "timeout")]
+    status = "fail" if bad else "pass" if s["pass"] else "unsupported"
+    detail = f"{len(rep['results'])} cut sets ({cuts}): " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
+    if bad:
+        detail += f"; first: cuts {bad[0]['cuts']}: {bad[0].get('reason')}"
+    elif status == "unsupported":
+        detail += f"; {rep['results'][0].get('reason')}"
+    return LaneResult(row.key, "handoff", status, detail, {"summary": s})
+
+
+def lane_determinism(row: Row, path: Path, target_spec: str) -> LaneResult:
+    rep = Determinism(path, DeterminismConfig(repeats=2, tokens=8, target=target_spec)).run()
+    n_pairs = len(rep["summary"]["not_bit_exact_pairs"])
+    if rep["findings"]:
+        return LaneResult(row.key, "determinism", "fail", rep["findings"][0]["message"], {"findings": rep["findings"]})
+    return LaneResult(row.key, "determinism", "pass",
+                      f"{rep['summary']['schedules']} schedules: same-schedule and threads-only bit-exact; "
+                      f"{n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)")
+
+
 def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list[LaneResult]:
     if not row.runnable:
         return [LaneResult(row.key, lane, "unsupported", row.reason or "") for lane in lanes]
@@ -112,6 +144,10 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list
                 out.append(lane_load(row, path, target))
             elif lane in ("parity", "boundary-sweep", "fixed-split"):
                 out.append(lane_sweep(row, path, lane, target_spec))
+            elif lane == "handoff":
+                out.append(lane_handoff(row, path, target_spec))
+            elif lane == "determinism":
+                out.append(lane_determinism(row, path, target_spec))
             elif lane == "reject":
                 want = row.expect.get(target_spec, "")
                 if want.startswith("rejects"):

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from fuzz import determinism as det
+from fuzz import handoff as ho
 from fuzz.fixtures import fixture_path, parse_tokens
 from fuzz.schedule import PHASES
 from fuzz.sweep import Sweep, SweepConfig, format_report
@@ -85,10 +87,91 @@ def sweep_cmd(
                       phases=ph, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     rep = Sweep(fixture_path(fixture), cfg).run()
     print(format_report(rep))
+    write_report(report, rep.to_dict())
+    return rep.exit_code
+
+
+def write_report(report: Path | None, data: dict) -> None:
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(rep.to_dict(), indent=2))
-    return rep.exit_code
+        report.write_text(json.dumps(data, indent=2))
+
+
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UserError(f"{flag} {text!r}: expected positive integers, e.g. 1,2")
+    return vals
+
+
+@app.command("handoff")
+def handoff_cmd(
+    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    cuts: Annotated[str, Opt(help="period | all | none (the unsplit model) | cut sets like '3;5;2,6'")] = "period",
+    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    tokens: Annotated[int, Opt(help="greedy decode steps after the prompt")] = 4,
+    period: Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")] = None,
+    prompt_len: Annotated[int, Opt(help="prompt tokens (every offset in it is a hand-off point)")] = 12,
+    chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
+    modes: Annotated[str, Opt(help="full,partial")] = "full,partial",
+    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
+    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
+    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
+    seed: Annotated[int, Opt(help="prompt seed")] = 0,
+) -> int:
+    """Export each stage's state at every prompt offset, import it into a fresh context and another sequence
+    (and roll back partial state); continuations must equal the uninterrupted run, and state bytes must hold
+    what each stage holds (recurrent state included when the stage's first layer is attention: B1)."""
+    ms = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not ms or set(ms) - set(ho.MODES):
+        raise UserError(f"--modes {modes!r}: choose from {','.join(ho.MODES)}")
+    if prompt_len < 3 or chunk < 1 or tokens < 1:
+        raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
+    cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
+                           period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+    rep = ho.Handoff(fixture_path(fixture), cfg).run()
+    print(ho.format_handoff(rep))
+    write_report(report, rep)
+    return ho.exit_code(rep)
+
+
+@app.command("determinism")
+def determinism_cmd(
+    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    cuts: Annotated[str, Opt(help="none (full model only) | period | all | cut sets like '3;5'")] = "none",
+    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    threads: Annotated[str, Opt(help="n_threads values")] = "1,2",
+    ubatch: Annotated[str, Opt(help="n_ubatch values (<= 64)")] = "1,7,64",
+    chunks: Annotated[str, Opt(help="prefill chunk sizes")] = "64,7",
+    flash_attn: Annotated[str, Opt(help="off,on")] = "off,on",
+    repeats: Annotated[int, Opt(help="runs per schedule")] = 3,
+    tokens: Annotated[int, Opt(help="greedy decode steps")] = 16,
+    period: Annotated[int | None, Opt(help="interleave period for --cuts period")] = None,
+    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
+    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
+    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
+    seed: Annotated[int, Opt(help="prompt seed")] = 0,
+) -> int:
+    """Repeated runs x threads x ubatch x chunking x flash attention: same-schedule and threads-only pairs must be
+    bit-exact; other schedule pairs are reported under the explicit upstream policy."""
+    fa = tuple(x.strip() for x in flash_attn.split(",") if x.strip())
+    if not fa or set(fa) - {"off", "on"}:
+        raise UserError(f"--flash-attn {flash_attn!r}: use off, on or off,on")
+    ub = int_list(ubatch, "--ubatch")
+    if max(ub) > 64:
+        raise UserError(f"--ubatch {ubatch}: n_ubatch cannot exceed n_batch (64)")
+    cfg = det.DeterminismConfig(threads=int_list(threads, "--threads"), ubatch=ub, chunks=int_list(chunks, "--chunks"),
+                                flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens, cuts=cuts,
+                                stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+    rep = det.Determinism(fixture_path(fixture), cfg).run()
+    print(det.format_determinism(rep))
+    write_report(report, rep)
+    return det.exit_code(rep)
 
 
 def main(argv: list[str] | None = None) -> None:

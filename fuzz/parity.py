@@ -13,6 +13,13 @@ import numpy as np
 from fuzz.schedule import Step
 from targets import Failure, Target
 
+MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE
+
+
+def pos_per_token(info: dict[str, Any]) -> int:
+    """Positions per token when feeding batch.embd: M-RoPE archs take 4 sections (notes §2.5), others 1."""
+    return 4 if info.get("rope_type") in MROPE_TYPES else 1
+
 
 @dataclass
 class StepOut:
@@ -35,11 +42,12 @@ class RunFailure:
 
 def script_steps(steps: list[Step], *, tokens: list[list[int]] | None = None,
                  embd: list[np.ndarray] | None = None, capture: list[int] = (),
-                 n_pos_per_token: int = 1) -> list[dict[str, Any]]:
-    """Protocol steps for a schedule: its own tokens, resolved tokens, or embedding rows per step."""
+                 n_pos_per_token: int = 1, logits_mode: str = "all") -> list[dict[str, Any]]:
+    """Protocol steps for a schedule: its own tokens, resolved tokens, or embedding rows per step.
+    logits_mode "all" (every row: no run prunes rows in its last layer) or "last" (as a server decodes)."""
     out = []
     for k, st in enumerate(steps):
-        d: dict[str, Any] = {"seq": st.seq, "pos": st.pos, "logits": "all", "capture": list(capture),
+        d: dict[str, Any] = {"seq": st.seq, "pos": st.pos, "logits": logits_mode, "capture": list(capture),
                              "n_pos_per_token": n_pos_per_token}
         if embd is not None:
             d["embd"] = embd[k]
@@ -58,7 +66,8 @@ def run_script(target: Target, steps: list[dict[str, Any]]) -> Trace | Failure:
 
 
 def run_chain(targets: list[Target], stage_layers: list[int], steps: list[Step], tokens: list[list[int]], *,
-              capture_all: bool = False, n_pos_per_token: int = 1) -> tuple[list[Trace], RunFailure | None]:
+              capture_all: bool = False, n_pos_per_token: int = 1,
+              logits_mode: str = "all") -> tuple[list[Trace], RunFailure | None]:
     """Run the stages in order over the whole schedule (teacher-forced with `tokens`).
 
     Stage 0 takes tokens; stage s > 0 takes stage s-1's boundary rows (the residual after its last layer)
@@ -69,9 +78,10 @@ def run_chain(targets: list[Target], stage_layers: list[int], steps: list[Step],
         last = s == len(targets) - 1
         capture = list(range(n)) if capture_all else ([] if last else [n - 1])
         if s == 0:
-            reqs = script_steps(steps, tokens=tokens, capture=capture)
+            reqs = script_steps(steps, tokens=tokens, capture=capture, logits_mode=logits_mode)
         else:
-            reqs = script_steps(steps, embd=inputs, capture=capture, n_pos_per_token=n_pos_per_token)
+            reqs = script_steps(steps, embd=inputs, capture=capture, n_pos_per_token=n_pos_per_token,
+                                logits_mode=logits_mode)
         tr = run_script(t, reqs)
         if isinstance(tr, Failure):
             return traces, RunFailure(tr, s)

@@ -14,10 +14,8 @@ import hashlib
 import itertools
 import os
 import queue
-import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,21 +29,21 @@ from fuzz.parity import (
     Trace,
     compare,
     localize,
+    pos_per_token,
     run_chain,
     run_script,
     script_steps,
     tokens_equal,
 )
 from fuzz.schedule import PHASES, Schedule, build_schedule
+from fuzz.stages import FixtureStages, Slicer, stage_ranges
 from synth.errors import UserError
 from synth.families import family_for_arch
-from synth.gguf_io import GGUFFile, token_embeddings
-from synth.inspect import ModelInfo, inspect_file
-from synth.stage import SourceModel, StageInfo, Unsupported, embd_input_contract, stage_path
+from synth.gguf_io import token_embeddings
+from synth.stage import Unsupported
 from targets import Failure, Target, close_all, open_target
 
 STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
-MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE: embedding input needs 4 positions per token
 
 
 @dataclass
@@ -118,21 +116,14 @@ class SweepReport:
 
 
 # ---- cut sets -------------------------------------------------------------------------------------------
-def pattern_period(kinds: str) -> int:
-    """Smallest p such that the layer-kind string is p-periodic (1 for uniform models)."""
-    n = len(kinds)
-    for p in range(1, n + 1):
-        if all(kinds[i] == kinds[i % p] for i in range(n)):
-            return p
-    return n
-
-
 def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int]]:
     if n_layer < 2:
         raise UserError(f"the model has {n_layer} layer; a split needs at least 2")
     if stages < 2 or stages > n_layer:
         raise UserError(f"--stages {stages}: must be in 2..{n_layer} (the model has {n_layer} layers)")
     singles = list(range(1, n_layer))
+    if spec == "none":
+        return [[]]  # one stage: the whole model (state hand-off and determinism of the unsplit model)
     if spec == "all":
         pool = singles
     elif spec == "period":
@@ -160,37 +151,18 @@ def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int
     return sets
 
 
-def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
-    """[[0, c1], [c1, c2], ..., [ck, n_layer]]"""
-    bounds = [0, *cuts, n_layer]
-    return [[bounds[i], bounds[i + 1]] for i in range(len(bounds) - 1)]
-
-
 # ---- the sweep ------------------------------------------------------------------------------------------
-Slicer = Callable[[Path, Path, int, int], StageInfo]  # (source, destination, first, last) → StageInfo
-
-
 class Sweep:
     def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None):
         """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
         broken ones to prove the oracle catches them."""
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.source: SourceModel | None = None
-        self.slicer = slicer or self._slice
-        self.info: ModelInfo = inspect_file(str(self.fixture))
-        self.embd_refused = embd_input_contract(GGUFFile(self.fixture))
-        self.kinds = "".join({"attention": "A", "recurrent": "R", "both": "B", "mlp": "M"}[x.kind]
-                             for x in self.info.layers)
-        self.period = cfg.period or pattern_period(self.kinds)
-        self.stage_cache: dict[tuple[int, int], tuple[Path, StageInfo] | Unsupported] = {}
+        self.st = FixtureStages(self.fixture, slicer=slicer, period=cfg.period)
+        self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
+        self.embd_refused = self.st.embd_refused
         self.decode_seconds = 0.0
         self._lock = threading.Lock()
-
-    def _slice(self, src: Path, dst: Path, a: int, b: int) -> StageInfo:
-        if self.source is None:
-            self.source = SourceModel(src)
-        return self.source.slice(dst, a, b)
 
     def _add_time(self, seconds: float) -> None:
         with self._lock:
@@ -200,27 +172,18 @@ class Sweep:
         cfg = self.cfg
         t_start = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
-        tmp = None
-        if cfg.workdir is None:
-            tmp = tempfile.TemporaryDirectory(prefix="fuzz-sweep-")
-            workdir = Path(tmp.name)
-        else:
-            workdir = cfg.workdir
-            workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir = workdir
         n_stages = max(len(s) for s in sets) + 1
         jobs = max(1, min(cfg.jobs or min(2, os.cpu_count() or 1), len(sets)))
         ref = open_target(cfg.target, timeout=cfg.timeout)
         lanes = [[open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_stages)] for _ in range(jobs)]
         everyone = [ref, *(t for lane in lanes for t in lane)]
-        try:
-            for t in everyone:  # spawn all workers at once; their start-up overlaps
-                t.start()
-            results, control, commit = self._run(sets, ref, lanes)
-        finally:
-            close_all(everyone)
-            if tmp is not None:
-                tmp.cleanup()
+        with self.st.workspace(cfg.workdir):
+            try:
+                for t in everyone:  # spawn all workers at once; their start-up overlaps
+                    t.start()
+                results, control, commit = self._run(sets, ref, lanes)
+            finally:
+                close_all(everyone)
         wall = time.perf_counter() - t_start
         return SweepReport(
             fixture=str(self.fixture), sha256=hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
@@ -248,7 +211,7 @@ class Sweep:
             raise UserError(f"{self.fixture}: the full model {loaded.failure.kind}es the target: "
                             f"{loaded.failure.message}")
         commit = loaded.data.get("llama_cpp_commit")
-        self.n_pos = 4 if loaded.data.get("rope_type") in MROPE_TYPES else 1
+        self.n_pos = pos_per_token(loaded.data)
 
         refs: dict[str, Trace] = {}
         for name, steps in sched.runs().items():
@@ -264,8 +227,7 @@ class Sweep:
         control = self._control(ref, sched, refs["sequential"]) if "sequential" in refs else \
             {"status": "unsupported", "reason": "no sequential phase"}
         for cuts in sets:  # materialize every stage up front (lanes then only read files)
-            for a, b in stage_ranges(cuts, self.info.n_layer):
-                self._stage(a, b)
+            self.st.stages(cuts)
 
         free: queue.Queue[list[Target]] = queue.Queue()
         for lane in lanes:
@@ -311,29 +273,15 @@ class Sweep:
                 "max_abs_dlogit": worst,
                 "reason": "embedding-input path differs from token input (not a slicing problem)"}
 
-    def _stage(self, a: int, b: int) -> tuple[Path, StageInfo] | Unsupported:
-        key = (a, b)
-        if key not in self.stage_cache:
-            path = stage_path(self.workdir, self.fixture, a, b)
-            try:
-                self.stage_cache[key] = (path, self.slicer(self.fixture, path, a, b))
-            except Unsupported as e:
-                self.stage_cache[key] = e
-        return self.stage_cache[key]
-
     def _cut(self, cuts: list[int], sched: Schedule, refs: dict[str, Trace], stage_targets: list[Target],
              params: dict[str, Any]) -> CutResult:
         ranges = stage_ranges(cuts, self.info.n_layer)
         res = CutResult(cuts=cuts, stages=ranges, status="pass")
-        stages = []
-        for a, b in ranges:
-            st = self._stage(a, b)
-            if isinstance(st, Unsupported):
-                res.status, res.reason = "unsupported", f"stage {a}:{b}: {st}"
-                return res
-            stages.append(st)
-            if st[1].pads:
-                res.pads[f"{a}:{b}"] = st[1].pads
+        stages = self.st.stages(cuts)
+        if isinstance(stages, Unsupported):
+            res.status, res.reason = "unsupported", str(stages)
+            return res
+        res.pads = {f"{st.first}:{st.last}": st.pads for _, st in stages if st.pads}
         targets = stage_targets[:len(stages)]
         for k, ((path, st), t) in enumerate(zip(stages, targets, strict=True)):
             r = t.load(str(path), **params, capture=k < len(stages) - 1)  # the final stage captures nothing

@@ -47,6 +47,7 @@ class LayerInfo:
     v_row_bytes: int  # 0 on MLA layers: llama.cpp keeps no V cache there (has_v = !is_mla)
     v_row_bytes_padded: int  # with flash attention off the transposed V cache pads every layer to the widest
     indexer_row_bytes: int  # DSA indexer key cache row (k_idx), on layers that own an indexer
+    swa: bool  # attends through a sliding window (its KV lives in llama.cpp's separate SWA cache)
     ffn: str  # dense | moe | none
     n_expert: int
     indexer: bool
@@ -69,6 +70,24 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
+    """Which layers use the sliding window, by llama.cpp's load_swa_pattern rule for this arch (an explicit
+    per-layer array, else the family's period rule); None if the arch has no such rule."""
+    from synth.families import family_for_arch  # inspect reads any file; families only add arch rules
+
+    value = g.get("attention.sliding_window_pattern")
+    if isinstance(value, list) and len(value) == n:
+        return [bool(v) for v in value]
+    fam = family_for_arch(g.arch)
+    if fam is None or fam.swa_pattern is None:
+        return None
+    period, dense_first = fam.swa_pattern
+    period = int(value) if value is not None else period
+    if dense_first:
+        return [period == 0 or i % period != 0 for i in range(n)]
+    return [period == 0 or i % period < period - 1 for i in range(n)]
 
 
 def per_layer(value: Any, n: int, default: int = 0) -> list[int]:
@@ -107,6 +126,7 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
     dv = int(g.get("attention.value_length", n_embd // h0 if h0 else 0))
     n_expert = int(g.get("expert_count", 0) or 0)
     idx_dim = int(g.get("attention.indexer.key_length", 0) or 0)
+    swa = source_swa_layers(g, n_layer) if int(g.get("attention.sliding_window", 0) or 0) > 0 else None
 
     layers = []
     for i in range(n_layer):
@@ -124,7 +144,7 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
             index=i, kind=kind, mixer=_mixer(kind, names, mla), n_head=n_head[i], n_head_kv=kv,
             head_dim_k=dk if has_attn else 0, head_dim_v=dv if has_attn else 0,
             k_width=kw, v_width=vw, k_row_bytes=kw * KV_CACHE_BYTES, v_row_bytes=vw * KV_CACHE_BYTES,
-            v_row_bytes_padded=0, indexer_row_bytes=0,
+            v_row_bytes_padded=0, indexer_row_bytes=0, swa=bool(swa and swa[i] and has_attn),
             ffn="moe" if moe else "dense" if dense else "none", n_expert=n_expert if moe else 0,
             indexer=any(n.startswith("indexer.") for n in names), n_tensors=len(names),
         ))

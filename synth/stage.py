@@ -36,7 +36,7 @@ import numpy as np
 
 from synth.errors import UserError
 from synth.gguf_io import KV, VT, GGUFFile, read_all, write_gguf
-from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, ModelInfo, inspect_gguf
+from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, ModelInfo, inspect_gguf, source_swa_layers
 from synth.spec import SPEC_KEY
 
 # Keys llama.cpp reads per layer (get_key_or_arr / get_arr of length n_layer); suffixes after "{arch}.".
@@ -99,23 +99,6 @@ def embd_input_contract(g: GGUFFile) -> str | None:
 
     fam = family_for_arch(g.arch)
     return fam.embd_refusal(g) if fam else None
-
-
-def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
-    """Which source layers use the sliding window, by llama.cpp's load_swa_pattern rule for this arch."""
-    from synth.families import family_for_arch
-
-    value = g.get("attention.sliding_window_pattern")
-    if isinstance(value, list) and len(value) == n:
-        return [bool(v) for v in value]
-    fam = family_for_arch(g.arch)
-    if fam is None or fam.swa_pattern is None:
-        return None
-    period, dense_first = fam.swa_pattern
-    period = int(value) if value is not None else period
-    if dense_first:
-        return [period == 0 or i % period != 0 for i in range(n)]
-    return [period == 0 or i % period < period - 1 for i in range(n)]
 
 
 def stage_contract(g: GGUFFile, a: int, b: int) -> str | None:

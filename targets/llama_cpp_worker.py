@@ -205,8 +205,9 @@ class LlamaWorker:
         capture = [int(k) for k in req.get("capture", [])]
         if capture and not self.params["capture"]:
             raise RequestError("bad_request", "decode: capture needs a context loaded with capture=true")
-        # with a capture every row must reach the last layer (llama.cpp prunes non-output rows there)
-        computed = [True] * n if capture else out
+        # capturing the last layer needs every row to reach it (llama.cpp prunes non-output rows there);
+        # capturing earlier layers must not change what the last layer computes
+        computed = [True] * n if info["n_layer"] - 1 in capture else out
         self.want = {f"l_out-{k}".encode() for k in capture}
         self.captured = {}
 

@@ -32,10 +32,11 @@ def first_layer_looks_recurrent(path: str) -> bool:
 
 
 def zero_recurrent_data(partial: bytes, n_recurrent_layers: int) -> bytes:
-    """The recurrent part of a sequence state (llama_memory_recurrent::state_write) with every state tensor's
-    data zeroed and its metadata (cells, positions, types, row sizes) kept."""
+    """A partial (recurrent-only) sequence state with every state tensor's data zeroed and its metadata (cells,
+    positions, types, row sizes) kept. Layout: llama_context::state_seq_get_data's magic and source seq id, then
+    llama_memory_recurrent::state_write (cell count, per-cell pos and seq ids, then r and s tensors)."""
     b = bytearray(partial)
-    off = 0
+    off = 8  # u32 magic, i32 source seq id
     (cells,) = struct.unpack_from("<I", b, off)
     off += 4
     for _ in range(cells):

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from fuzz.sweep import Sweep, SweepConfig, cut_sets, pattern_period
+from fuzz.stages import pattern_period
+from fuzz.sweep import Sweep, SweepConfig, cut_sets
 from synth.errors import UserError
 from synth.stage import StageInfo, slice_model
 

@@ -1,0 +1,256 @@
+"""`fuzz determinism`: repeated runs under many schedules (the B2 class: results that depend on timing).
+
+The same fixture runs R times under every schedule = n_threads × n_ubatch × prefill chunking × flash attention.
+Three classes are reported separately, under an explicit policy of what the pinned llama.cpp promises:
+
+- same schedule, repeated: must be bit-exact (anything else is nondeterminism: a finding);
+- schedules that differ only in n_threads: must be bit-exact — upstream's CPU kernels compute each output element
+  in one thread, and the one thread-dependent reduction (flash attention's split-KV path) needs a KV of >= 512
+  cells, which these fixtures never reach (../shared/reference/llama-arch-notes.md §9b);
+- schedules that differ in n_ubatch, chunking or flash attention: logits are NOT promised bit-exact upstream
+  (different kernels; server README on cache_prompt): max |Δ| is reported, never a finding. Greedy tokens must
+  still agree where the baseline's top-1/top-2 margin is clear; a flip at a near-tie is reported as such.
+
+With --cuts, every schedule also runs the K-stage chain for each cut set and compares it with the full model
+under the same schedule (parity holds per schedule, bit for bit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.parity import Trace, compare, max_abs, pos_per_token, run_chain, run_script, script_steps
+from fuzz.schedule import Step, prompt_tokens
+from fuzz.stages import FixtureStages
+from fuzz.sweep import cut_sets
+from synth.errors import UserError
+from synth.stage import Unsupported
+from targets import Failure, close_all, open_target
+
+POLICY = {
+    "same-schedule": "must be bit-exact",
+    "threads-only": "must be bit-exact (CPU kernels are thread-invariant; flash attention's split-KV path needs "
+                    ">= 512 KV cells)",
+    "ubatch/chunking/flash-attn": "logits reported, not promised bit-exact upstream; greedy tokens must agree "
+                                  "unless the flip is at a near-tie",
+}
+NEAR_TIE = 1e-2  # a token flip where the baseline's top-1/top-2 margin is below this is a near-tie
+
+
+@dataclass(frozen=True)
+class Schedule:
+    threads: int
+    ubatch: int
+    chunk: int
+    flash_attn: bool
+
+    @property
+    def name(self) -> str:
+        return f"t{self.threads}-ub{self.ubatch}-chunk{self.chunk}-fa{int(self.flash_attn)}"
+
+
+@dataclass
+class DeterminismConfig:
+    threads: tuple[int, ...] = (1, 2)
+    ubatch: tuple[int, ...] = (1, 7, 64)
+    chunks: tuple[int, ...] = (64, 7)
+    flash_attn: tuple[bool, ...] = (False, True)
+    repeats: int = 3
+    prompt_len: int = 24
+    tokens: int = 16
+    cuts: str = "none"
+    stages: int = 2
+    period: int | None = None
+    target: str = "llama-cpp"
+    timeout: float = 120.0
+    seed: int = 0
+    workdir: Path | None = None
+
+
+def steps_for(prompt: list[int], chunk: int, n_decode: int) -> list[Step]:
+    steps = [Step(prompt[i:i + chunk], [0] * len(prompt[i:i + chunk]), list(range(i, i + len(prompt[i:i + chunk]))),
+                  "prefill") for i in range(0, len(prompt), chunk)]
+    for d in range(n_decode):
+        steps.append(Step([f"argmax@{len(steps[-1].tokens) - 1 if d == 0 else 0}"], [0], [len(prompt) + d], "decode"))
+    return steps
+
+
+def outputs(tr: Trace, n_prefill: int) -> tuple[list[int], np.ndarray]:
+    """Greedy tokens (one per decode step) and the logits they came from: the prompt's last row, then each step."""
+    decode = tr.steps[n_prefill:]
+    return [so.tokens[0] for so in decode], np.stack([tr.steps[n_prefill - 1].logits[-1]] +
+                                                     [so.logits[-1] for so in decode])
+
+
+class Determinism:
+    def __init__(self, fixture: Path, cfg: DeterminismConfig):
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.st = FixtureStages(self.fixture, period=cfg.period)
+        self.info = self.st.info
+
+    def schedules(self) -> list[Schedule]:
+        c = self.cfg
+        return [Schedule(t, u, ch, fa) for t, u, ch, fa in itertools.product(c.threads, c.ubatch, c.chunks,
+                                                                              c.flash_attn)]
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if cfg.repeats < 2:
+            raise UserError(f"--repeats {cfg.repeats}: needs at least 2 runs per schedule to compare")
+        sets = [] if cfg.cuts == "none" else cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
+        findings: list[dict[str, Any]] = []
+        runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}
+        chains: list[dict[str, Any]] = []
+        full = open_target(cfg.target, timeout=cfg.timeout)
+        stage_targets = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max((len(s) for s in sets),
+                                                                                          default=0) + 1)]
+        commit = None
+        with self.st.workspace(cfg.workdir):
+            try:
+                for sch in self.schedules():
+                    params = {"n_ctx": 256, "n_batch": 64, "n_ubatch": sch.ubatch, "n_threads": sch.threads,
+                              "flash_attn": sch.flash_attn, "capture": bool(sets)}
+                    steps = steps_for(prompt, sch.chunk, cfg.tokens)
+                    loaded = full.load(str(self.fixture), **params)
+                    if not loaded.ok:
+                        raise UserError(f"{self.fixture}: the target cannot load the model: {loaded.failure.message}")
+                    commit = loaded.data.get("llama_cpp_commit")
+                    self.n_pos = pos_per_token(loaded.data)
+                    runs[sch] = []
+                    ref_trace = None
+                    for _ in range(cfg.repeats):
+                        full.reset()
+                        capture = sorted({c - 1 for s in sets for c in s})
+                        tr = run_script(full, script_steps(steps, capture=capture, logits_mode="last"))
+                        if isinstance(tr, Failure):
+                            findings.append({"class": "crash", "schedule": sch.name, "message": tr.message})
+                            break
+                        ref_trace = ref_trace or tr
+                        runs[sch].append(outputs(tr, len(steps) - cfg.tokens))
+                    if sets and ref_trace is not None:
+                        chains += self._chains(sch, sets, steps, ref_trace, stage_targets, params, findings)
+            finally:
+                close_all([full, *stage_targets])
+        report = self._classify(runs, findings)
+        report.update({"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
+                       "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds,
+                       "target": cfg.target, "llama_cpp_commit": commit, "policy": POLICY, "chains": chains,
+                       "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
+                                  "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,
+                                  "prompt_len": cfg.prompt_len, "tokens": cfg.tokens, "seed": cfg.seed},
+                       "timing": {"wall_s": round(time.perf_counter() - t0, 3)}})
+        return report
+
+    def _chains(self, sch: Schedule, sets, steps, ref: Trace, targets, params, findings) -> list[dict[str, Any]]:
+        out = []
+        tokens = [so.tokens for so in ref.steps]
+        for cuts in sets:
+            stages = self.st.stages(cuts)
+            if isinstance(stages, Unsupported):
+                out.append({"schedule": sch.name, "cuts": cuts, "status": "unsupported", "reason": str(stages)})
+                continue
+            ts = targets[:len(stages)]
+            for k, ((path, _), t) in enumerate(zip(stages, ts, strict=True)):
+                r = t.load(str(path), **{**params, "capture": k < len(stages) - 1})
+                if not r.ok:
+                    findings.append({"class": "crash", "schedule": sch.name, "cuts": cuts,
+                                     "message": r.failure.message})
+                    break
+            else:
+                chain, fail = run_chain(ts, [st.n_layer for _, st in stages], steps, tokens, logits_mode="last",
+                                        n_pos_per_token=self.n_pos)
+                if fail:
+                    findings.append({"class": "crash", "schedule": sch.name, "cuts": cuts,
+                                     "message": fail.failure.message})
+                    continue
+                div, worst = compare(ref, chain, steps, cuts)
+                status = "pass" if div is None else "diverged"
+                out.append({"schedule": sch.name, "cuts": cuts, "status": status, "max_abs": worst})
+                if div is not None:
+                    findings.append({"class": "chain-parity", "schedule": sch.name, "cuts": cuts,
+                                     "message": f"chain differs from the full model under the same schedule at "
+                                                f"step {div.step} (stage {div.stage} {div.where})"})
+        return out
+
+    def _classify(self, runs: dict[Schedule, list], findings: list[dict[str, Any]]) -> dict[str, Any]:
+        same: list[dict[str, Any]] = []
+        for sch, rs in runs.items():
+            exact = all(a[0] == rs[0][0] and np.array_equal(a[1], rs[0][1]) for a in rs[1:])
+            same.append({"schedule": sch.name, "runs": len(rs), "bit_exact": exact,
+                         "max_abs": max((max_abs(a[1], rs[0][1]) for a in rs[1:]), default=0.0)})
+            if not exact:
+                findings.append({"class": "same-schedule", "schedule": sch.name,
+                                 "message": f"{len(rs)} runs of {sch.name} are not bit-exact"})
+        scheds = [s for s in runs if runs[s]]
+        base = scheds[0] if scheds else None
+        pairs: list[dict[str, Any]] = []
+        for sch in scheds[1:]:
+            # threads-only: against the same schedule on the first thread count; otherwise against the baseline
+            sibling = Schedule(base.threads, sch.ubatch, sch.chunk, sch.flash_attn)
+            threads_only = sch.threads != base.threads and sibling in runs and runs[sibling]
+            other = sibling if threads_only else base
+            if not threads_only and sch.threads != base.threads:
+                continue  # its threads-only sibling covers it
+            a, b = runs[other][0], runs[sch][0]
+            bit = a[0] == b[0] and np.array_equal(a[1], b[1])
+            entry = {"pair": [other.name, sch.name], "class": "threads-only" if threads_only else
+                     "ubatch/chunking/flash-attn", "bit_exact": bit, "max_abs": max_abs(a[1], b[1]),
+                     "tokens_equal": a[0] == b[0]}
+            pairs.append(entry)
+            if threads_only and not bit:
+                findings.append({"class": "threads-only", "pair": entry["pair"],
+                                 "message": f"{other.name} vs {sch.name} differ (max |Δ| {entry['max_abs']:.3g}) "
+                                            "though only n_threads changed"})
+            if a[0] != b[0]:
+                k = next(i for i, (x, y) in enumerate(zip(a[0], b[0], strict=True)) if x != y)
+                top = np.sort(a[1][k])[-2:]
+                margin = float(top[1] - top[0])
+                entry["first_token_diff"] = {"step": k, "baseline_margin": margin}
+                if margin >= NEAR_TIE:
+                    findings.append({"class": "tokens", "pair": entry["pair"],
+                                     "message": f"greedy tokens differ at decode step {k} where the baseline margin "
+                                                f"is {margin:.3g} (not a near-tie)"})
+                else:
+                    entry["near_tie"] = True
+        return {"same_schedule": same, "pairs": pairs, "findings": findings,
+                "summary": {"schedules": len(runs), "findings": len(findings),
+                            "not_bit_exact_pairs": [p["pair"] for p in pairs if not p["bit_exact"]]}}
+
+
+def format_determinism(rep: dict[str, Any]) -> str:
+    lines = [f"determinism {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, "
+             f"target {rep['target']}, {rep['summary']['schedules']} schedules x {rep['config']['repeats']} runs"]
+    same_ok = sum(s["bit_exact"] for s in rep["same_schedule"])
+    lines.append(f"same schedule, repeated: {same_ok}/{len(rep['same_schedule'])} bit-exact  (policy: "
+                 f"{rep['policy']['same-schedule']})")
+    for cls in ("threads-only", "ubatch/chunking/flash-attn"):
+        ps = [p for p in rep["pairs"] if p["class"] == cls]
+        exact = sum(p["bit_exact"] for p in ps)
+        worst = max((p["max_abs"] for p in ps), default=0.0)
+        tok = sum(p["tokens_equal"] for p in ps)
+        lines.append(f"{cls} pairs: {exact}/{len(ps)} bit-exact, tokens equal {tok}/{len(ps)}, "
+                     f"max |Δlogit| {worst:.3g}  (policy: {rep['policy'][cls]})")
+    not_exact = [f"{a} vs {b}" for a, b in rep["summary"]["not_bit_exact_pairs"]]
+    if not_exact:
+        lines.append("not bit-exact upstream: " + "; ".join(not_exact[:8]) + (" ..." if len(not_exact) > 8 else ""))
+    for c in rep["chains"]:
+        if c["status"] != "pass":
+            lines.append(f"chain {c['cuts']} under {c['schedule']}: {c['status']} {c.get('reason', '')}")
+    for f in rep["findings"]:
+        lines.append(f"FINDING [{f['class']}] {f['message']}")
+    lines.append(f"{len(rep['findings'])} findings; wall {rep['timing']['wall_s']:.2f}s")
+    return "\n".join(lines)
+
+
+def exit_code(rep: dict[str, Any]) -> int:
+    return 1 if rep["findings"] else 0

@@ -1,0 +1,323 @@
+"""`fuzz handoff`: state crossing a stage boundary must be complete (the B1 class).
+
+For a cut set and every token offset t of the prompt (and a few decode steps), each stage of the chain:
+- full: runs to t, exports its sequence state, which is imported into a FRESH context under a DIFFERENT
+  sequence id; prefill and decode continue there;
+- partial: runs to t, saves its partial state (recurrent / SWA only), runs on past t, rolls back (restores
+  the partial state, removes KV positions >= t) and continues — what a prefix cache does for hybrids.
+Both continuations must equal an uninterrupted run of the same schedule, token-exact and bit-exact (the
+uninterrupted run splits its prefill chunks at t too: llama.cpp does not promise bit-exactness across batch
+shapes). The state bytes the target exports are checked against what the stage holds: a stage with any
+recurrent layer must carry recurrent bytes — also when its FIRST layer is attention (the B1 shape) — and a stage
+with attention layers must carry KV bytes for exactly its positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fuzz.parity import Trace, compare, pos_per_token, run_chain, run_script, script_steps
+from fuzz.schedule import Step, prompt_tokens
+from fuzz.stages import FixtureStages, stage_ranges
+from fuzz.sweep import cut_sets
+from synth.errors import UserError
+from synth.inspect import inspect_file
+from synth.stage import StageInfo, Unsupported
+from targets import Failure, Target, close_all, open_target
+
+MODES = ("full", "partial")
+
+
+@dataclass
+class HandoffConfig:
+    cuts: str = "period"
+    stages: int = 2
+    tokens: int = 4  # decode steps after the prompt
+    prompt_len: int = 12
+    chunk: int = 5
+    decode_offsets: int = 2  # hand-offs after this many decode steps, too
+    modes: tuple[str, ...] = MODES
+    period: int | None = None
+    target: str = "llama-cpp"
+    timeout: float = 120.0
+    seed: int = 0
+    workdir: Path | None = None
+
+
+@dataclass
+class StageBytes:
+    """What a stage's exported state holds, as measured by the target."""
+
+    range: list[int]
+    first_layer: str
+    recurrent_layers: int
+    attention_layers: int  # full (non-SWA) attention layers: their KV is the non-partial state
+    swa_layers: int = 0  # sliding-window layers: their KV travels with the partial state, like recurrent state
+    recurrent_bytes: int = 0  # partial-state payload at the last offset (recurrent and SWA)
+    kv_bytes_per_token: float | None = None
+    kv_row_bytes: int = 0  # Σ K+V cache row bytes of the stage's full attention layers (synth inspect)
+    pads: list[int] = field(default_factory=list)
+
+
+@dataclass
+class HandoffResult:
+    cuts: list[int]
+    stages: list[list[int]]
+    status: str  # pass | diverged | unsupported | crash | timeout
+    mode: str | None = None
+    offset: int | None = None
+    stage: int | None = None
+    where: str | None = None
+    position: int | None = None
+    max_abs: float = 0.0
+    reproduced: bool | None = None
+    reason: str | None = None
+    offsets: int = 0
+    bytes: list[StageBytes] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if v is not None and k != "bytes"}
+        d["bytes"] = [b.__dict__ for b in self.bytes]
+        return d
+
+
+def split_schedule(prompt: list[int], t: int, chunk: int, n_decode: int, seq: int = 0) -> tuple[list[Step], int]:
+    """Prefill chunks over [0, t) then [t, P), then greedy decode steps; and the step index where t begins.
+    An offset t >= P hands off after t - P decode steps."""
+    P = len(prompt)
+    steps: list[Step] = []
+    cut = min(t, P)
+    for lo, hi in ((0, cut), (cut, P)):
+        for i in range(lo, hi, chunk):
+            j = min(i + chunk, hi)
+            steps.append(Step(prompt[i:j], [seq] * (j - i), list(range(i, j)), "prefill"))
+    k = sum(1 for s in steps if s.pos[0] < cut)
+    last = len(steps[-1].tokens) - 1
+    for d in range(n_decode):
+        steps.append(Step([f"argmax@{last if d == 0 else 0}"], [seq], [P + d], "decode"))
+    if t >= P:
+        k += t - P
+    return steps, k
+
+
+def with_seq(steps: list[Step], seq: int) -> list[Step]:
+    return [Step(s.tokens, [seq] * len(s.seq), s.pos, s.phase) for s in steps]
+
+
+class Handoff:
+    def __init__(self, fixture: Path, cfg: HandoffConfig):
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.st = FixtureStages(self.fixture, period=cfg.period)
+        self.info = self.st.info
+        self.decode_seconds = 0.0
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        k = max(len(s) for s in sets) + 1
+        ref = open_target(cfg.target, timeout=cfg.timeout)
+        src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
+        dst = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
+        results: list[HandoffResult] = []
+        with self.st.workspace(cfg.workdir):
+            try:
+                for t in (ref, *src, *dst):
+                    t.start()
+                loaded = ref.load(str(self.fixture), **self.params)
+                if not loaded.ok:
+                    raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
+                commit = loaded.data.get("llama_cpp_commit")
+                self.n_pos = pos_per_token(loaded.data)
+                for cuts in sets:
+                    results.append(self._cut(cuts, ref, src, dst))
+            finally:
+                close_all([ref, *src, *dst])
+        summary = {s: sum(r.status == s for r in results) for s in ("pass", "diverged", "unsupported", "crash",
+                                                                     "timeout")}
+        return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
+                "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
+                "llama_cpp_commit": commit,
+                "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
+                           "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "tokens": cfg.tokens,
+                           "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
+                "summary": summary, "results": [r.to_dict() for r in results],
+                "timing": {"wall_s": round(time.perf_counter() - t0, 3),
+                           "llama_decode_s": round(self.decode_seconds, 3)}}
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 2}
+
+    def _offsets(self) -> list[int]:
+        P = self.cfg.prompt_len
+        return list(range(1, P)) + list(range(P, P + min(self.cfg.decode_offsets, self.cfg.tokens)))
+
+    def _cut(self, cuts: list[int], ref: Target, src: list[Target], dst: list[Target]) -> HandoffResult:
+        cfg = self.cfg
+        res = HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status="pass")
+        stages = self.st.stages(cuts)
+        if isinstance(stages, Unsupported):
+            res.status, res.reason = "unsupported", str(stages)
+            return res
+        src, dst = src[:len(stages)], dst[:len(stages)]
+        for (path, _), t in zip(stages, src, strict=True):
+            r = t.load(str(path), **self.params)
+            if not r.ok:
+                return self._failed(res, r.failure)
+        res.bytes = [self._stage_bytes(path, st) for path, st in stages]
+        empties = [self._empty_state(t) for t in src]
+        prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
+        kv_first: dict[int, tuple[int, int]] = {}
+        for t in self._offsets():
+            res.offsets += 1
+            steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
+            ref.reset()
+            base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]))
+            if isinstance(base, Failure):
+                return self._failed(res, base)
+            self.decode_seconds += base.decode_seconds
+            tokens = [so.tokens for so in base.steps]
+            for mode in cfg.modes:
+                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens)
+                if isinstance(out, Failure):
+                    return self._failed(res, out)
+                chain, blobs = out
+                div, worst = compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)
+                res.max_abs = max(res.max_abs, worst)
+                if div is not None:
+                    again = self._handoff(mode, stages, src, dst, steps, k, t, tokens)
+                    res.reproduced = not isinstance(again, Failure) and \
+                        compare(Trace(base.steps[k:], 0.0), again[0], steps[k:], cuts)[0] is not None
+                    res.status, res.mode, res.offset = "diverged", mode, t
+                    res.stage, res.where, res.position = div.stage, div.where, div.position
+                    res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
+                                 f"uninterrupted run at position {div.position}"
+                    return res
+                if mode == "full":
+                    bad = self._check_bytes(res, blobs, empties, t, kv_first)
+                    if bad:
+                        res.status, res.mode, res.offset, res.reason = "diverged", "bytes", t, bad
+                        return res
+        return res
+
+    def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
+                 tokens: list[list[int]]):
+        sizes = [st.n_layer for _, st in stages]
+        for s in src:
+            s.reset()
+        before, fail = run_chain(src, sizes, steps[:k], tokens[:k], n_pos_per_token=self.n_pos)
+        if fail:
+            return fail.failure
+        blobs: list[tuple[bytes, bytes]] = []
+        for s in src:
+            full, part = s.state_get(0), s.state_get(0, partial=True)
+            if not (full.ok and part.ok):
+                return (full.failure or part.failure)
+            blobs.append((full.data["blob"], part.data["blob"]))
+        if mode == "full":
+            after_steps = with_seq(steps[k:], 1)
+            for (path, _), d, (full, _) in zip(stages, dst, blobs, strict=True):
+                r = d.load(str(path), **self.params)  # a fresh context
+                if r.ok:
+                    r = d.state_set(full, seq=1)
+                if not r.ok:
+                    return r.failure
+            chain, fail = run_chain(dst, sizes, after_steps, tokens[k:], n_pos_per_token=self.n_pos)
+        else:
+            _, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)  # run on past t ...
+            if fail:
+                return fail.failure
+            for s, (_, part) in zip(src, blobs, strict=True):  # ... then roll back to t
+                r = s.state_set(part, seq=0, partial=True) if part else None
+                if r is not None and not r.ok:
+                    return r.failure
+                r = s.seq_rm(0, t, -1)
+                if not r.ok:
+                    return r.failure
+            chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
+        if fail:
+            return fail.failure
+        self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
+        return chain, blobs
+
+    def _empty_state(self, t: Target) -> tuple[int, int]:
+        t.reset()
+        full, part = t.state_get(0), t.state_get(0, partial=True)
+        return len(full.data.get("blob", b"")), len(part.data.get("blob", b""))
+
+    def _stage_bytes(self, path: Path, st: StageInfo) -> StageBytes:
+        layers = inspect_file(str(path)).layers
+        rec = sum(x.kind in ("recurrent", "both") for x in layers)
+        att = [x for x in layers if x.kind in ("attention", "both") and not x.swa]
+        return StageBytes(range=[st.first, st.last], first_layer=layers[0].kind, recurrent_layers=rec,
+                          attention_layers=len(att), swa_layers=sum(x.swa for x in layers),
+                          kv_row_bytes=sum(x.k_row_bytes + x.v_row_bytes for x in att), pads=st.pads)
+
+    def _check_bytes(self, res: HandoffResult, blobs, empties, t: int, kv_first: dict[int, tuple[int, int]]) -> str:
+        """The exported state must hold what the stage holds."""
+        for s, ((full, part), (e_full, e_part), sb) in enumerate(zip(blobs, empties, res.bytes, strict=True)):
+            if part == full and not ((sb.recurrent_layers or sb.swa_layers) and sb.attention_layers):
+                # a plain KV cache (or a recurrent-only one) ignores PARTIAL_ONLY: everything is one kind
+                total = len(full) - e_full
+                rec, kv = (total, 0) if sb.recurrent_layers else (0, total)
+            else:
+                rec = len(part) - e_part
+                kv = (len(full) - len(part)) - (e_full - e_part)
+            sb.recurrent_bytes = rec
+            if (sb.recurrent_layers or sb.swa_layers) and rec <= 0:
+                return (f"stage {s} ({sb.range[0]}:{sb.range[1]}, first layer {sb.first_layer}) has "
+                        f"{sb.recurrent_layers} recurrent and {sb.swa_layers} sliding-window layer(s) but exported no "
+                        f"partial (recurrent/SWA) state at t={t}")
+            if sb.attention_layers:
+                # KV bytes grow by the same amount for every position (plus constant per-layer headers)
+                if s not in kv_first:
+                    kv_first[s] = (t, kv)
+                    continue
+                t1, kv1 = kv_first[s]
+                per = (kv - kv1) / (t - t1)
+                if sb.kv_bytes_per_token is not None and per != sb.kv_bytes_per_token:
+                    return (f"stage {s} exported KV bytes that do not grow by the same amount per position "
+                            f"({sb.kv_bytes_per_token:g} then {per:g} at t={t})")
+                sb.kv_bytes_per_token = per
+                if per < sb.kv_row_bytes:
+                    return (f"stage {s} exports {per:g} KV bytes per position, less than the {sb.kv_row_bytes} bytes "
+                            "its attention layers' K/V rows need")
+            elif kv != 0:
+                return f"stage {s} has no attention layer but exported {kv} KV bytes at t={t}"
+            if sb.attention_layers and sb.kv_bytes_per_token is None and t == self._offsets()[-1]:
+                return f"stage {s}: a single hand-off offset cannot show KV bytes per position; use a longer prompt"
+        return ""
+
+    def _failed(self, res: HandoffResult, f: Failure) -> HandoffResult:
+        res.status = "timeout" if f.kind == "timeout" else "crash"
+        res.reason = ("target refused: " if f.kind == "error" else "") + f.message
+        return res
+
+
+def format_handoff(rep: dict[str, Any]) -> str:
+    lines = [f"handoff {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, target "
+             f"{rep['target']}, modes {','.join(rep['config']['modes'])}",
+             f"{'cuts':<10} {'status':<11} {'offsets':>7}  stage bytes (range first-layer: recurrent B, KV B/token "
+             f"≥ rows)"]
+    for r in rep["results"]:
+        by = "; ".join(f"{b['range'][0]}:{b['range'][1]} {b['first_layer'][:4]}: rec {b['recurrent_bytes']}, "
+                       f"kv {b['kv_bytes_per_token'] if b['kv_bytes_per_token'] is not None else '-'}"
+                       f"≥{b['kv_row_bytes']}" for b in r["bytes"])
+        lines.append(f"{','.join(map(str, r['cuts'])):<10} {r['status']:<11} {r.get('offsets', 0):>7}  {by}")
+        if r.get("reason"):
+            lines.append(f"{'':<10} {r['reason']}" + (f" (reproduced={r['reproduced']})" if "reproduced" in r else ""))
+    s = rep["summary"]
+    lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
+                 + f"; wall {rep['timing']['wall_s']:.2f}s")
+    return "\n".join(lines)
+
+
+def exit_code(rep: dict[str, Any]) -> int:
+    s = rep["summary"]
+    return 1 if s["diverged"] or s["crash"] or s["timeout"] else 0

@@ -1,0 +1,78 @@
+"""fuzz handoff: every Foundation family hands state across every stage boundary of a period sweep, at every
+prompt offset, bit-exact; the B1 mutant is caught exactly at the attention-first stages."""
+
+import json
+
+import pytest
+
+from fuzz.handoff import Handoff, HandoffConfig, split_schedule
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.llama
+
+FOUNDATION = [("llama", {"layers": 4}), ("qwen2", {"layers": 4}), ("qwen3", {"layers": 4}), ("mamba", {"layers": 4}),
+              ("mamba2", {"layers": 4}), ("falcon-h1", {"layers": 4})] + \
+             [(f, {"layers": 8, "period": 4}) for f in ("jamba", "granitehybrid", "lfm2", "qwen3next", "kimi-linear")]
+
+
+def handoff(path, **cfg):
+    return Handoff(path, HandoffConfig(prompt_len=8, tokens=3, **cfg)).run()
+
+
+@pytest.mark.parametrize("family,knobs", FOUNDATION, ids=[f for f, _ in FOUNDATION])
+def test_every_offset_and_stage_hands_off_exactly(fixtures, family, knobs):
+    rep = handoff(fixtures(family, **knobs), cuts="period" if "period" in knobs else "all")
+    assert rep["summary"]["pass"] == len(rep["results"]), rep["results"]
+    for r in rep["results"]:
+        assert r["offsets"] == 7 + 2  # prompt offsets 1..7 and two decode steps
+        for b in r["bytes"]:
+            # a stage with recurrent layers carries recurrent bytes — also when its first layer is attention
+            assert (b["recurrent_bytes"] > 0) == (b["recurrent_layers"] > 0), b
+            if b["attention_layers"]:
+                assert b["kv_bytes_per_token"] >= b["kv_row_bytes"] > 0, b
+            else:
+                assert b["kv_bytes_per_token"] is None
+
+
+def test_attention_first_stages_are_covered(fixtures):
+    rep = handoff(fixtures("qwen3next", layers=8, period=4), cuts="period")
+    firsts = {tuple(b["range"]): b["first_layer"] for r in rep["results"] for b in r["bytes"]}
+    assert firsts[(3, 8)] == "attention" and rep["results"][2]["bytes"][1]["recurrent_bytes"] > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3next", "jamba", "kimi-linear", "lfm2"])
+def test_b1_mutant_is_caught_at_the_right_cuts(fixtures, family):
+    """The mutant probes only a stage's first layer for recurrent tensor names and drops recurrent state on import
+    where it finds none: caught exactly at cuts whose stage starts on an attention layer — and at every cut for
+    LFM2, whose short-conv layers the name probe cannot see (the seed: "never matches LFM2")."""
+    path = fixtures(family, layers=8, period=4)
+    rep = handoff(path, cuts="period", target="mutant:b1-first-layer-probe", modes=("full",))
+    kinds = rep["kinds"]
+    want = set(range(1, 5)) if family == "lfm2" else {c for c in range(1, 5) if kinds[c] == "A"}
+    got = {r["cuts"][0] for r in rep["results"] if r["status"] == "diverged"}
+    assert got == want, [(r["cuts"], r["status"], r.get("reason")) for r in rep["results"]]
+    for r in rep["results"]:
+        if r["status"] == "diverged":
+            assert r["reproduced"] is True and r["mode"] == "full"
+            assert r["stage"] == (0 if family == "lfm2" else 1)
+
+
+def test_split_schedule_splits_chunks_at_the_offset():
+    steps, k = split_schedule(list(range(10)), 7, 5, 2)
+    assert [s.pos for s in steps[:k]] == [[0, 1, 2, 3, 4], [5, 6]]
+    assert [s.pos for s in steps[k:]][:1] == [[7, 8, 9]]
+    steps, k = split_schedule(list(range(10)), 11, 5, 3)  # after one decode step
+    assert steps[k].pos == [11] and steps[k - 1].pos == [10]
+
+
+def test_cli(fixtures, tmp_path):
+    path = fixtures("lfm2", layers=8, period=4)
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "3", "--prompt-len", "6", "--report", str(tmp_path / "h.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "h.json").read_text())
+    assert rep["results"][0]["bytes"][1]["first_layer"] == "attention"
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "3", "--target", "mutant:b1-first-layer-probe")
+    assert r.returncode == 1 and "diverged" in r.stdout
+    bad = run_cli("fuzz", "handoff", str(path), "--modes", "sideways")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
