@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from fuzz import bundle as bd
 from fuzz import determinism as det
 from fuzz import handoff as ho
 from fuzz.fixtures import fixture_path, parse_tokens
@@ -75,6 +76,7 @@ def sweep_cmd(
     keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
     timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
     seed: Annotated[int, Opt(help="prompt seed")] = 0,
+    bundle: Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")] = None,
 ) -> int:
     """Full model vs K-stage chain at every cut: token-exact and bit-exact, localized on divergence."""
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
@@ -85,10 +87,33 @@ def sweep_cmd(
             raise UserError(f"{name} {v}: must be at least 1")
     cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=seqs,
                       phases=ph, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    rep = Sweep(fixture_path(fixture), cfg).run()
+    path = fixture_path(fixture)
+    rep = Sweep(path, cfg).run()
     print(format_report(rep))
     write_report(report, rep.to_dict())
+    if bundle and rep.exit_code:
+        config = {"tokens": tokens, "prompt_len": prompt_len, "chunk": chunk, "n_seq": seqs, "phases": list(ph),
+                  "seed": seed}
+        report_bundles(bd.bundle_findings("sweep", path, rep.to_dict()["results"], rep.kinds, config, target, bundle,
+                                          rep.llama_cpp_commit))
     return rep.exit_code
+
+
+def report_bundles(paths: list[Path]) -> None:
+    for p in paths:
+        print(f"bundle: {p}  (replay: fuzz replay {p})")
+
+
+@app.command("replay")
+def replay_cmd(
+    bundle: Annotated[Path, typer.Argument(help="a directory written by fuzz sweep/handoff --bundle")],
+    target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
+) -> int:
+    """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does."""
+    ok, fp, _ = bd.replay(bundle, target)
+    what = f"{fp['oracle']} {fp['status']} ({fp['phase']}, stage {fp['stage']}, {fp['where']})"
+    print(f"{'REPRODUCED' if ok else 'not reproduced'}: {what}" + (f" with target {target}" if target else ""))
+    return 1 if ok else 0
 
 
 def write_report(report: Path | None, data: dict) -> None:
@@ -122,6 +147,7 @@ def handoff_cmd(
     keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
     timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
     seed: Annotated[int, Opt(help="prompt seed")] = 0,
+    bundle: Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")] = None,
 ) -> int:
     """Export each stage's state at every prompt offset, import it into a fresh context and another sequence
     (and roll back partial state); continuations must equal the uninterrupted run, and state bytes must hold
@@ -133,9 +159,14 @@ def handoff_cmd(
         raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
     cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
                            period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    rep = ho.Handoff(fixture_path(fixture), cfg).run()
+    path = fixture_path(fixture)
+    rep = ho.Handoff(path, cfg).run()
     print(ho.format_handoff(rep))
     write_report(report, rep)
+    if bundle and ho.exit_code(rep):
+        config = {"tokens": tokens, "prompt_len": prompt_len, "chunk": chunk, "modes": list(ms), "seed": seed}
+        report_bundles(bd.bundle_findings("handoff", path, rep["results"], rep["kinds"], config, target, bundle,
+                                          rep["llama_cpp_commit"]))
     return ho.exit_code(rep)
 
 

@@ -31,8 +31,7 @@ class Schedule:
     n_seq: int = 1
 
     def runs(self) -> dict[str, list[Step]]:
-        return {"sequential": self.sequential, "batched": self.batched} if self.batched \
-            else {"sequential": self.sequential}
+        return {name: steps for name, steps in (("sequential", self.sequential), ("batched", self.batched)) if steps}
 
 
 def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:

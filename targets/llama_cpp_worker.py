@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 PROTOCOL_VERSION = 1
+GGML_LOG_LEVEL_DEBUG = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
 
@@ -51,6 +52,7 @@ class LlamaWorker:
 
         self.L = L
         self.log: deque[str] = deque(maxlen=200)
+        self.echo_log = bool(os.environ.get("FAMILY_CERTIFY_WORKER_LOG"))
         self._log_cb = L.llama_log_callback(self._on_log)
         L.llama_log_set(self._log_cb, None)
         L.llama_backend_init()
@@ -75,11 +77,13 @@ class LlamaWorker:
 
     # ---- callbacks -------------------------------------------------------------------------------
     def _on_log(self, level: int, text: bytes, _ud: Any) -> None:
+        if self.echo_log:
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+        if level <= GGML_LOG_LEVEL_DEBUG:  # hundreds of lines per load; errors are never debug level
+            return
         line = text.decode("utf-8", errors="replace").rstrip("\n")
         if line:
             self.log.append(line)
-        if os.environ.get("FAMILY_CERTIFY_WORKER_LOG"):
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
 
     def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
         t0 = time.perf_counter()
@@ -412,8 +416,9 @@ def serve(stdin, stdout, worker_cls: type[LlamaWorker] = LlamaWorker) -> None:
             handler = getattr(worker, f"op_{op}", None)
             if handler is None:
                 raise RequestError("bad_request", f"unknown op {op!r}")
-            worker.decode_seconds = 0.0
-            resp = {"id": rid, "ok": True, **handler(req), "decode_seconds": worker.decode_seconds}
+            worker.decode_seconds = worker.callback_seconds = 0.0
+            resp = {"id": rid, "ok": True, **handler(req), "decode_seconds": worker.decode_seconds,
+                    "callback_seconds": worker.callback_seconds}
         except RequestError as e:
             resp = {"id": rid, "ok": False, "error_kind": e.kind, "error": str(e)}
         except (ValueError, KeyError, TypeError) as e:

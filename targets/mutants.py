@@ -6,6 +6,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          `shortconv`). When the probe says "attention", a full-state import restores the KV but the
                          recurrent state never crosses: its data arrives zeroed (positions intact), so decoding goes
                          on silently wrong — the seed's ResidentKv misresolution.
+  batched-rows-swapped   A stage fed hidden states for several sequences in one batch swaps the first rows of
+                         the first two sequences: single-sequence prefill and decode stay exact, batched decode
+                         breaks (how the public layer-split anchor failed).
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
 """
@@ -85,7 +88,23 @@ class Perturb2Threads(LlamaWorker):
         return out
 
 
-MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "perturb-2-threads": Perturb2Threads}
+class BatchedRowsSwapped(LlamaWorker):
+    def op_decode(self, req: dict) -> dict:
+        seqs = req.get("seq", 0)
+        if "embd" in req and isinstance(seqs, list) and len(set(seqs)) > 1:
+            width = self.info["n_embd_inp"]
+            rows = b64_f32(req["embd"]).reshape(-1, width).copy()
+            first = {}
+            for i, sq in enumerate(seqs):
+                first.setdefault(sq, i)
+            a, b = list(first.values())[:2]
+            rows[[a, b]] = rows[[b, a]]
+            req = {**req, "embd": f32_b64(rows)}
+        return super().op_decode(req)
+
+
+MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "batched-rows-swapped": BatchedRowsSwapped,
+                           "perturb-2-threads": Perturb2Threads}
 
 
 def main() -> None:

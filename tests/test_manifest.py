@@ -109,3 +109,15 @@ def test_run_lanes_for_a_row(tmp_path):
     assert {(x["row"], x["lane"], x["status"]) for x in res} == {
         ("mamba", "load", "pass"), ("mamba", "parity", "pass"),
         ("lfm2", "load", "pass"), ("lfm2", "parity", "pass"), ("lfm2", "boundary-sweep", "pass")}
+
+
+@pytest.mark.llama
+def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
+    from fuzz.certify import lane_reject
+
+    row = load_manifest(ROOT / "family_tiers.toml").row("gpt2")
+    path = fixtures("gpt2")
+    assert lane_reject(row, path, llama, "llama-cpp").status == "pass"  # upstream keeps every arch: loads
+    row.expect["llama-cpp"] = "rejects: unsupported family"  # what skippy must do: llama.cpp does not
+    res = lane_reject(row, path, llama, "llama-cpp")
+    assert res.status == "fail" and "expected a clean 'unsupported family' error" in res.detail

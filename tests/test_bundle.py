@@ -1,0 +1,50 @@
+"""Repro bundles: a finding is reproduced again, shrunk under a fixed fingerprint, and replays with one command."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.llama
+
+
+def test_sweep_finding_shrinks_and_replays(fixtures, tmp_path):
+    path = fixtures("qwen3next", layers=8, period=4)
+    out = tmp_path / "bundles"
+    r = run_cli("fuzz", "sweep", str(path), "--cuts", "3", "--target", "mutant:batched-rows-swapped",
+                "--bundle", str(out))
+    assert r.returncode == 1 and "bundle:" in r.stdout, r.stdout + r.stderr
+    (bundle,) = list(out.iterdir())
+    data = json.loads((bundle / "bundle.json").read_text())
+    fp = data["fingerprint"]
+    assert fp["oracle"] == "sweep" and fp["phase"] == "batched" and fp["cut_kinds"] == ["A"]
+    # smaller in every direction the shrinker tries, and still the same bug
+    assert data["spec"]["pattern"] != "RRRARRRA" and len(data["spec"]["pattern"]) < 8
+    assert data["config"]["phases"] == ["batched"] and data["config"]["tokens"] == 1
+    assert data["original"]["cuts"] == [3]
+    replay = run_cli("fuzz", "replay", str(bundle))
+    assert replay.returncode == 1 and "REPRODUCED" in replay.stdout
+    fixed = run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp")
+    assert fixed.returncode == 0 and "not reproduced" in fixed.stdout
+
+
+def test_handoff_finding_bundle(fixtures, tmp_path):
+    path = fixtures("jamba", layers=8, period=4)  # RRARRRAR: cut 2 starts a stage on attention
+    out = tmp_path / "b"
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "2", "--prompt-len", "6", "--modes", "full",
+                "--target", "mutant:b1-first-layer-probe", "--bundle", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (bundle,) = list(out.iterdir())
+    data = json.loads((bundle / "bundle.json").read_text())
+    assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
+    assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
+    assert run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp").returncode == 0
+
+
+def test_broken_bundles_are_one_line_errors(tmp_path):
+    r = run_cli("fuzz", "replay", str(tmp_path))
+    assert r.returncode == 2 and "no bundle.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "bundle.json").write_text('{"schema": 1, "oracle": "sweep", "fixture": "fixture.gguf"}')
+    r = run_cli("fuzz", "replay", str(tmp_path))
+    assert r.returncode == 2 and "sha256" in r.stderr
