@@ -24,14 +24,25 @@ Opt = typer.Option
 
 DEFAULT_PROMPT = "1,7,3,12,5,9,2,30,4,11,6,21,8,17,10,25"
 
+# options every oracle command takes
+FixtureArg = Annotated[str, typer.Argument(help="a .gguf file or a family name")]
+TargetOpt = Annotated[str, Opt(help=TARGETS_HELP)]
+ReportOpt = Annotated[Path | None, Opt(help="write the JSON report here")]
+KeepOpt = Annotated[Path | None, Opt(help="keep stage files in this directory")]
+TimeoutOpt = Annotated[float, Opt(help="per-call timeout, seconds")]
+SeedOpt = Annotated[int, Opt(help="prompt seed")]
+StagesOpt = Annotated[int, Opt(help="stages per chain (with --cuts all|period)")]
+PeriodOpt = Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")]
+BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")]
+
 
 @app.command("run")
 def run_cmd(
-    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    fixture: FixtureArg,
     tokens: Annotated[int, Opt(help="greedy tokens to decode")] = 32,
     prompt: Annotated[str, Opt(help="prompt token ids")] = DEFAULT_PROMPT,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 64,
-    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    target: TargetOpt = "llama-cpp",
 ) -> int:
     """Load FIXTURE in the target and greedy-decode; print what llama.cpp reports."""
     path = fixture_path(fixture)
@@ -62,21 +73,21 @@ def run_cmd(
 
 @app.command("sweep")
 def sweep_cmd(
-    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    fixture: FixtureArg,
     cuts: Annotated[str, Opt(help="all | period | cut sets like '3;5;2,6'")] = "all",
-    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    stages: StagesOpt = 2,
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 32,
-    period: Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")] = None,
+    period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 7,
     seqs: Annotated[int, Opt(help="sequences in the batched-decode phase")] = 3,
     phases: Annotated[str, Opt(help="comma list of prefill,decode,batched")] = ",".join(PHASES),
-    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
-    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
-    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
-    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
-    seed: Annotated[int, Opt(help="prompt seed")] = 0,
-    bundle: Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")] = None,
+    target: TargetOpt = "llama-cpp",
+    report: ReportOpt = None,
+    keep: KeepOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
 ) -> int:
     """Full model vs K-stage chain at every cut: token-exact and bit-exact, localized on divergence."""
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
@@ -134,20 +145,20 @@ def int_list(text: str, flag: str) -> tuple[int, ...]:
 
 @app.command("handoff")
 def handoff_cmd(
-    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    fixture: FixtureArg,
     cuts: Annotated[str, Opt(help="period | all | none (the unsplit model) | cut sets like '3;5;2,6'")] = "period",
-    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    stages: StagesOpt = 2,
     tokens: Annotated[int, Opt(help="greedy decode steps after the prompt")] = 4,
-    period: Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")] = None,
+    period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens (every offset in it is a hand-off point)")] = 12,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
     modes: Annotated[str, Opt(help="full,partial")] = "full,partial",
-    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
-    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
-    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
-    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
-    seed: Annotated[int, Opt(help="prompt seed")] = 0,
-    bundle: Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")] = None,
+    target: TargetOpt = "llama-cpp",
+    report: ReportOpt = None,
+    keep: KeepOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
 ) -> int:
     """Export each stage's state at every prompt offset, import it into a fresh context and another sequence
     (and roll back partial state); continuations must equal the uninterrupted run, and state bytes must hold
@@ -172,21 +183,21 @@ def handoff_cmd(
 
 @app.command("determinism")
 def determinism_cmd(
-    fixture: Annotated[str, typer.Argument(help="a .gguf file or a family name")],
+    fixture: FixtureArg,
     cuts: Annotated[str, Opt(help="none (full model only) | period | all | cut sets like '3;5'")] = "none",
-    stages: Annotated[int, Opt(help="stages per chain (with --cuts all|period)")] = 2,
+    stages: StagesOpt = 2,
     threads: Annotated[str, Opt(help="n_threads values")] = "1,2",
     ubatch: Annotated[str, Opt(help="n_ubatch values (<= 64)")] = "1,7,64",
     chunks: Annotated[str, Opt(help="prefill chunk sizes")] = "64,7",
     flash_attn: Annotated[str, Opt(help="off,on")] = "off,on",
     repeats: Annotated[int, Opt(help="runs per schedule")] = 3,
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 16,
-    period: Annotated[int | None, Opt(help="interleave period for --cuts period")] = None,
-    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
-    report: Annotated[Path | None, Opt(help="write the JSON report here")] = None,
-    keep: Annotated[Path | None, Opt(help="keep stage files in this directory")] = None,
-    timeout: Annotated[float, Opt(help="per-call timeout, seconds")] = 120.0,
-    seed: Annotated[int, Opt(help="prompt seed")] = 0,
+    period: PeriodOpt = None,
+    target: TargetOpt = "llama-cpp",
+    report: ReportOpt = None,
+    keep: KeepOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
 ) -> int:
     """Repeated runs x threads x ubatch x chunking x flash attention: same-schedule and threads-only pairs must be
     bit-exact; other schedule pairs are reported under the explicit upstream policy."""
