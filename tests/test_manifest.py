@@ -121,3 +121,23 @@ def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
     row.expect["llama-cpp"] = "rejects: unsupported family"  # what skippy must do: llama.cpp does not
     res = lane_reject(row, path, llama, "llama-cpp")
     assert res.status == "fail" and "expected a clean 'unsupported family' error" in res.detail
+
+
+ROWS = list(load_manifest(ROOT / "family_tiers.toml").rows.values())
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("row", [r for r in ROWS if r.runnable], ids=[r.key for r in ROWS if r.runnable])
+def test_every_rows_fixture_loads_and_decodes(llama, tmp_path, row):
+    from synth.make import write_fixture
+
+    path = tmp_path / f"{row.key}.gguf"
+    assert write_fixture(row.spec(), path) <= 1 << 20
+    loaded = llama.load(str(path))
+    assert loaded.ok, loaded.failure
+    assert loaded.data["arch"] == row.arch
+    out = llama.generate([1, 7, 3, 12, 5, 9, 2, 30], 32, chunk=5)
+    assert out.ok, out.failure
+    import numpy as np
+
+    assert np.isfinite(out.data["logits"]).all() and len(set(out.data["tokens"])) >= 2
