@@ -127,28 +127,28 @@ def plan_stage(g: GGUFFile, info: ModelInfo, a: int, b: int) -> StageInfo:
     n = info.n_layer
     layers = list(range(a, b))
     st = StageInfo(source=str(g.path), first=a, last=b, n_layer_source=n, layers=layers)
+
+    def append_pad(donors: list[int], why: str) -> None:
+        donor = _pick_donor(g, donors, layers)
+        st.layers.append(donor)
+        st.pads.append(len(st.layers) - 1)
+        st.notes.append(f"stage {a}:{b} has {why}: appended a pass-through copy of layer {donor} "
+                        "(output projections zeroed)")
+
     if g.arch in HYBRID_ARCHS and g.arch not in PARALLEL_ARCHS:
         kinds = [info.layers[i].kind for i in layers]
         for want, why in (("attention", "no attention layer (zero-size KV cache)"),
                           ("recurrent", "no recurrent layer (zero-size state cache)")):
-            if want in kinds:
-                continue
             donors = [i for i in range(n) if info.layers[i].kind == want]
-            if not donors:
-                raise Unsupported(f"stage {a}:{b} has {why} and the model has no {want} layer to pad with")
-            donor = _pick_donor(g, donors, layers)
-            st.layers.append(donor)
-            st.pads.append(len(st.layers) - 1)
-            st.notes.append(f"stage {a}:{b} has {why}: appended a pass-through copy of layer {donor} "
-                            "(output projections zeroed)")
+            if want not in kinds:
+                if not donors:
+                    raise Unsupported(f"stage {a}:{b} has {why} and the model has no {want} layer to pad with")
+                append_pad(donors, why)
     fam = family_for_arch(g.arch)
     is_swa = source_swa_layers(g, n) if int(g.get("attention.sliding_window", 0) or 0) > 0 else None
     if is_swa is not None and not any(is_swa[i] for i in layers):
         # llama.cpp sets up an iSWA cache whenever a window is set and asserts it has an SWA layer
-        donor = _pick_donor(g, [i for i in range(n) if is_swa[i]], layers)
-        st.layers.append(donor)
-        st.pads.append(len(st.layers) - 1)
-        st.notes.append(f"stage {a}:{b} has no sliding-window layer: appended a pass-through copy of layer {donor}")
+        append_pad([i for i in range(n) if is_swa[i]], "no sliding-window layer")
     if fam is not None and fam.layer_phase and a % fam.layer_phase:
         k = a % fam.layer_phase  # the k layers before a have the phases the stage's first k slots need
         st.layers[:0] = list(range(a - k, a))
