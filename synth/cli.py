@@ -176,8 +176,8 @@ def _report_stage(path: Path, st: StageInfo, as_json: bool) -> None:
                          indent=2))
         return
     pads = f"pads at stage layers {st.pads} (pass-through)" if st.pads else "no pads"
-    print(f"wrote {path}: source layers {st.first}:{st.last} of {st.source} ({st.n_layer_source} layers) as stage "
-          f"layers {st.layers}, {pads}, {size} bytes, sha256 {digest[:16]}")
+    print(f"wrote {path}: source layers {st.first}:{st.last} of {st.source} ({st.n_layer_source} layers); its layers "
+          f"hold source layers {st.layers}, {pads}, {size} bytes, sha256 {digest[:16]}")
 
 
 def main(argv: list[str] | None = None) -> None:

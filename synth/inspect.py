@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from synth.gguf_io import GGUFFile
+from synth.spec import STAGE_KEYS
 
 # Mirrors of the pinned llama.cpp's arch lists (src/llama-arch.cpp). Re-check when the pin moves.
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -67,6 +68,7 @@ class ModelInfo:
     n_tensors: int
     layers: list[LayerInfo]
     spec: str | None  # the synth spec JSON if this is one of our fixtures
+    stage: dict[str, Any] | None = None  # for a stage file: source layers, range, pass-through pads
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,11 +157,15 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
         if x.indexer:
             x.indexer_row_bytes = idx_dim * KV_CACHE_BYTES
     spec = g.kv.get("family_certify.spec")
+    stage = None
+    if f"{STAGE_KEYS}.source_layers" in g.kv:
+        stage = {k: g.kv.get(f"{STAGE_KEYS}.{k}") for k in ("range", "source_layers", "n_layer_source")}
+        stage["pad_layers"] = g.kv.get(f"{STAGE_KEYS}.pad_layers", [])
     return ModelInfo(
         path=str(g.path), arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
         is_recurrent=arch in RECURRENT_ARCHS, is_hybrid=arch in HYBRID_ARCHS,
         file_bytes=g.path.stat().st_size, n_tensors=len(g.tensors), layers=layers,
-        spec=spec if isinstance(spec, str) else None,
+        spec=spec if isinstance(spec, str) else None, stage=stage,
     )
 
 
@@ -212,6 +218,9 @@ def _mixer(kind: str, names: list[str], mla: bool) -> str:
 def format_table(info: ModelInfo) -> str:
     lines = [f"{info.path}: arch {info.arch}, {info.n_layer} layers, n_embd {info.n_embd}, vocab {info.n_vocab}, "
              f"{info.file_bytes} bytes, recurrent={info.is_recurrent} hybrid={info.is_hybrid}",
+             *([f"stage: source layers {info.stage['range'][0]}:{info.stage['range'][1]} of "
+                f"{info.stage['n_layer_source']}; its layers hold source layers {info.stage['source_layers']}; "
+                f"pass-through pads at stage layers {info.stage['pad_layers'] or 'none'}"] if info.stage else []),
              f"{'layer':>5}  {'kind':<9} {'mixer':<14} {'heads':>5} {'kv':>3} {'k_dim':>5} {'v_dim':>5} "
              f"{'k_row_B':>7} {'v_row_B':>7}  {'ffn':<5} indexer(row_B)"]
     for x in info.layers:

@@ -14,6 +14,7 @@ REC = "R"  # recurrent only (SSM, linear attention, short conv, RWKV)
 BOTH = "B"  # attention and recurrent in parallel (falcon-h1)
 
 SPEC_KEY = "family_certify.spec"  # GGUF metadata key holding the ModelSpec JSON (provenance only)
+STAGE_KEYS = "family_certify.stage"  # prefix of the provenance keys a stage file carries (synth/stage.py)
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from synth.errors import UserError
 from synth.gguf_io import KV, VT, GGUFFile, read_all, write_gguf
 from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, ModelInfo, inspect_gguf, source_swa_layers
-from synth.spec import SPEC_KEY
+from synth.spec import SPEC_KEY, STAGE_KEYS
 
 # Keys llama.cpp reads per layer (get_key_or_arr / get_arr of length n_layer); suffixes after "{arch}.".
 PER_LAYER_KEYS = frozenset({
@@ -51,7 +50,6 @@ PER_LAYER_KEYS = frozenset({
 OUTPUT_PROJECTIONS = ("attn_output.", "ffn_down.", "ffn_down_exps.", "ffn_down_shexp.", "ssm_out.",
                       "shortconv.out_proj.", "time_mix_output.", "channel_mix_value.", "attn_output_b.")
 
-STAGE_KEYS = "family_certify.stage"  # prefix of the provenance keys a stage carries
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -308,16 +306,6 @@ def _stage_tensors(globals_: Tensors, layer_tensors: LayerTensors, st: StageInfo
                 arr = np.zeros_like(arr)
             out.append((f"blk.{j}.{rest}", arr))
     return out
-
-
-def read_stage_info(path: str | os.PathLike) -> dict[str, Any] | None:
-    g = GGUFFile(path)
-    src = g.kv.get(f"{STAGE_KEYS}.source_layers")
-    if src is None:
-        return None
-    return {"source_layers": src, "range": g.kv.get(f"{STAGE_KEYS}.range"),
-            "pad_layers": g.kv.get(f"{STAGE_KEYS}.pad_layers", []),
-            "n_layer_source": g.kv.get(f"{STAGE_KEYS}.n_layer_source")}
 
 
 def stage_path(workdir: Path, source: Path, a: int, b: int) -> Path:
