@@ -12,7 +12,7 @@ import gguf
 
 from synth.errors import UserError
 from synth.families import blocks
-from synth.families.base import KA, Builder, Family, K, T
+from synth.families.base import BASE_KNOBS, KA, Builder, Family, K, T
 from synth.spec import ModelSpec
 
 KI = gguf.Keys.Attention.Indexer
@@ -23,6 +23,35 @@ INDEXER_HEADS = 2  # DeepSeek-V3.2 / GLM-5 use 64
 INDEXER_KEY_LENGTH = 64  # must be a power of two >= 64 (Hadamard rotation size; notes §5)
 MLA_KNOBS = frozenset({"head_dim", "experts", "experts_used", "shared_experts", "leading_dense",
                        "q_lora_rank", "kv_lora_rank"})
+
+
+class MlaFamily(Family):
+    """Defaults shared by the MLA families (deepseek2, deepseek32, glm-dsa); not a family itself (no name)."""
+
+    kind = "dense"
+    knobs = BASE_KNOBS | MLA_KNOBS
+    n_head_kv = 1  # MLA with absorption caches one latent head
+    head_dim = 16
+    n_expert = 4
+    n_expert_used = 2
+    n_expert_shared = 1
+    n_leading_dense = 1
+    q_lora_rank = 16
+    kv_lora_rank = 16
+
+    def derive(self, spec: ModelSpec) -> dict[str, int]:
+        return mla_derive(spec)
+
+
+class MlaIndexerFamily(MlaFamily):
+    """MLA plus the DSA lightning indexer (deepseek32, glm-dsa)."""
+
+    knobs = MlaFamily.knobs | {"indexer", "indexer_top_k"}
+    indexer = True
+    indexer_top_k = 4
+
+    def derive(self, spec: ModelSpec) -> dict[str, int]:
+        return mla_derive(spec) | {"indexer_heads": INDEXER_HEADS, "indexer_dk": INDEXER_KEY_LENGTH}
 
 
 def mla_derive(spec: ModelSpec) -> dict[str, int]:

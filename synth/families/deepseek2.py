@@ -7,27 +7,14 @@ import gguf
 from synth.errors import UserError
 from synth.families import _tier1 as t1
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, Family, K, T
+from synth.families.base import K, T
 from synth.spec import ModelSpec
 
 
-class DeepSeek2(Family):
+class DeepSeek2(t1.MlaFamily):
     name = "deepseek2"
     arch = gguf.MODEL_ARCH.DEEPSEEK2
-    kind = "dense"
     summary = "DeepSeek-V2/V3 / GLM-4.7-Flash: MLA, --q-lora-rank 0 = plain attn_q, MoE after leading dense"
-    knobs = BASE_KNOBS | t1.MLA_KNOBS
-    n_head_kv = 1
-    head_dim = 16
-    n_expert = 4
-    n_expert_used = 2
-    n_expert_shared = 1
-    n_leading_dense = 1
-    q_lora_rank = 16
-    kv_lora_rank = 16
-
-    def derive(self, spec: ModelSpec) -> dict[str, int]:
-        return t1.mla_derive(spec)
 
     def check(self, spec: ModelSpec) -> None:
         t1.check_mla(self, spec, q_lora_required=False)

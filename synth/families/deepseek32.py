@@ -8,29 +8,14 @@ import gguf
 from synth.errors import UserError
 from synth.families import _tier1 as t1
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, Family, K, T
+from synth.families.base import K, T
 from synth.spec import ModelSpec
 
 
-class DeepSeek32(Family):
+class DeepSeek32(t1.MlaIndexerFamily):
     name = "deepseek32"
     arch = gguf.MODEL_ARCH.DEEPSEEK32
-    kind = "dense"
     summary = "DeepSeek-V3.2: MLA + DSA indexer on every layer (top-k sparse attention), MoE after leading dense"
-    knobs = BASE_KNOBS | t1.MLA_KNOBS | {"indexer", "indexer_top_k"}
-    n_head_kv = 1
-    head_dim = 16
-    n_expert = 4
-    n_expert_used = 2
-    n_expert_shared = 1
-    n_leading_dense = 1
-    q_lora_rank = 16
-    kv_lora_rank = 16
-    indexer = True
-    indexer_top_k = 4
-
-    def derive(self, spec: ModelSpec) -> dict[str, int]:
-        return t1.mla_derive(spec) | {"indexer_heads": t1.INDEXER_HEADS, "indexer_dk": t1.INDEXER_KEY_LENGTH}
 
     def check(self, spec: ModelSpec) -> None:
         if not spec.indexer:

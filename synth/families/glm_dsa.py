@@ -11,7 +11,7 @@ import gguf
 
 from synth.families import _tier1 as t1
 from synth.families import blocks
-from synth.families.base import BASE_KNOBS, Family, T
+from synth.families.base import T
 from synth.spec import ModelSpec
 
 
@@ -20,25 +20,10 @@ def full_layers(n_layer: int, indexer: bool) -> list[bool]:
     return [i == 0 or (indexer and (i < 2 or (i - 2) % 4 == 0)) for i in range(n_layer)]
 
 
-class GlmDsa(Family):
+class GlmDsa(t1.MlaIndexerFamily):
     name = "glm-dsa"
     arch = gguf.MODEL_ARCH.GLM_DSA
-    kind = "dense"
     summary = "GLM-5.x: MLA + DSA indexer on 'full' layers (GLM-5.2 layout), shared layers reuse top-k; MoE"
-    knobs = BASE_KNOBS | t1.MLA_KNOBS | {"indexer", "indexer_top_k"}
-    n_head_kv = 1
-    head_dim = 16
-    n_expert = 4
-    n_expert_used = 2
-    n_expert_shared = 1
-    n_leading_dense = 1
-    q_lora_rank = 16
-    kv_lora_rank = 16
-    indexer = True
-    indexer_top_k = 4
-
-    def derive(self, spec: ModelSpec) -> dict[str, int]:
-        return t1.mla_derive(spec) | {"indexer_heads": t1.INDEXER_HEADS, "indexer_dk": t1.INDEXER_KEY_LENGTH}
 
     def check(self, spec: ModelSpec) -> None:
         t1.check_mla(self, spec, q_lora_required=True)
