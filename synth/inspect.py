@@ -27,6 +27,10 @@ INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "min
 DEFAULT_INTERVAL = 4
 
 KV_CACHE_BYTES = 2  # llama.cpp's default cache type is f16
+# Layers from n_layer_kv_from_start on read an earlier layer's KV instead of owning one (llama_hparams::has_kv):
+# gemma4 reads attention.shared_kv_layers (gemma4.cpp:9-11); gemma3n hard-codes 20 (gemma3n.cpp:7).
+KV_FROM_START_FIXED = {"gemma3n": 20}
+KV_SHARING_KEY_ARCHS = frozenset({"gemma4", "gemma4-assistant"})
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _REC_MARKERS = ("ssm_", "time_mix_", "shortconv.")
@@ -49,6 +53,7 @@ class LayerInfo:
     v_row_bytes_padded: int  # with flash attention off the transposed V cache pads every layer to the widest
     indexer_row_bytes: int  # DSA indexer key cache row (k_idx), on layers that own an indexer
     swa: bool  # attends through a sliding window (its KV lives in llama.cpp's separate SWA cache)
+    owns_kv: bool  # False: reads an earlier layer's KV cache (gemma3n/gemma4 KV sharing); its rows are 0
     ffn: str  # dense | moe | none
     n_expert: int
     indexer: bool
@@ -129,6 +134,11 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
     n_expert = int(g.get("expert_count", 0) or 0)
     idx_dim = int(g.get("attention.indexer.key_length", 0) or 0)
     swa = source_swa_layers(g, n_layer) if int(g.get("attention.sliding_window", 0) or 0) > 0 else None
+    dk_swa = int(g.get("attention.key_length_swa", dk) or dk)  # n_embd_head_k(il): SWA layers' own head dims
+    dv_swa = int(g.get("attention.value_length_swa", dv) or dv)
+    kv_from = KV_FROM_START_FIXED.get(arch, n_layer)
+    if arch in KV_SHARING_KEY_ARCHS:
+        kv_from = n_layer - int(g.get("attention.shared_kv_layers", 0) or 0)
 
     layers = []
     for i in range(n_layer):
@@ -138,15 +148,18 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
         kv = n_head_kv[i] if has_attn else 0
         if has_attn and kv == 0:  # e.g. falcon-h1 writes a scalar; MLA caches one latent head
             kv = 1 if mla else n_head[i]
-        kw, vw = (dk * kv, 0 if mla else dv * kv) if has_attn else (0, 0)
+        is_swa = bool(swa and swa[i] and has_attn)
+        dki, dvi = (dk_swa, dv_swa) if is_swa else (dk, dv)
+        owns = has_attn and i < kv_from
+        kw, vw = (dki * kv, 0 if mla else dvi * kv) if owns else (0, 0)
         moe = any(n.startswith(("ffn_gate_inp.", "ffn_up_exps.", "ffn_gate_up_exps.", "ffn_down_exps."))
                   for n in names)
         dense = any(n.startswith(("ffn_up.", "ffn_down.", "channel_mix_key.")) for n in names)
         layers.append(LayerInfo(
             index=i, kind=kind, mixer=_mixer(kind, names, mla), n_head=n_head[i], n_head_kv=kv,
-            head_dim_k=dk if has_attn else 0, head_dim_v=dv if has_attn else 0,
+            head_dim_k=dki if has_attn else 0, head_dim_v=dvi if has_attn else 0,
             k_width=kw, v_width=vw, k_row_bytes=kw * KV_CACHE_BYTES, v_row_bytes=vw * KV_CACHE_BYTES,
-            v_row_bytes_padded=0, indexer_row_bytes=0, swa=bool(swa and swa[i] and has_attn),
+            v_row_bytes_padded=0, indexer_row_bytes=0, swa=is_swa, owns_kv=owns,
             ffn="moe" if moe else "dense" if dense else "none", n_expert=n_expert if moe else 0,
             indexer=any(n.startswith("indexer.") for n in names), n_tensors=len(names),
         ))

@@ -26,7 +26,7 @@ def test_inspect_agrees_with_spec(tmp_path, spec):
             assert (x.n_head_kv, x.k_row_bytes, x.v_row_bytes) == (0, 0, 0)
         else:
             assert x.n_head_kv == kv
-            assert x.k_row_bytes == x.head_dim_k * kv * 2  # f16 cache rows
+            assert x.k_row_bytes == (x.head_dim_k * kv * 2 if x.owns_kv else 0)  # f16 cache rows
 
 
 def test_inspect_reports_uneven_kv_widths(fixtures):
@@ -63,3 +63,23 @@ def test_recurrent_hybrid_flags_match_llama_cpp_on_upstream_fixtures(llama, tmp_
         if info.is_recurrent:
             assert all(x.kind == "recurrent" for x in info.layers), name
     assert seen["recurrent"] >= 2 and seen["hybrid"] >= 15, seen  # upstream skips RWKV
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("family,knobs", [("gemma4", {}), ("gemma4", {"kv_heads": (2, 2, 2, 2)}), ("laguna", {}),
+                                          ("jamba", {"kv_heads": (2, 0, 1, 0, 4, 0)}), ("qwen3next", {})])
+def test_kv_row_bytes_equal_llama_cpp_state_growth(llama, fixtures, family, knobs):
+    """K+V row bytes summed over the layers inspect says own KV = what llama.cpp's sequence state grows by per
+    position, less its per-cell metadata (12 bytes per KV cache: 2 with an SWA cache beside the full one).
+    Positions stay inside every sliding window, where an SWA cache still keeps them all."""
+    path = fixtures(family, **knobs)
+    info = inspect_file(str(path))
+    rows = sum(x.k_row_bytes + x.v_row_bytes for x in info.layers)
+    caches = (any(x.swa and x.owns_kv for x in info.layers)) + any(not x.swa and x.owns_kv and x.k_row_bytes
+                                                                   for x in info.layers)
+    sizes = []
+    for n in (1, 3):
+        assert llama.load(str(path)).ok
+        assert llama.decode(list(range(1, n + 1))).ok
+        sizes.append(len(llama.state_get(0).data["blob"]))
+    assert (sizes[1] - sizes[0]) / 2 == rows + 12 * caches, (rows, caches, sizes)
