@@ -10,9 +10,9 @@ import gguf
 from synth.errors import UserError
 from synth.families import blocks
 from synth.families._tier2b import attn_keys
-from synth.families.base import BASE_KNOBS, KA, PATTERN_KNOBS, Family, K, T
-from synth.families.qwen3next import interval_of
-from synth.spec import REC, ModelSpec
+from synth.families.base import BASE_KNOBS, PATTERN_KNOBS, Family, T
+from synth.families.qwen3next import gated_deltanet_keys
+from synth.spec import ModelSpec
 from synth.weights import Init
 
 KS = gguf.Keys.SSM
@@ -46,16 +46,7 @@ class Qwen35(Family):
         attn_keys(b, spec, kv=max(spec.n_head_kv), rope=x["n_rot"])
         half = x["n_rot"] // 2  # IMROPE sections cover n_rot/2 pairs: [t, h, w, 0]
         b.i32s(KR.DIMENSION_SECTIONS, [half - 2 * (half // 3), half // 3, half // 3, 0])
-        b.u32(KS.CONV_KERNEL, x["d_conv"])
-        b.u32(KS.INNER_SIZE, x["d_inner"])
-        b.u32(KS.STATE_SIZE, x["d_state"])
-        b.u32(KS.TIME_STEP_RANK, x["n_v_heads"])
-        b.u32(KS.GROUP_COUNT, x["n_k_heads"])
-        interval = interval_of(spec.pattern)
-        if interval is not None:
-            b.u32(K.FULL_ATTENTION_INTERVAL, interval)
-        else:
-            b.bools(KA.RECURRENT_LAYERS, [c == REC for c in spec.pattern])
+        gated_deltanet_keys(b, spec)
         blocks.embeddings(b, spec)
         hv, key_dim, value_dim = x["n_v_heads"], x["d_state"] * x["n_k_heads"], x["d_inner"]
         for i in range(spec.n_layer):

@@ -22,6 +22,22 @@ def interval_of(pattern: str) -> int | None:
     return None
 
 
+def gated_deltanet_keys(b, spec: ModelSpec) -> None:
+    """The delta-net dims and which layers are attention: the interval rule when the pattern has its shape, else
+    the per-layer recurrent_layers array (qwen3next, qwen35)."""
+    x = spec.extra
+    b.u32(KS.CONV_KERNEL, x["d_conv"])
+    b.u32(KS.INNER_SIZE, x["d_inner"])
+    b.u32(KS.STATE_SIZE, x["d_state"])
+    b.u32(KS.TIME_STEP_RANK, x["n_v_heads"])
+    b.u32(KS.GROUP_COUNT, x["n_k_heads"])
+    interval = interval_of(spec.pattern)
+    if interval is not None:
+        b.u32(K.FULL_ATTENTION_INTERVAL, interval)
+    else:
+        b.bools(KA.RECURRENT_LAYERS, [c == REC for c in spec.pattern])
+
+
 class Qwen3Next(Family):
     name = "qwen3next"
     arch = gguf.MODEL_ARCH.QWEN3NEXT
@@ -49,16 +65,7 @@ class Qwen3Next(Family):
     def build(self, spec: ModelSpec, b) -> None:
         E, D, x = spec.n_embd, spec.head_dim, spec.extra
         b.f32(KA.LAYERNORM_RMS_EPS, 1e-6)
-        b.u32(KS.CONV_KERNEL, x["d_conv"])
-        b.u32(KS.INNER_SIZE, x["d_inner"])
-        b.u32(KS.STATE_SIZE, x["d_state"])
-        b.u32(KS.TIME_STEP_RANK, x["n_v_heads"])
-        b.u32(KS.GROUP_COUNT, x["n_k_heads"])
-        interval = interval_of(spec.pattern)
-        if interval is not None:
-            b.u32(K.FULL_ATTENTION_INTERVAL, interval)
-        else:
-            b.bools(KA.RECURRENT_LAYERS, [c == REC for c in spec.pattern])
+        gated_deltanet_keys(b, spec)
         b.u32(KA.HEAD_COUNT, spec.n_head)
         b.u32(KA.HEAD_COUNT_KV, max(spec.n_head_kv))
         b.u32(KA.KEY_LENGTH, D)
