@@ -51,5 +51,7 @@ say "installing into $venv"
 "${pip[@]}" install "$wheel" "$gguf_wheel"
 # compat mode: a path entry to the checkout, so new modules and packages need no reinstall
 "${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=compat
+# the worker's native helpers (targets/native.c); workers also build them on first use if missing
+"$venv/bin/python" -m targets.native >&2
 echo "$want" > "$stamp"
 say "ready"

@@ -8,17 +8,32 @@
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import sys
+from typing import TYPE_CHECKING, Any
 
-from synth.errors import UserError
-from targets.client import DEFAULT_TIMEOUT, Failure, Reply, WorkerClient
-from targets.target import Target, close_all
+if TYPE_CHECKING:
+    from targets.client import Failure, Reply, WorkerClient
+    from targets.target import Target, close_all
+
+# Imported on first use: `python -m targets.llama_cpp_worker` runs this file too, and a worker starts in
+# half the time without numpy and the engine-side modules.
+_LAZY = {"DEFAULT_TIMEOUT": "targets.client", "Failure": "targets.client", "Reply": "targets.client",
+         "WorkerClient": "targets.client", "Target": "targets.target", "close_all": "targets.target"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'targets' has no attribute {name!r}")
 
 TARGETS_HELP = 'llama-cpp, cmd:"<command line>" (a program speaking targets/PROTOCOL.md), or mutant:NAME'
 
 
 def worker_argv(spec: str) -> list[str]:
+    from synth.errors import UserError
+
     if spec == "llama-cpp":
         return [sys.executable, "-m", "targets.llama_cpp_worker"]
     if spec.startswith("mutant:"):
@@ -36,9 +51,17 @@ def worker_argv(spec: str) -> list[str]:
     raise UserError(f"unknown --target {spec!r}; use {TARGETS_HELP}")
 
 
-def open_target(spec: str = "llama-cpp", *, timeout: float = DEFAULT_TIMEOUT,
+# Our Python workers use numpy for a few small arrays: one BLAS thread (numpy starts one per core otherwise).
+PY_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
                 env: dict[str, str] | None = None) -> Target:
-    return Target(spec, worker_argv(spec), timeout=timeout, env=env)
+    from targets.client import DEFAULT_TIMEOUT
+    from targets.target import Target
+
+    base = {} if spec.startswith("cmd:") else PY_WORKER_ENV
+    return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})})
 
 
 __all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",

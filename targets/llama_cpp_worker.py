@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
+import types
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from targets import native
 
 PROTOCOL_VERSION = 1
 GGML_LOG_LEVEL_DEBUG = 1
@@ -38,42 +41,62 @@ class RequestError(Exception):
         self.kind = kind
 
 
-def f32_b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
-def b64_f32(s: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(s), dtype="<f4")
+def llama_bindings() -> Any:
+    """llama-cpp-python's ctypes bindings (llama_cpp.llama_cpp) with its version as __version__.
+
+    `import llama_cpp` also imports the high-level API (jinja2, chat formats): 0.15 s more per worker start,
+    for nothing the worker uses. Unless the package is already imported, the bindings are loaded without
+    running the package's __init__."""
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("llama_cpp is not installed (run scripts/bootstrap.sh)")
+        pkg = types.ModuleType("llama_cpp")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__spec__ = spec
+        init = Path(spec.origin or "").read_text(errors="replace") if spec.origin else ""
+        m = re.search(r'^__version__\s*=\s*["\']([^"\']+)', init, re.M)
+        pkg.__version__ = m.group(1) if m else "unknown"
+        sys.modules["llama_cpp"] = pkg
+    import llama_cpp.llama_cpp as bindings
+
+    bindings.__version__ = sys.modules["llama_cpp"].__version__
+    return bindings
+
+
+def ggml_base(L: Any) -> ctypes.CDLL:
+    """libggml-base beside the bindings' libllama, with the few functions the capture callback uses."""
+    ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
+    ggml.ggml_get_name.restype = ctypes.c_char_p
+    ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_nbytes.restype = ctypes.c_size_t
+    ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_tensor_get.restype = None
+    ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    return ggml
 
 
 class LlamaWorker:
     def __init__(self) -> None:
-        import llama_cpp as L  # imported here so `--help`-style failures stay cheap
-
-        self.L = L
+        L = self.L = llama_bindings()
         self.log: deque[str] = deque(maxlen=200)
         self.echo_log = bool(os.environ.get("FAMILY_CERTIFY_WORKER_LOG"))
         self._log_cb = L.llama_log_callback(self._on_log)
         L.llama_log_set(self._log_cb, None)
         L.llama_backend_init()
-        ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
-        ggml.ggml_get_name.restype = ctypes.c_char_p
-        ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-        ggml.ggml_nbytes.restype = ctypes.c_size_t
-        ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_tensor_get.restype = None
-        ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                                 ctypes.c_size_t]
+        ggml = ggml_base(L)
         self.ggml = ggml
-        self._eval_cb = L.ggml_backend_sched_eval_callback(self._on_eval)
+        self.native = native.load(ggml, L.ggml_backend_sched_eval_callback)  # capture callback, argmax
         self.model = None
         self.ctx = None
         self.params: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
         self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
-        self.callback_seconds = 0.0  # part of it spent in our own eval callback (subtracted)
-        self.want: set[bytes] = set()  # tensor names to capture during the current decode
-        self.captured: dict[bytes, list[np.ndarray]] = {}
+        self.callback_seconds = 0.0  # part of it spent in a Python eval callback (subtracted)
 
     # ---- callbacks -------------------------------------------------------------------------------
     def _on_log(self, level: int, text: bytes, _ud: Any) -> None:
@@ -85,33 +108,11 @@ class LlamaWorker:
         if line:
             self.log.append(line)
 
-    def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
-        t0 = time.perf_counter()
-        try:
-            return self._eval(t, ask)
-        finally:
-            self.callback_seconds += time.perf_counter() - t0
-
-    def _eval(self, t: int, ask: bool) -> bool:
-        name = self.ggml.ggml_get_name(t)
-        if name not in self.want:
-            return False
-        if ask:
-            return True
-        # ggml_tensor starts with {enum type; buffer*; int64 ne[4]; ...}; l_out-N is F32 [n_embd, n_tokens]
-        head = ctypes.cast(t, ctypes.POINTER(_TensorHead)).contents
-        n = self.ggml.ggml_nbytes(t)
-        buf = np.empty(n // 4, dtype=np.float32)
-        self.ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n)
-        if head.type == 0:  # GGML_TYPE_F32
-            self.captured.setdefault(name, []).append(buf.reshape(int(head.ne[1]), int(head.ne[0])))
-        return True
-
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
         return {"protocol": PROTOCOL_VERSION, "target": "llama-cpp",
                 "llama_cpp_python": self.L.__version__, "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT,
-                "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON,
+                "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON, "helpers": self.native.kind,
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
@@ -140,7 +141,7 @@ class LlamaWorker:
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
         if params["capture"]:  # the per-node callback costs time in every decode: only when asked for
-            cp.cb_eval = self._eval_cb
+            cp.cb_eval = self.native.callback
             cp.cb_eval_user_data = None
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
@@ -175,12 +176,12 @@ class LlamaWorker:
             if any(not 0 <= t < info["n_vocab"] for t in tokens):
                 raise RequestError("bad_request", f"decode: token id out of range 0..{info['n_vocab'] - 1}")
         elif "embd" in req:
-            embd = b64_f32(req["embd"])
+            embd = base64.b64decode(req["embd"])
             width = info["n_embd_inp"]
-            if embd.size == 0 or embd.size % width:
-                raise RequestError("bad_request", f"decode: embd has {embd.size} floats, not a multiple of "
+            if not embd or len(embd) % (4 * width):
+                raise RequestError("bad_request", f"decode: embd has {len(embd) / 4:g} floats, not a multiple of "
                                    f"n_embd_inp {width}")
-            n, tokens = embd.size // width, None
+            n, tokens = len(embd) // (4 * width), None
         else:
             raise RequestError("bad_request", "decode: give 'tokens' or 'embd'")
         if n == 0 or n > self.params["n_batch"]:
@@ -212,14 +213,14 @@ class LlamaWorker:
         # capturing the last layer needs every row to reach it (llama.cpp prunes non-output rows there);
         # capturing earlier layers must not change what the last layer computes
         computed = [True] * n if info["n_layer"] - 1 in capture else out
-        self.want = {f"l_out-{k}".encode() for k in capture}
-        self.captured = {}
+        self.native.begin(capture)
+        captured: dict[int, tuple[bytes, int]] = {}
 
         batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0, 1)
         try:
             batch.n_tokens = n
             if embd is not None:
-                ctypes.memmove(batch.embd, embd.ctypes.data, embd.nbytes)
+                ctypes.memmove(batch.embd, embd, len(embd))
             for i in range(n):
                 if tokens is not None:
                     batch.token[i] = tokens[i]
@@ -231,28 +232,30 @@ class LlamaWorker:
                 for j in range(1, n_pos):
                     for i in range(n):
                         batch.pos[j * n + i] = pos[i] if j < 3 else 0
-            t0, cb0 = time.perf_counter(), self.callback_seconds
+            t0, cb0 = time.perf_counter(), self.native.seconds
             rc = L.llama_decode(ctx, batch)
-            self.decode_seconds += time.perf_counter() - t0 - (self.callback_seconds - cb0)
+            cb = self.native.seconds - cb0
+            self.decode_seconds += time.perf_counter() - t0 - cb
+            self.callback_seconds += cb
         finally:
             L.llama_batch_free(batch)
-            self.want = set()
+            captured = self.native.end()
         if rc != 0:
             raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
         rows = [i for i in range(n) if out[i]]
-        logits = np.stack([self._logits(i, info["n_vocab"]) for i in rows]) if rows else np.zeros((0, 0), "f4")
-        resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [int(np.argmax(r)) for r in logits],
-                                "n_vocab": info["n_vocab"]}
+        n_vocab = info["n_vocab"]
+        ptrs = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in rows]
+        resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [self.native.argmax(p, n_vocab) for p in ptrs],
+                                "n_vocab": n_vocab}
         if req.get("return_logits", True) and rows:
-            resp["logits"] = f32_b64(logits)
+            resp["logits"] = b64(b"".join(ctypes.string_at(p, 4 * n_vocab) for p in ptrs))
         if capture:
             resp["captures"] = {}
             for k in capture:
-                parts = self.captured.get(f"l_out-{k}".encode())
-                if not parts:
+                if k not in captured:
                     raise RequestError("bad_request", f"decode: no tensor l_out-{k} in this graph "
                                        f"(layers 0..{info['n_layer'] - 1})")
-                resp["captures"][str(k)] = f32_b64(np.concatenate(parts, axis=0))
+                resp["captures"][str(k)] = b64(captured[k][0])
         return resp
 
     def op_script(self, req: dict) -> dict:
@@ -281,23 +284,21 @@ class LlamaWorker:
         chunk = int(req.get("chunk", self.params.get("n_batch", 64)))
         seq = int(req.get("seq", 0))
         want_logits = bool(req.get("return_logits", True))
-        steps: list[np.ndarray] = []
+        steps: list[bytes] = []
         last = None
         for i in range(0, len(prompt), chunk):
             last = self.op_decode({"tokens": prompt[i:i + chunk], "seq": seq, "logits": "last",
                                    "return_logits": True})
         assert last is not None
         out_tokens: list[int] = []
-        logits = b64_f32(last["logits"])
         for _ in range(int(req.get("n_predict", 0))):
-            steps.append(logits)
-            tok = int(np.argmax(logits))
+            steps.append(base64.b64decode(last["logits"]))
+            tok = last["argmax"][-1]
             out_tokens.append(tok)
             last = self.op_decode({"tokens": [tok], "seq": seq, "logits": "last"})
-            logits = b64_f32(last["logits"])
         resp: dict[str, Any] = {"tokens": out_tokens, "n_vocab": last["n_vocab"]}
         if want_logits and steps:
-            resp["logits"] = f32_b64(np.stack(steps))
+            resp["logits"] = b64(b"".join(steps))
         return resp
 
     def op_state_get(self, req: dict) -> dict:
@@ -346,10 +347,6 @@ class LlamaWorker:
         return {}
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _logits(self, i: int, n_vocab: int) -> np.ndarray:
-        p = self.L.llama_get_logits_ith(self.ctx, i)
-        return np.ctypeslib.as_array(p, shape=(n_vocab,)).astype(np.float32, copy=True)
-
     def _need_model(self):
         if not self.model:
             raise RequestError("bad_request", "no model loaded; send a 'load' request first")
@@ -381,10 +378,6 @@ def _resolve_token(t: Any, prev: dict | None, k: int) -> int:
             raise RequestError("bad_request", f"script step {k}: {t}: the previous step has no output row {row}")
         return prev["argmax"][prev["rows"].index(row)]
     return int(t)
-
-
-class _TensorHead(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
 
 
 def _per_token(v: Any, n: int, what: str) -> list[int]:
@@ -440,6 +433,10 @@ def main_with(worker_cls: type[LlamaWorker]) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     serve(sys.stdin, proto, worker_cls)
+    # done: exit now rather than tear down the interpreter, models and contexts (tens of ms per worker)
+    proto.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,23 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
 
 from __future__ import annotations
 
+import base64
 import struct
 import sys
 from typing import Any
 
 import numpy as np
 
-from targets.llama_cpp_worker import LlamaWorker, b64_f32, f32_b64, main_with
+from targets.llama_cpp_worker import LlamaWorker, main_with
+
+
+def b64_f32(s: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<f4")
+
+
+def f32_b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+
 
 RECURRENT_NAME_PROBE = (".ssm", "ssm_", "time_mix", "recurrent", "rwkv")
 
