@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from fuzz.stages import FixtureStages, Slicer, stage_ranges
 from synth.errors import UserError
 from synth.families import family_for_arch
 from synth.gguf_io import token_embeddings
-from synth.stage import Unsupported
+from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target, close_all, open_target
 
 STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
@@ -60,7 +59,7 @@ class SweepConfig:
     timeout: float = 120.0
     seed: int = 0
     workdir: Path | None = None  # where stage files go (default: a temporary directory)
-    jobs: int = 0  # cut sets run concurrently, each lane with its own stage workers (0: one per core, ≤ 2)
+    jobs: int = 0  # pipelines of stage workers run side by side (0: cores ÷ stages, at least 1, at most 4)
 
 
 @dataclass
@@ -151,6 +150,38 @@ def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int
     return sets
 
 
+@dataclass
+class _Job:
+    """One cut set on its way through a pipeline of stage workers."""
+
+    index: int
+    res: CutResult
+    stages: list[tuple[Path, StageInfo]] | None  # None: unsupported (res says why)
+    traces: dict[str, list[Trace]] = field(default_factory=dict)  # run name → one trace per stage done
+    failures: dict[str, tuple[str, RunFailure]] = field(default_factory=dict)  # run name → (phase, failure)
+    error: BaseException | None = None  # a bug in the engine, re-raised on the main thread
+
+
+class _Thread(threading.Thread):
+    """A daemon thread running fn(stop_event, *args), started at once; keeps what it returned (.result) or
+    raised (.error)."""
+
+    def __init__(self, fn: Any, *args: Any):
+        self.stop = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        super().__init__(daemon=True)
+        self._call = (fn, args)
+        self.start()
+
+    def run(self) -> None:
+        try:
+            fn, args = self._call
+            self.result = fn(self.stop, *args)
+        except BaseException as e:  # noqa: BLE001 — re-raised by the thread that joins this one
+            self.error = e
+
+
 # ---- the sweep ------------------------------------------------------------------------------------------
 class Sweep:
     def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None):
@@ -173,15 +204,17 @@ class Sweep:
         t_start = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
         n_stages = max(len(s) for s in sets) + 1
-        jobs = max(1, min(cfg.jobs or min(2, os.cpu_count() or 1), len(sets)))
+        n_pipes = max(1, min(cfg.jobs or min(4, (os.cpu_count() or 1) // n_stages), len(sets)))
         ref = open_target(cfg.target, timeout=cfg.timeout)
-        lanes = [[open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_stages)] for _ in range(jobs)]
-        everyone = [ref, *(t for lane in lanes for t in lane)]
+        # the reference worker becomes pipeline 0's first stage once the reference runs are done
+        pipes = [[ref if p == s == 0 else open_target(cfg.target, timeout=cfg.timeout) for s in range(n_stages)]
+                 for p in range(n_pipes)]
+        everyone = [t for pipe in pipes for t in pipe]
         with self.st.workspace(cfg.workdir):
             try:
                 for t in everyone:  # spawn all workers at once; their start-up overlaps
                     t.start()
-                results, control, commit = self._run(sets, ref, lanes)
+                results, control, commit = self._run(sets, ref, pipes)
             finally:
                 close_all(everyone)
         wall = time.perf_counter() - t_start
@@ -191,7 +224,7 @@ class Sweep:
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed, "jobs": jobs},
+                    "phases": list(cfg.phases), "seed": cfg.seed, "jobs": n_pipes},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
@@ -199,12 +232,58 @@ class Sweep:
     def _load_params(self, sched: Schedule) -> dict[str, Any]:
         return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": sched.n_seq}
 
-    def _run(self, sets: list[list[int]], ref: Target, lanes: list[list[Target]]):
+    def _run(self, sets: list[list[int]], ref: Target, pipes: list[list[Target]]):
+        """Reference runs on `ref` while another thread materializes the stages, and the control run on pipeline
+        0's last worker; then the cut sets flow through pipelines of stage workers (worker s runs stage s of one
+        cut set while worker s+1 runs stage s+1 of the previous one); divergences are reproduced and localized
+        last."""
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
                                n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
-        params = self._load_params_cache = self._load_params(sched)
-        loaded = ref.load(str(self.fixture), **params)
+        self._sched, self._params = sched, self._load_params(sched)
+        jobs: queue.Queue[_Job | None] = queue.Queue()
+        feeder = _Thread(self._materialize, sets, jobs, len(pipes))
+        try:
+            ctl = pipes[0][-1]
+            refs, commit, control = self._reference(ref, sched, None if ctl is ref else ctl)
+            self._refs = refs
+            if not isinstance(control, _Thread):
+                control = _Thread(lambda _stop, c=control: c)
+            done: queue.Queue[_Job | None] = queue.Queue()
+            threads = []
+            for pipe in pipes:
+                inbox = jobs
+                for s, t in enumerate(pipe):
+                    outbox = done if s == len(pipe) - 1 else queue.Queue()
+                    # the control run's worker starts on stages once the control run is done
+                    threads.append(_Thread(self._stage_loop, s, t, inbox, outbox, control if t is ctl else None))
+                    inbox = outbox
+            finished: dict[int, _Job] = {}
+            ends = 0
+            while ends < len(pipes):
+                job = done.get()
+                if job is None:
+                    ends += 1
+                else:
+                    finished[job.index] = job
+            for th in [feeder, control, *threads]:
+                th.join()
+                if th.error is not None:
+                    raise th.error
+        finally:
+            feeder.stop.set()  # a failed reference (or anything else) stops the materializing early
+            feeder.join()
+        for job in finished.values():
+            if job.error is not None:
+                raise job.error
+        assert sorted(finished) == list(range(len(sets))), "a cut set went missing in the pipeline"
+        return [self._verdict(finished[i], pipes[0]) for i in range(len(sets))], control.result, commit
+
+    def _reference(self, ref: Target, sched: Schedule, ctl: Target | None):
+        """The full model's runs on `ref`, every layer captured. The control run goes to `ctl` (a thread,
+        started once the sequential run's tokens are known) or, without one, runs on `ref` afterwards.
+        Returns (traces by run name, llama.cpp commit, control result or the thread computing it)."""
+        loaded = ref.load(str(self.fixture), **self._params)
         if not loaded.ok:
             if loaded.failure.kind == "error":
                 raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
@@ -212,7 +291,6 @@ class Sweep:
                             f"{loaded.failure.message}")
         commit = loaded.data.get("llama_cpp_commit")
         self.n_pos = pos_per_token(loaded.data)
-
         refs: dict[str, Trace] = {}
         for name, steps in sched.runs().items():
             ref.reset()
@@ -224,25 +302,106 @@ class Sweep:
                                 "fix the fixture before sweeping it")
             self._add_time(tr.decode_seconds)
             refs[name] = tr
-        control = self._control(ref, sched, refs["sequential"]) if "sequential" in refs else \
-            {"status": "unsupported", "reason": "no sequential phase"}
-        for cuts in sets:  # materialize every stage up front (lanes then only read files)
-            self.st.stages(cuts)
+            if name == "sequential" and ctl is not None:
+                control = _Thread(self._control_on, ctl, sched, tr)
+        if "sequential" not in refs:
+            control = {"status": "unsupported", "reason": "no sequential phase"}
+        elif ctl is None:
+            control = self._control(ref, sched, refs["sequential"])
+        return refs, commit, control
 
-        free: queue.Queue[list[Target]] = queue.Queue()
-        for lane in lanes:
-            free.put(lane)
+    def _control_on(self, _stop: threading.Event, ctl: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
+        loaded = ctl.load(str(self.fixture), **self._params)
+        if not loaded.ok:
+            return {"status": loaded.failure.kind, "reason": f"the control worker cannot load the full model: "
+                    f"{loaded.failure.message}"}
+        return self._control(ctl, sched, tr)
 
-        def one(cuts: list[int]) -> CutResult:
-            lane = free.get()
-            try:
-                return self._cut(cuts, sched, refs, lane, params)
-            finally:
-                free.put(lane)
+    def _materialize(self, stop: threading.Event, sets: list[list[int]], jobs: queue.Queue, n_pipes: int) -> None:
+        """Write every stage file, in cut-set order, handing each cut set on as soon as its stages exist."""
+        try:
+            for i, cuts in enumerate(sets):
+                if stop.is_set():
+                    return
+                res = CutResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status="pass")
+                stages = self.st.stages(cuts)
+                if isinstance(stages, Unsupported):
+                    res.status, res.reason = "unsupported", str(stages)
+                    jobs.put(_Job(i, res, None))
+                else:
+                    res.pads = {f"{st.first}:{st.last}": st.pads for _, st in stages if st.pads}
+                    jobs.put(_Job(i, res, stages))
+        finally:
+            for _ in range(n_pipes):
+                jobs.put(None)
 
-        with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-            results = list(pool.map(one, sets))
-        return results, control, commit
+    def _stage_loop(self, _stop: threading.Event, s: int, t: Target, inbox: queue.Queue, outbox: queue.Queue,
+                    after: threading.Thread | None) -> None:
+        try:
+            if after is not None:  # t is busy until then
+                after.join()
+            while (job := inbox.get()) is not None:
+                if job.error is None:
+                    try:
+                        self._run_stage(job, s, t)
+                    except BaseException as e:  # noqa: BLE001 — handed to the main thread, which re-raises it
+                        job.error = e
+                outbox.put(job)
+        finally:
+            outbox.put(None)  # the end of this pipeline, even if this loop broke
+
+    def _run_stage(self, job: _Job, s: int, t: Target) -> None:
+        """Stage s of one cut set, every run whose earlier stages completed (in run order, to the first failure)."""
+        if job.stages is None or s >= len(job.stages):
+            return
+        path, st = job.stages[s]
+        last = s == len(job.stages) - 1
+        names = [n for n in self._sched.runs() if len(job.traces.get(n, ())) == s]
+        if not names:
+            return
+        r = t.load(str(path), **self._params, capture=not last)  # the final stage captures nothing
+        if not r.ok:
+            job.failures.setdefault(names[0], ("load", RunFailure(r.failure, s)))
+            return
+        for name in names:
+            steps = self._sched.runs()[name]
+            t.reset()
+            if s == 0:
+                reqs = script_steps(steps, tokens=self._tokens(name), capture=[] if last else [st.n_layer - 1])
+            else:
+                prev = job.traces[name][s - 1]
+                width = job.stages[s - 1][1].n_layer
+                reqs = script_steps(steps, embd=[so.captures[width - 1] for so in prev.steps],
+                                    capture=[] if last else [st.n_layer - 1], n_pos_per_token=self.n_pos)
+            tr = run_script(t, reqs)
+            if isinstance(tr, Failure):
+                job.failures[name] = (name, RunFailure(tr, s))
+                return
+            self._add_time(tr.decode_seconds)
+            job.traces.setdefault(name, []).append(tr)
+
+    def _tokens(self, name: str) -> list[list[int]]:
+        return [so.tokens for so in self._refs[name].steps]
+
+    def _verdict(self, job: _Job, targets: list[Target]) -> CutResult:
+        """Compare each run (in run order) with the reference; reproduce and localize the first divergence."""
+        res = job.res
+        if job.stages is None:
+            return res
+        cuts = res.cuts
+        for name, steps in self._sched.runs().items():
+            if name in job.failures:
+                phase, fail = job.failures[name]
+                return self._failed(res, fail, phase)
+            ref_tr, chain = self._refs[name], job.traces[name]
+            div, worst = compare(ref_tr, chain, steps, cuts)
+            res.max_abs_dlogit = max(res.max_abs_dlogit, worst)
+            teq = tokens_equal(ref_tr, chain)
+            res.tokens_equal = teq if res.tokens_equal is None else res.tokens_equal and teq
+            if div is not None:
+                return self._diverged(res, div, targets[:len(job.stages)], job.stages, steps, self._tokens(name),
+                                      ref_tr, cuts)
+        return res
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
@@ -273,43 +432,11 @@ class Sweep:
                 "max_abs_dlogit": worst,
                 "reason": "embedding-input path differs from token input (not a slicing problem)"}
 
-    def _cut(self, cuts: list[int], sched: Schedule, refs: dict[str, Trace], stage_targets: list[Target],
-             params: dict[str, Any]) -> CutResult:
-        ranges = stage_ranges(cuts, self.info.n_layer)
-        res = CutResult(cuts=cuts, stages=ranges, status="pass")
-        stages = self.st.stages(cuts)
-        if isinstance(stages, Unsupported):
-            res.status, res.reason = "unsupported", str(stages)
-            return res
-        res.pads = {f"{st.first}:{st.last}": st.pads for _, st in stages if st.pads}
-        targets = stage_targets[:len(stages)]
-        for k, ((path, st), t) in enumerate(zip(stages, targets, strict=True)):
-            r = t.load(str(path), **params, capture=k < len(stages) - 1)  # the final stage captures nothing
-            if not r.ok:
-                return self._failed(res, RunFailure(r.failure, ranges.index([st.first, st.last])), "load")
-        sizes = [st.n_layer for _, st in stages]
-        for name, steps in sched.runs().items():
-            ref_tr = refs[name]
-            tokens = [so.tokens for so in ref_tr.steps]
-            for t in targets:
-                t.reset()
-            chain, fail = run_chain(targets, sizes, steps, tokens, n_pos_per_token=self.n_pos)
-            self._add_time(sum(tr.decode_seconds for tr in chain))
-            if fail is not None:
-                return self._failed(res, fail, name)
-            div, worst = compare(ref_tr, chain, steps, cuts)
-            res.max_abs_dlogit = max(res.max_abs_dlogit, worst)
-            teq = tokens_equal(ref_tr, chain)
-            res.tokens_equal = teq if res.tokens_equal is None else res.tokens_equal and teq
-            if div is not None:
-                return self._diverged(res, div, targets, stages, steps, tokens, ref_tr, cuts)
-        return res
-
     def _diverged(self, res: CutResult, div: Divergence, targets, stages, steps, tokens, ref_tr: Trace,
                   cuts: list[int]) -> CutResult:
         """Reproduce with every stage layer captured, and localize the first differing layer."""
         for (path, _), t in zip(stages, targets, strict=True):
-            r = t.load(str(path), **self._load_params_cache, capture=True)
+            r = t.load(str(path), **self._params, capture=True)
             if not r.ok:
                 return self._failed(res, RunFailure(r.failure, targets.index(t)), div.phase)
         chain, fail = run_chain(targets, [st.n_layer for _, st in stages], steps, tokens, capture_all=True,
