@@ -8,9 +8,10 @@ import pytest
 from fuzz.stages import pattern_period
 from fuzz.sweep import Sweep, SweepConfig, cut_sets
 from synth.errors import UserError
-from synth.stage import StageInfo, slice_model
+from synth.stage import StageInfo, Unsupported, slice_model
 
 from conftest import run_cli
+from helpers import aborting_at_decode
 
 pytestmark = pytest.mark.llama
 
@@ -81,3 +82,40 @@ def test_cli_sweep_report_and_exit_codes(fixtures, tmp_path):
     for args in (["--cuts", "9"], ["--stages", "1"], ["--phases", "warmup"]):
         bad = run_cli("fuzz", "sweep", str(path), *args)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_stage_that_crashes_is_reported_and_the_pipeline_goes_on(fixtures, tmp_path):
+    """Cut sets flow through pipelines of stage workers: one crashing stage is that cut set's finding, and
+    the restarted worker serves the cut sets after it (with one pipeline and with two)."""
+    def crashing_at_3_8(src, dst, a, b) -> StageInfo:
+        st = slice_model(src, dst, a, b)
+        if (a, b) == (3, 8):
+            aborting_at_decode(dst, tmp_path / "abort.gguf").replace(dst)
+        return st
+
+    path = fixtures("llama", layers=8)
+    for jobs in (1, 2):
+        rep = Sweep(path, SweepConfig(cuts="2;3;2,5;5", tokens=4, jobs=jobs), slicer=crashing_at_3_8).run()
+        assert [r.status for r in rep.results] == ["pass", "crash", "pass", "pass"], [r.to_dict() for r in rep.results]
+        crash = rep.results[1]
+        assert crash.stage == 1 and crash.phase == "sequential" and "SIGABRT" in crash.reason
+        assert rep.config["jobs"] == jobs and rep.exit_code == 1
+
+
+def test_an_unsupported_stage_is_reported_beside_passing_cuts(fixtures):
+    def refusing_0_3(src, dst, a, b) -> StageInfo:
+        if (a, b) == (0, 3):
+            raise Unsupported("test: this range cannot be expressed")
+        return slice_model(src, dst, a, b)
+
+    rep = Sweep(fixtures("mamba2", layers=6), SweepConfig(cuts="3;2;4", tokens=4), slicer=refusing_0_3).run()
+    assert [r.status for r in rep.results] == ["unsupported", "pass", "pass"]
+    assert "stage 0:3" in rep.results[0].reason and rep.exit_code == 0
+
+
+def test_an_engine_error_in_the_pipeline_is_raised_not_reported(fixtures):
+    def broken(src, dst, a, b) -> StageInfo:
+        raise RuntimeError("slicer bug")
+
+    with pytest.raises(RuntimeError, match="slicer bug"):
+        Sweep(fixtures("llama", layers=4), SweepConfig(cuts="2", tokens=2), slicer=broken).run()
