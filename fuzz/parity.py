@@ -57,8 +57,8 @@ def script_steps(steps: list[Step], *, tokens: list[list[int]] | None = None,
     return out
 
 
-def run_script(target: Target, steps: list[dict[str, Any]]) -> Trace | Failure:
-    r = target.script(steps)
+def run_script(target: Target, steps: list[dict[str, Any]], *, reset: bool = False) -> Trace | Failure:
+    r = target.script(steps, reset=reset)
     if not r.ok:
         return r.failure
     return Trace([StepOut([int(t) for t in (res["tokens"] or [])], res["logits"], res["captures"])

@@ -11,9 +11,9 @@ the first layer whose output differs.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +29,6 @@ from fuzz.parity import (
     compare,
     localize,
     pos_per_token,
-    run_chain,
     run_script,
     script_steps,
     tokens_equal,
@@ -59,7 +58,7 @@ class SweepConfig:
     timeout: float = 120.0
     seed: int = 0
     workdir: Path | None = None  # where stage files go (default: a temporary directory)
-    jobs: int = 0  # pipelines of stage workers run side by side (0: cores ÷ stages, at least 1, at most 4)
+    workers: int = 0  # stage workers, each taking any (cut set, stage) task (0: one per core, 2..8)
 
 
 @dataclass
@@ -152,22 +151,61 @@ def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int
 
 @dataclass
 class _Job:
-    """One cut set on its way through a pipeline of stage workers."""
+    """One cut set on its way through the stage workers."""
 
     index: int
     res: CutResult
     stages: list[tuple[Path, StageInfo]] | None  # None: unsupported (res says why)
     traces: dict[str, list[Trace]] = field(default_factory=dict)  # run name → one trace per stage done
     failures: dict[str, tuple[str, RunFailure]] = field(default_factory=dict)  # run name → (phase, failure)
+    divergence: tuple[Divergence, str] | None = None  # the first one, and its run
     error: BaseException | None = None  # a bug in the engine, re-raised on the main thread
 
 
+class _Tasks:
+    """(cut set, stage) tasks whose input is ready, for any free worker: later stages first (a cut set
+    finishes as early as it can), then cut-set order. Ends when every cut set is finished or on abort."""
+
+    def __init__(self, n_jobs: int):
+        self.cond = threading.Condition()
+        self.ready: list[tuple[int, int, int, _Job]] = []
+        self.unfinished = n_jobs
+        self.finished: dict[int, _Job] = {}
+        self.aborted = False
+        self._n = 0
+
+    def put(self, job: _Job, stage: int) -> None:
+        with self.cond:
+            self._n += 1
+            heapq.heappush(self.ready, (-stage, job.index, self._n, job))
+            self.cond.notify()
+
+    def get(self) -> tuple[_Job, int] | None:
+        with self.cond:
+            while not self.ready and self.unfinished and not self.aborted:
+                self.cond.wait()
+            if not self.ready or self.aborted:
+                return None
+            neg_stage, _, _, job = heapq.heappop(self.ready)
+            return job, -neg_stage
+
+    def finish(self, job: _Job) -> None:
+        with self.cond:
+            self.finished[job.index] = job
+            self.unfinished -= 1
+            if not self.unfinished:
+                self.cond.notify_all()
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+
 class _Thread(threading.Thread):
-    """A daemon thread running fn(stop_event, *args), started at once; keeps what it returned (.result) or
-    raised (.error)."""
+    """A daemon thread running fn(*args), started at once; keeps what it returned (.result) or raised (.error)."""
 
     def __init__(self, fn: Any, *args: Any):
-        self.stop = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         super().__init__(daemon=True)
@@ -177,7 +215,7 @@ class _Thread(threading.Thread):
     def run(self) -> None:
         try:
             fn, args = self._call
-            self.result = fn(self.stop, *args)
+            self.result = fn(*args)
         except BaseException as e:  # noqa: BLE001 — re-raised by the thread that joins this one
             self.error = e
 
@@ -203,20 +241,16 @@ class Sweep:
         cfg = self.cfg
         t_start = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
-        n_stages = max(len(s) for s in sets) + 1
-        n_pipes = max(1, min(cfg.jobs or min(4, (os.cpu_count() or 1) // n_stages), len(sets)))
-        ref = open_target(cfg.target, timeout=cfg.timeout)
-        # the reference worker becomes pipeline 0's first stage once the reference runs are done
-        pipes = [[ref if p == s == 0 else open_target(cfg.target, timeout=cfg.timeout) for s in range(n_stages)]
-                 for p in range(n_pipes)]
-        everyone = [t for pipe in pipes for t in pipe]
+        n_tasks = sum(len(s) + 1 for s in sets)
+        n_workers = max(1, min(cfg.workers or min(8, max(2, os.cpu_count() or 1)), n_tasks))
+        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_workers)]
         with self.st.workspace(cfg.workdir):
             try:
-                for t in everyone:  # spawn all workers at once; their start-up overlaps
+                for t in workers:  # spawn all workers at once; their start-up overlaps
                     t.start()
-                results, control, commit = self._run(sets, ref, pipes)
+                results, control, commit = self._run(sets, workers)
             finally:
-                close_all(everyone)
+                close_all(workers)
         wall = time.perf_counter() - t_start
         return SweepReport(
             fixture=str(self.fixture), sha256=hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
@@ -224,7 +258,7 @@ class Sweep:
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed, "jobs": n_pipes},
+                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": n_workers},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
@@ -232,148 +266,148 @@ class Sweep:
     def _load_params(self, sched: Schedule) -> dict[str, Any]:
         return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": sched.n_seq}
 
-    def _run(self, sets: list[list[int]], ref: Target, pipes: list[list[Target]]):
-        """Reference runs on `ref` while another thread materializes the stages, and the control run on pipeline
-        0's last worker; then the cut sets flow through pipelines of stage workers (worker s runs stage s of one
-        cut set while worker s+1 runs stage s+1 of the previous one); divergences are reproduced and localized
-        last."""
+    def _run(self, sets: list[list[int]], workers: list[Target]):
+        """The reference runs on the first worker while a thread materializes the stages, and the control run
+        on the last; then every worker takes (cut set, stage) tasks as their inputs become ready, each stage
+        loaded into a fresh context. Divergences are reproduced and localized last."""
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
                                n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
         self._sched, self._params = sched, self._load_params(sched)
-        jobs: queue.Queue[_Job | None] = queue.Queue()
-        feeder = _Thread(self._materialize, sets, jobs, len(pipes))
+        tasks = _Tasks(len(sets))
+        feeder = _Thread(self._materialize, sets, tasks)
         try:
-            ctl = pipes[0][-1]
-            refs, commit, control = self._reference(ref, sched, None if ctl is ref else ctl)
-            self._refs = refs
+            ref, ctl = workers[0], workers[-1]
+            self._refs, commit, control = self._reference(ref, sched, None if ctl is ref else ctl)
             if not isinstance(control, _Thread):
-                control = _Thread(lambda _stop, c=control: c)
-            done: queue.Queue[_Job | None] = queue.Queue()
-            threads = []
-            for pipe in pipes:
-                inbox = jobs
-                for s, t in enumerate(pipe):
-                    outbox = done if s == len(pipe) - 1 else queue.Queue()
-                    # the control run's worker starts on stages once the control run is done
-                    threads.append(_Thread(self._stage_loop, s, t, inbox, outbox, control if t is ctl else None))
-                    inbox = outbox
-            finished: dict[int, _Job] = {}
-            ends = 0
-            while ends < len(pipes):
-                job = done.get()
-                if job is None:
-                    ends += 1
-                else:
-                    finished[job.index] = job
+                control = _Thread(lambda c=control: c)
+            # the control run's worker takes tasks once the control run is done
+            threads = [_Thread(self._work, t, tasks, control if t is ctl else None) for t in workers]
             for th in [feeder, control, *threads]:
                 th.join()
                 if th.error is not None:
                     raise th.error
         finally:
-            feeder.stop.set()  # a failed reference (or anything else) stops the materializing early
+            tasks.abort()  # stops the feeder and the workers early if anything above failed
             feeder.join()
-        for job in finished.values():
+        for job in tasks.finished.values():
             if job.error is not None:
                 raise job.error
-        assert sorted(finished) == list(range(len(sets))), "a cut set went missing in the pipeline"
-        return [self._verdict(finished[i], pipes[0]) for i in range(len(sets))], control.result, commit
+        assert sorted(tasks.finished) == list(range(len(sets))), "a cut set went missing"
+        results = []
+        for i in range(len(sets)):
+            job = tasks.finished[i]
+            results.append(job.res if job.divergence is None else self._diverged(job, ref, *job.divergence))
+        return results, control.result, commit
 
     def _reference(self, ref: Target, sched: Schedule, ctl: Target | None):
-        """The full model's runs on `ref`, every layer captured. The control run goes to `ctl` (a thread,
-        started once the sequential run's tokens are known) or, without one, runs on `ref` afterwards.
+        """The full model's runs, every layer captured: on `ref`, and with a second worker `ctl` the batched run
+        there at the same time. The control run follows on `ctl` in a thread (or on `ref`, without one).
         Returns (traces by run name, llama.cpp commit, control result or the thread computing it)."""
-        loaded = ref.load(str(self.fixture), **self._params)
+        names = list(sched.runs())
+        aside = [n for n in names if n == "batched" and len(names) > 1] if ctl is not None else []
+        side = _Thread(self._reference_runs, ctl, sched, aside) if aside else None
+        try:
+            commit, refs = self._reference_runs(ref, sched, [n for n in names if n not in aside])
+        finally:
+            if side is not None:
+                side.join()
+        if side is not None:
+            if side.error is not None:
+                raise side.error
+            refs.update(side.result[1])
+        refs = {n: refs[n] for n in names}
+        if "sequential" not in refs:
+            control: Any = {"status": "unsupported", "reason": "no sequential phase"}
+        elif ctl is None:
+            control = self._control(ref, sched, refs["sequential"])
+        else:
+            control = _Thread(self._control_on, ctl, sched, refs["sequential"], bool(aside))
+        return refs, commit, control
+
+    def _reference_runs(self, t: Target, sched: Schedule, names: list[str]) -> tuple[str | None, dict[str, Trace]]:
+        loaded = t.load(str(self.fixture), **self._params)
         if not loaded.ok:
             if loaded.failure.kind == "error":
                 raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
             raise UserError(f"{self.fixture}: the full model {loaded.failure.kind}es the target: "
                             f"{loaded.failure.message}")
-        commit = loaded.data.get("llama_cpp_commit")
         self.n_pos = pos_per_token(loaded.data)
         refs: dict[str, Trace] = {}
-        for name, steps in sched.runs().items():
-            ref.reset()
-            # a model that refuses embedding input cannot be split after layer 0: nothing to capture
-            capture = [] if self.embd_refused else list(range(self.info.n_layer))
-            tr = run_script(ref, script_steps(steps, capture=capture))
+        # a model that refuses embedding input cannot be split after layer 0: nothing to capture
+        capture = [] if self.embd_refused else list(range(self.info.n_layer))
+        for name in names:
+            tr = run_script(t, script_steps(sched.runs()[name], capture=capture), reset=True)
             if isinstance(tr, Failure):
                 raise UserError(f"{self.fixture}: the full model fails in the target ({tr.message}); "
                                 "fix the fixture before sweeping it")
             self._add_time(tr.decode_seconds)
             refs[name] = tr
-            if name == "sequential" and ctl is not None:
-                control = _Thread(self._control_on, ctl, sched, tr)
-        if "sequential" not in refs:
-            control = {"status": "unsupported", "reason": "no sequential phase"}
-        elif ctl is None:
-            control = self._control(ref, sched, refs["sequential"])
-        return refs, commit, control
+        return loaded.data.get("llama_cpp_commit"), refs
 
-    def _control_on(self, _stop: threading.Event, ctl: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
-        loaded = ctl.load(str(self.fixture), **self._params)
-        if not loaded.ok:
-            return {"status": loaded.failure.kind, "reason": f"the control worker cannot load the full model: "
-                    f"{loaded.failure.message}"}
+    def _control_on(self, ctl: Target, sched: Schedule, tr: Trace, loaded: bool) -> dict[str, Any]:
+        if not loaded:
+            r = ctl.load(str(self.fixture), **self._params)
+            if not r.ok:
+                return {"status": r.failure.kind, "reason": f"the control worker cannot load the full model: "
+                        f"{r.failure.message}"}
         return self._control(ctl, sched, tr)
 
-    def _materialize(self, stop: threading.Event, sets: list[list[int]], jobs: queue.Queue, n_pipes: int) -> None:
+    def _materialize(self, sets: list[list[int]], tasks: _Tasks) -> None:
         """Write every stage file, in cut-set order, handing each cut set on as soon as its stages exist."""
         try:
             for i, cuts in enumerate(sets):
-                if stop.is_set():
+                if tasks.aborted:
                     return
                 res = CutResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status="pass")
                 stages = self.st.stages(cuts)
                 if isinstance(stages, Unsupported):
                     res.status, res.reason = "unsupported", str(stages)
-                    jobs.put(_Job(i, res, None))
+                    tasks.finish(_Job(i, res, None))
                 else:
                     res.pads = {f"{st.first}:{st.last}": st.pads for _, st in stages if st.pads}
-                    jobs.put(_Job(i, res, stages))
-        finally:
-            for _ in range(n_pipes):
-                jobs.put(None)
+                    tasks.put(_Job(i, res, stages), 0)
+        except BaseException:
+            tasks.abort()  # the workers stop; the main thread re-raises this
+            raise
 
-    def _stage_loop(self, _stop: threading.Event, s: int, t: Target, inbox: queue.Queue, outbox: queue.Queue,
-                    after: threading.Thread | None) -> None:
-        try:
-            if after is not None:  # t is busy until then
-                after.join()
-            while (job := inbox.get()) is not None:
-                if job.error is None:
-                    try:
-                        self._run_stage(job, s, t)
-                    except BaseException as e:  # noqa: BLE001 — handed to the main thread, which re-raises it
-                        job.error = e
-                outbox.put(job)
-        finally:
-            outbox.put(None)  # the end of this pipeline, even if this loop broke
+    def _work(self, t: Target, tasks: _Tasks, after: threading.Thread | None) -> None:
+        if after is not None:  # t is busy until then
+            after.join()
+        while (task := tasks.get()) is not None:
+            job, s = task
+            try:
+                self._run_stage(job, s, t)
+                if s + 1 < len(job.stages) and any(len(tr) == s + 1 for tr in job.traces.values()):
+                    tasks.put(job, s + 1)
+                    continue
+                job.divergence = self._judge(job)
+            except BaseException as e:  # noqa: BLE001 — the main thread re-raises it
+                job.error = e
+            tasks.finish(job)
 
-    def _run_stage(self, job: _Job, s: int, t: Target) -> None:
-        """Stage s of one cut set, every run whose earlier stages completed (in run order, to the first failure)."""
-        if job.stages is None or s >= len(job.stages):
-            return
+    def _run_stage(self, job: _Job, s: int, t: Target, *, capture_all: bool = False) -> None:
+        """Stage s of one cut set in a fresh context on t: every run whose earlier stages completed, in run
+        order, to the first failure. A non-final stage captures its last layer (capture_all: every layer)."""
         path, st = job.stages[s]
         last = s == len(job.stages) - 1
         names = [n for n in self._sched.runs() if len(job.traces.get(n, ())) == s]
         if not names:
             return
-        r = t.load(str(path), **self._params, capture=not last)  # the final stage captures nothing
+        r = t.load(str(path), **self._params, capture=capture_all or not last)
         if not r.ok:
             job.failures.setdefault(names[0], ("load", RunFailure(r.failure, s)))
             return
+        capture = list(range(st.n_layer)) if capture_all else [] if last else [st.n_layer - 1]
         for name in names:
             steps = self._sched.runs()[name]
-            t.reset()
             if s == 0:
-                reqs = script_steps(steps, tokens=self._tokens(name), capture=[] if last else [st.n_layer - 1])
+                reqs = script_steps(steps, tokens=self._tokens(name), capture=capture)
             else:
-                prev = job.traces[name][s - 1]
                 width = job.stages[s - 1][1].n_layer
-                reqs = script_steps(steps, embd=[so.captures[width - 1] for so in prev.steps],
-                                    capture=[] if last else [st.n_layer - 1], n_pos_per_token=self.n_pos)
-            tr = run_script(t, reqs)
+                reqs = script_steps(steps, embd=[so.captures[width - 1] for so in job.traces[name][s - 1].steps],
+                                    capture=capture, n_pos_per_token=self.n_pos)
+            tr = run_script(t, reqs, reset=True)
             if isinstance(tr, Failure):
                 job.failures[name] = (name, RunFailure(tr, s))
                 return
@@ -383,25 +417,23 @@ class Sweep:
     def _tokens(self, name: str) -> list[list[int]]:
         return [so.tokens for so in self._refs[name].steps]
 
-    def _verdict(self, job: _Job, targets: list[Target]) -> CutResult:
-        """Compare each run (in run order) with the reference; reproduce and localize the first divergence."""
+    def _judge(self, job: _Job) -> tuple[Divergence, str] | None:
+        """Compare each run (in run order) with the reference and fill in the result; the first divergence
+        (and its run) is returned, for reproducing and localizing once every cut set is done."""
         res = job.res
-        if job.stages is None:
-            return res
-        cuts = res.cuts
         for name, steps in self._sched.runs().items():
             if name in job.failures:
                 phase, fail = job.failures[name]
-                return self._failed(res, fail, phase)
+                self._failed(res, fail, phase)
+                return None
             ref_tr, chain = self._refs[name], job.traces[name]
-            div, worst = compare(ref_tr, chain, steps, cuts)
+            div, worst = compare(ref_tr, chain, steps, res.cuts)
             res.max_abs_dlogit = max(res.max_abs_dlogit, worst)
             teq = tokens_equal(ref_tr, chain)
             res.tokens_equal = teq if res.tokens_equal is None else res.tokens_equal and teq
             if div is not None:
-                return self._diverged(res, div, targets[:len(job.stages)], job.stages, steps, self._tokens(name),
-                                      ref_tr, cuts)
-        return res
+                return div, name
+        return None
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
@@ -417,9 +449,8 @@ class Sweep:
         if fam is not None and fam.token_scale:  # the model scales token input only: do what token input gets
             scale = np.sqrt(np.float32(self.info.n_embd))
             embd = [e * scale for e in embd]
-        ref.reset()
         ctl = run_script(ref, script_steps(steps, embd=embd, capture=list(range(self.info.n_layer)),
-                                           n_pos_per_token=self.n_pos))
+                                           n_pos_per_token=self.n_pos), reset=True)
         if isinstance(ctl, Failure):
             return {"status": ctl.kind, "reason": ctl.message}
         self._add_time(ctl.decode_seconds)
@@ -432,24 +463,27 @@ class Sweep:
                 "max_abs_dlogit": worst,
                 "reason": "embedding-input path differs from token input (not a slicing problem)"}
 
-    def _diverged(self, res: CutResult, div: Divergence, targets, stages, steps, tokens, ref_tr: Trace,
-                  cuts: list[int]) -> CutResult:
-        """Reproduce with every stage layer captured, and localize the first differing layer."""
-        for (path, _), t in zip(stages, targets, strict=True):
-            r = t.load(str(path), **self._params, capture=True)
-            if not r.ok:
-                return self._failed(res, RunFailure(r.failure, targets.index(t)), div.phase)
-        chain, fail = run_chain(targets, [st.n_layer for _, st in stages], steps, tokens, capture_all=True,
-                                n_pos_per_token=self.n_pos)
-        again = None if fail is not None else compare(ref_tr, chain, steps, cuts)[0]
+    def _diverged(self, job: _Job, t: Target, div: Divergence, name: str) -> CutResult:
+        """Run the diverged run again, stage by stage on t with every stage layer captured: the divergence
+        must reproduce, and is localized to the first source layer whose output differs."""
+        res = job.res
+        again = _Job(job.index, res, job.stages)
+        for s in range(len(job.stages)):
+            self._run_stage(again, s, t, capture_all=True)
+        steps, ref_tr = self._sched.runs()[name], self._refs[name]
+        if name in again.failures:
+            phase, fail = again.failures[name]
+            return self._failed(res, fail, phase)
+        chain = again.traces[name]
+        div2 = compare(ref_tr, chain, steps, res.cuts)[0]
         res.status = "diverged"
-        res.reproduced = again is not None and (again.step, again.stage) == (div.step, div.stage)
+        res.reproduced = div2 is not None and (div2.step, div2.stage) == (div.step, div.stage)
         res.phase, res.step, res.position, res.seq = div.phase, div.step, div.position, div.seq
         res.stage, res.where = div.stage, div.where
         if res.reproduced:
             # against the ranges the cut set asked for, not what the slicer says it produced
-            res.layer = localize(ref_tr, chain, [(a, b, st.layers, st.pads)
-                                                 for (a, b), (_, st) in zip(res.stages, stages, strict=True)], div.step)
+            res.layer = localize(ref_tr, chain, [(a, b, st.layers, st.pads) for (a, b), (_, st)
+                                                 in zip(res.stages, job.stages, strict=True)], div.step)
         else:
             res.reason = "did not reproduce on a second run (nondeterministic)"
         return res

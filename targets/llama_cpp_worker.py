@@ -260,10 +260,13 @@ class LlamaWorker:
 
     def op_script(self, req: dict) -> dict:
         """Several decodes in one round trip. A token may be "argmax@R": the argmax of output row R of the
-        previous step (greedy decoding without a round trip per token). Stops at the first failing step."""
+        previous step (greedy decoding without a round trip per token). Stops at the first failing step.
+        reset: clear the memory first (saves the round trip of a separate reset)."""
         steps = req.get("steps")
         if not isinstance(steps, list) or not steps:
             raise RequestError("bad_request", "script: 'steps' must be a non-empty list of decode requests")
+        if req.get("reset"):
+            self.op_reset({})
         results: list[dict] = []
         prev: dict | None = None
         for k, step in enumerate(steps):

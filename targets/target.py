@@ -92,10 +92,14 @@ class Target:
             decode_result(r.data)
         return r
 
-    def script(self, steps: Sequence[dict[str, Any]], *, timeout: float | None = None) -> Reply:
+    def script(self, steps: Sequence[dict[str, Any]], *, reset: bool = False, timeout: float | None = None) -> Reply:
         """Several decodes in one round trip; each step takes decode()'s keyword arguments (tokens may be
-        "argmax@R": the argmax of output row R of the previous step). Reply.data["results"]: decoded steps."""
-        r = self.client.call("script", timeout=timeout, steps=[step_args(**st) for st in steps])
+        "argmax@R": the argmax of output row R of the previous step). reset: clear the memory first.
+        Reply.data["results"]: decoded steps."""
+        args: dict[str, Any] = {"steps": [step_args(**st) for st in steps]}
+        if reset:
+            args["reset"] = True
+        r = self.client.call("script", timeout=timeout, **args)
         if r.ok:
             for res in r.data["results"]:
                 decode_result(res)

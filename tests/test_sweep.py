@@ -85,8 +85,8 @@ def test_cli_sweep_report_and_exit_codes(fixtures, tmp_path):
 
 
 def test_a_stage_that_crashes_is_reported_and_the_pipeline_goes_on(fixtures, tmp_path):
-    """Cut sets flow through pipelines of stage workers: one crashing stage is that cut set's finding, and
-    the restarted worker serves the cut sets after it (with one pipeline and with two)."""
+    """Stage workers take (cut set, stage) tasks: one crashing stage is that cut set's finding, and the
+    restarted worker serves the tasks after it (one worker doing everything, and three)."""
     def crashing_at_3_8(src, dst, a, b) -> StageInfo:
         st = slice_model(src, dst, a, b)
         if (a, b) == (3, 8):
@@ -94,12 +94,12 @@ def test_a_stage_that_crashes_is_reported_and_the_pipeline_goes_on(fixtures, tmp
         return st
 
     path = fixtures("llama", layers=8)
-    for jobs in (1, 2):
-        rep = Sweep(path, SweepConfig(cuts="2;3;2,5;5", tokens=4, jobs=jobs), slicer=crashing_at_3_8).run()
+    for workers in (1, 3):
+        rep = Sweep(path, SweepConfig(cuts="2;3;2,5;5", tokens=4, workers=workers), slicer=crashing_at_3_8).run()
         assert [r.status for r in rep.results] == ["pass", "crash", "pass", "pass"], [r.to_dict() for r in rep.results]
         crash = rep.results[1]
         assert crash.stage == 1 and crash.phase == "sequential" and "SIGABRT" in crash.reason
-        assert rep.config["jobs"] == jobs and rep.exit_code == 1
+        assert rep.config["workers"] == workers and rep.exit_code == 1
 
 
 def test_an_unsupported_stage_is_reported_beside_passing_cuts(fixtures):
