@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from synth.gguf_io import GGUFFile
-from synth.inspect import ModelInfo, inspect_file
+from synth.inspect import ModelInfo, inspect_gguf
 from synth.stage import SourceModel, StageInfo, Unsupported, embd_input_contract, stage_path
 
 Slicer = Callable[[Path, Path, int, int], StageInfo]  # (source, destination, first, last) → StageInfo
@@ -34,8 +34,9 @@ def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
 class FixtureStages:
     def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None):
         self.fixture = Path(fixture)
-        self.info: ModelInfo = inspect_file(str(self.fixture))
-        self.embd_refused = embd_input_contract(GGUFFile(self.fixture))
+        self.g = GGUFFile(self.fixture)  # parsed once, for every reader below
+        self.info: ModelInfo = inspect_gguf(self.g)
+        self.embd_refused = embd_input_contract(self.g)
         self.kinds = "".join(KIND_LETTER[x.kind] for x in self.info.layers)
         self.period = period or pattern_period(self.kinds)
         self.slicer = slicer or self._slice
@@ -57,7 +58,7 @@ class FixtureStages:
 
     def _slice(self, src: Path, dst: Path, a: int, b: int) -> StageInfo:
         if self._source is None:
-            self._source = SourceModel(src)
+            self._source = SourceModel(self.g if Path(src) == self.fixture else src)
         return self._source.slice(dst, a, b)
 
     def stage(self, a: int, b: int) -> tuple[Path, StageInfo] | Unsupported:

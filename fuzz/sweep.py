@@ -440,7 +440,7 @@ class Sweep:
         if self.embd_refused:
             return {"status": "unsupported", "reason": self.embd_refused}
         try:
-            table = token_embeddings(self.fixture)
+            table = token_embeddings(self.st.g)
         except UserError as e:
             return {"status": "unsupported", "reason": str(e)}
         steps = sched.sequential

@@ -217,8 +217,8 @@ def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tenso
 class SourceModel:
     """A model read once, to cut many stages from."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.g, self.kv, self.tensors = read_all(path)
+    def __init__(self, src: str | os.PathLike | GGUFFile):
+        self.g, self.kv, self.tensors = read_all(src)
         self.info = inspect_gguf(self.g)
         self.globals, self.by_layer = split_tensors(self.tensors)
 

@@ -82,3 +82,15 @@ def test_unexpressible_knobs_are_one_line_errors(family, knobs, words):
 def test_unknown_family():
     with pytest.raises(UserError, match="unknown family"):
         get_family("gpt5")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_tensor_writer_writes_gguf_pys_bytes(tmp_path, family, monkeypatch):
+    """write_gguf writes tensor data in one buffered write; gguf-py's own writer must produce the same file."""
+    from synth import gguf_io
+
+    spec = resolve(family, Knobs())
+    write_fixture(spec, tmp_path / "ours.gguf")
+    monkeypatch.setattr(gguf_io, "_write_tensors", lambda w: w.write_tensors_to_file())
+    write_fixture(spec, tmp_path / "gguf-py.gguf")
+    assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
