@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import importlib
-import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +23,8 @@ _LAZY = {"DEFAULT_TIMEOUT": "targets.client", "Failure": "targets.client", "Repl
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'targets' has no attribute {name!r}")
 
@@ -44,6 +44,8 @@ def worker_argv(spec: str) -> list[str]:
             raise UserError(f"--target {spec!r}: unknown mutant; mutants: {', '.join(MUTANTS)}")
         return [sys.executable, "-m", "targets.mutants", name]
     if spec.startswith("cmd:"):
+        import shlex
+
         argv = shlex.split(spec[4:])
         if not argv:
             raise UserError(f"--target {spec!r}: empty command line; use cmd:\"<program> <args>\"")

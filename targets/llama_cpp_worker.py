@@ -17,14 +17,12 @@ import sys
 import time
 import traceback
 import types
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from targets import native
 
 PROTOCOL_VERSION = 1
-GGML_LOG_LEVEL_DEBUG = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
 
@@ -83,30 +81,17 @@ def ggml_base(L: Any) -> ctypes.CDLL:
 class LlamaWorker:
     def __init__(self) -> None:
         L = self.L = llama_bindings()
-        self.log: deque[str] = deque(maxlen=200)
-        self.echo_log = bool(os.environ.get("FAMILY_CERTIFY_WORKER_LOG"))
-        self._log_cb = L.llama_log_callback(self._on_log)
-        L.llama_log_set(self._log_cb, None)
+        self.ggml = ggml_base(L)
+        # capture and log callbacks, argmax
+        self.native = native.load(self.ggml, L, echo=bool(os.environ.get("FAMILY_CERTIFY_WORKER_LOG")))
+        L.llama_log_set(self.native.log_callback, None)
         L.llama_backend_init()
-        ggml = ggml_base(L)
-        self.ggml = ggml
-        self.native = native.load(ggml, L.ggml_backend_sched_eval_callback)  # capture callback, argmax
         self.model = None
         self.ctx = None
         self.params: dict[str, Any] = {}
         self.info: dict[str, Any] = {}
         self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
         self.callback_seconds = 0.0  # part of it spent in a Python eval callback (subtracted)
-
-    # ---- callbacks -------------------------------------------------------------------------------
-    def _on_log(self, level: int, text: bytes, _ud: Any) -> None:
-        if self.echo_log:
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
-        if level <= GGML_LOG_LEVEL_DEBUG:  # hundreds of lines per load; errors are never debug level
-            return
-        line = text.decode("utf-8", errors="replace").rstrip("\n")
-        if line:
-            self.log.append(line)
 
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
@@ -124,7 +109,7 @@ class LlamaWorker:
         params = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
         if params["n_batch"] < params["n_seq_max"]:
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
-        self.log.clear()
+        self.native.log_clear()
         mp = L.llama_model_default_params()
         mp.use_mmap = bool(req.get("mmap", True))
         model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -368,7 +353,7 @@ class LlamaWorker:
         self.params, self.info = {}, {}
 
     def _last_error(self, fallback: str) -> str:
-        errs = [ln.strip() for ln in self.log if "error" in ln.lower() or "failed" in ln.lower()]
+        errs = [ln.strip() for ln in self.native.log_lines() if "error" in ln.lower() or "failed" in ln.lower()]
         return errs[0] if errs else fallback
 
 

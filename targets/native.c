@@ -1,13 +1,15 @@
-/* family-certify: the llama.cpp worker's native helpers — its eval callback, and argmax over logits.
+/* family-certify: the llama.cpp worker's native helpers — its eval callback, its log callback, and argmax.
  *
  * ggml's scheduler asks the callback about every graph node of every llama_decode (hundreds per decode);
  * answering from Python costs more than the decode itself on tiny fixtures. This callback answers in C and
  * copies the wanted residuals (tensors named "l_out-N") into buffers the worker reads after the decode.
+ * Likewise llama.cpp logs ~500 lines per model load: the log callback keeps the last non-debug ones in C.
  * Built on first use by targets/native.py (cc -O2 -shared); the ggml functions come in as pointers from the
  * libggml-base the worker already loaded, so no headers or link flags are needed.
  */
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,4 +112,35 @@ int64_t fc_argmax(const float *x, int64_t n) {
         if (x[i] > x[best]) best = i;
     }
     return best;
+}
+
+/* ---- log: the last FC_LOG_LINES lines above debug level, for the worker's error messages ---- */
+#define FC_LOG_LINES 200
+#define FC_LOG_WIDTH 512
+#define FC_LOG_LEVEL_DEBUG 1 /* GGML_LOG_LEVEL_DEBUG; NONE is 0 */
+
+static char log_ring[FC_LOG_LINES][FC_LOG_WIDTH];
+static int log_next, log_count, log_echo;
+
+void fc_log(int level, const char *text, void *user_data) {
+    (void)user_data;
+    if (log_echo) fputs(text, stderr);
+    if (level <= FC_LOG_LEVEL_DEBUG) return;
+    size_t n = strlen(text);
+    while (n && text[n - 1] == '\n') n--;
+    if (!n) return;
+    if (n >= FC_LOG_WIDTH) n = FC_LOG_WIDTH - 1;
+    memcpy(log_ring[log_next], text, n);
+    log_ring[log_next][n] = '\0';
+    log_next = (log_next + 1) % FC_LOG_LINES;
+    if (log_count < FC_LOG_LINES) log_count++;
+}
+
+void fc_log_echo(int on) { log_echo = on; }
+void fc_log_clear(void) { log_count = 0; }
+int fc_log_count(void) { return log_count; }
+/* line i of fc_log_count(), oldest first */
+const char *fc_log_line(int i) {
+    if (i < 0 || i >= log_count) return "";
+    return log_ring[(log_next - log_count + i + FC_LOG_LINES) % FC_LOG_LINES];
 }

@@ -1,4 +1,5 @@
-"""The llama.cpp worker's hot paths: capturing residuals (tensors "l_out-N") during llama_decode, and argmax.
+"""The llama.cpp worker's hot paths: capturing residuals (tensors "l_out-N") during llama_decode, keeping
+llama.cpp's log, and argmax.
 
 Two implementations of one interface: Native (targets/native.c, compiled on first use into the cache; the
 eval callback never enters Python) and Python (the same through ctypes callbacks; used when no C compiler
@@ -12,17 +13,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 import sys
 import time
 import zlib
 from array import array
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 SOURCE = Path(__file__).with_name("native.c")
 MAX_LAYERS = 4096  # FC_MAX_LAYERS in native.c
+LOG_LINES = 200  # FC_LOG_LINES
+LOG_LEVEL_DEBUG = 1  # GGML_LOG_LEVEL_DEBUG (NONE is 0)
 F32 = 0  # GGML_TYPE_F32
 
 
@@ -36,6 +38,9 @@ def native_library() -> Path | None:
     out = cache_dir() / "native" / f"native-{digest}.so"
     if out.is_file():
         return out
+    import shutil
+    import subprocess
+
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None
@@ -61,8 +66,12 @@ def _address(fn: Any) -> int:
 class Native:
     kind = "native"
 
-    def __init__(self, lib_path: Path, ggml: ctypes.CDLL, callback_type: Any):
+    def __init__(self, lib_path: Path, ggml: ctypes.CDLL, L: Any, *, echo: bool = False):
         lib = ctypes.CDLL(str(lib_path))
+        lib.fc_log_line.restype = ctypes.c_char_p
+        lib.fc_log_line.argtypes = [ctypes.c_int]
+        lib.fc_log_echo.argtypes = [ctypes.c_int]
+        lib.fc_log_echo(int(echo))
         lib.fc_init.argtypes = [ctypes.c_void_p] * 3
         lib.fc_want.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.fc_count.restype = lib.fc_width.restype = ctypes.c_int64
@@ -72,7 +81,8 @@ class Native:
         lib.fc_argmax.argtypes = [ctypes.c_void_p, ctypes.c_int64]
         lib.fc_init(_address(ggml.ggml_get_name), _address(ggml.ggml_nbytes), _address(ggml.ggml_backend_tensor_get))
         self.lib = lib
-        self.callback = callback_type(_address(lib.fc_eval))
+        self.callback = L.ggml_backend_sched_eval_callback(_address(lib.fc_eval))
+        self.log_callback = L.llama_log_callback(_address(lib.fc_log))
         self.seconds = 0.0  # time spent in a Python callback (none here: it is part of llama_decode's own)
         self.layers: list[int] = []
 
@@ -98,13 +108,23 @@ class Native:
         """numpy.argmax of n float32 at address ptr."""
         return int(self.lib.fc_argmax(ptr, n))
 
+    def log_lines(self) -> list[str]:
+        """The last lines llama.cpp logged above debug level, oldest first."""
+        return [self.lib.fc_log_line(i).decode("utf-8", errors="replace") for i in range(self.lib.fc_log_count())]
+
+    def log_clear(self) -> None:
+        self.lib.fc_log_clear()
+
 
 class Python:
     kind = "python"
 
-    def __init__(self, ggml: ctypes.CDLL, callback_type: Any):
+    def __init__(self, ggml: ctypes.CDLL, L: Any, *, echo: bool = False):
         self.ggml = ggml
-        self.callback = callback_type(self._on_eval)
+        self.callback = L.ggml_backend_sched_eval_callback(self._on_eval)
+        self.log_callback = L.llama_log_callback(self._on_log)
+        self.echo = echo
+        self.log: deque[str] = deque(maxlen=LOG_LINES)
         self.seconds = 0.0  # time spent in this callback (subtract it from llama_decode's)
         self.want: dict[bytes, int] = {}
         self.got: dict[int, list[bytes]] = {}
@@ -130,6 +150,21 @@ class Python:
                 best = i
         return best
 
+    def log_lines(self) -> list[str]:
+        return list(self.log)
+
+    def log_clear(self) -> None:
+        self.log.clear()
+
+    def _on_log(self, level: int, text: bytes, _ud: Any) -> None:
+        if self.echo:
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+        if level <= LOG_LEVEL_DEBUG:  # hundreds of lines per load; errors are never debug level
+            return
+        line = text.decode("utf-8", errors="replace").rstrip("\n")
+        if line:
+            self.log.append(line)
+
     def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
         t0 = time.perf_counter()
         try:
@@ -150,12 +185,14 @@ class Python:
             self.seconds += time.perf_counter() - t0
 
 
-def load(ggml: ctypes.CDLL, callback_type: Any) -> Native | Python:
+def load(ggml: ctypes.CDLL, L: Any, *, echo: bool = False) -> Native | Python:
+    """The helpers for llama-cpp-python's bindings L and libggml-base ggml (echo: copy llama.cpp's log to
+    stderr)."""
     if not os.environ.get("FAMILY_CERTIFY_NO_NATIVE"):
         lib = native_library()
         if lib is not None:
-            return Native(lib, ggml, callback_type)
-    return Python(ggml, callback_type)
+            return Native(lib, ggml, L, echo=echo)
+    return Python(ggml, L, echo=echo)
 
 
 if __name__ == "__main__":

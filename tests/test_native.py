@@ -15,8 +15,8 @@ def both():
     ggml = ggml_base(L)
     lib = native.native_library()
     assert lib is not None, "the test machine has a C compiler (it built llama.cpp)"
-    return [native.Native(lib, ggml, L.ggml_backend_sched_eval_callback),
-            native.Python(ggml, L.ggml_backend_sched_eval_callback)]
+    return [native.Native(lib, ggml, L),
+            native.Python(ggml, L)]
 
 
 @pytest.mark.parametrize("case", ["random", "ties", "nan-late", "nan-first", "all-equal", "neg-inf", "one"])
@@ -86,3 +86,16 @@ def test_native_capture_of_a_layer_the_graph_lacks_is_a_bad_request(fixtures, ll
     assert not r.ok and r.failure.error_kind == "bad_request"
     assert llama.decode([1, 2], capture=[0]).ok  # and the worker carries on
 
+
+
+def test_both_logs_give_the_same_load_error(fixtures, tmp_path):
+    """A load failure's message comes from llama.cpp's log, kept in C or in Python: the same line."""
+    bad = tmp_path / "trunc.gguf"
+    bad.write_bytes(fixtures("llama").read_bytes()[:300])
+    messages = []
+    for env in ({}, {"FAMILY_CERTIFY_NO_NATIVE": "1"}):
+        with open_target(env=env) as t:
+            r = t.load(str(bad))
+            assert not r.ok and r.failure.error_kind == "load_failed"
+            messages.append(r.failure.message)
+    assert messages[0] == messages[1] and "gguf_init_from_reader" in messages[0]  # a line from the log
