@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
+import select
 import signal
 import subprocess
 import threading
@@ -68,7 +68,7 @@ class WorkerClient:
         self.env = env
         self.name = name
         self.proc: subprocess.Popen[str] | None = None
-        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._out = bytearray()  # bytes read from the worker's stdout, not yet a whole line
         self.stderr: deque[str] = deque(maxlen=60)
         self.next_id = 0
         self.restarts = 0
@@ -85,9 +85,8 @@ class WorkerClient:
             raise UserError(f"target {self.name}: cannot start {self.argv[0]!r} ({e.strerror or e}); "
                             "install it or fix --target") from None
         self.starts += 1
-        self.lines = queue.Queue()
+        self._out = bytearray()
         self.stderr = deque(maxlen=60)
-        threading.Thread(target=_pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
         threading.Thread(target=_pump, args=(self.proc.stderr, self._stderr_line), daemon=True).start()
 
     def _stderr_line(self, line: str | None) -> None:
@@ -182,9 +181,8 @@ class WorkerClient:
                 self._kill()
                 return Reply(False, {}, Failure("timeout", f"{self.name} did not answer '{op}' within "
                                                 f"{timeout:g}s (killed)", op, req, stderr_tail=list(self.stderr)))
-            try:
-                line = self.lines.get(timeout=remaining)
-            except queue.Empty:
+            line = self._readline(remaining)
+            if line is _WAIT:
                 continue
             if line is None:
                 return self._crashed(op, req)
@@ -201,6 +199,25 @@ class WorkerClient:
             return Reply(False, resp, Failure("error", str(resp.get("error", "request failed")), op, req,
                                               error_kind=resp.get("error_kind")))
 
+    def _readline(self, timeout: float) -> str | None | object:
+        """The next line of the worker's stdout; None at end of file; _WAIT if none came within timeout.
+        Read here, on the calling thread (a reader thread would add a thread hand-off to every reply)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        start = 0
+        while (nl := self._out.find(b"\n", start)) < 0:
+            start = len(self._out)
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return _WAIT
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self._out += chunk
+        line = self._out[:nl].decode("utf-8", errors="replace")
+        del self._out[:nl + 1]
+        return line
+
     def _crashed(self, op: str, req: dict[str, Any]) -> Reply:
         rc = None
         if self.proc is not None:
@@ -216,6 +233,9 @@ class WorkerClient:
         sig = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
         msg = f"{self.name} crashed ({sig}) during '{op}'" + (f": {why[:300]}" if why else "")
         return Reply(False, {}, Failure("crash", msg, op, req, returncode=rc, stderr_tail=tail))
+
+
+_WAIT = object()
 
 
 def _pump(stream: Any, put: Any) -> None:

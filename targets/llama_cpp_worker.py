@@ -125,6 +125,7 @@ class LlamaWorker:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
+        cp.no_perf = True  # no performance counters: llama_perf_* is never read here
         if params["capture"]:  # the per-node callback costs time in every decode: only when asked for
             cp.cb_eval = self.native.callback
             cp.cb_eval_user_data = None
