@@ -163,21 +163,25 @@ class _Job:
 
 
 class _Tasks:
-    """(cut set, stage) tasks whose input is ready, for any free worker: later stages first (a cut set
-    finishes as early as it can), then cut-set order. Ends when every cut set is finished or on abort."""
+    """(cut set, stage) tasks whose input is ready, for any free worker: the task with the most work left
+    in its chain first (list scheduling by bottom level: long chains start early, the smallest tasks come
+    last and the workers finish together), then cut-set order. Ends when every cut set is finished or on
+    abort."""
 
     def __init__(self, n_jobs: int):
         self.cond = threading.Condition()
-        self.ready: list[tuple[int, int, int, _Job]] = []
+        self.ready: list[tuple[int, int, int, int, _Job]] = []
         self.unfinished = n_jobs
         self.finished: dict[int, _Job] = {}
         self.aborted = False
         self._n = 0
 
     def put(self, job: _Job, stage: int) -> None:
+        # work left ≈ layers to run, plus a load per stage (about two tiny layers' worth of decode time)
+        left = sum(st.n_layer + 2 for _, st in job.stages[stage:])
         with self.cond:
             self._n += 1
-            heapq.heappush(self.ready, (-stage, job.index, self._n, job))
+            heapq.heappush(self.ready, (-left, job.index, self._n, stage, job))
             self.cond.notify()
 
     def get(self) -> tuple[_Job, int] | None:
@@ -186,8 +190,8 @@ class _Tasks:
                 self.cond.wait()
             if not self.ready or self.aborted:
                 return None
-            neg_stage, _, _, job = heapq.heappop(self.ready)
-            return job, -neg_stage
+            *_, stage, job = heapq.heappop(self.ready)
+            return job, stage
 
     def finish(self, job: _Job) -> None:
         with self.cond:
@@ -227,11 +231,14 @@ class Sweep:
         broken ones to prove the oracle catches them."""
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.st = FixtureStages(self.fixture, slicer=slicer, period=cfg.period)
-        self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
-        self.embd_refused = self.st.embd_refused
+        self.slicer = slicer
         self.decode_seconds = 0.0
         self._lock = threading.Lock()
+
+    def _read_fixture(self) -> None:
+        self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period)
+        self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
+        self.embd_refused = self.st.embd_refused
 
     def _add_time(self, seconds: float) -> None:
         with self._lock:
@@ -240,17 +247,23 @@ class Sweep:
     def run(self) -> SweepReport:
         cfg = self.cfg
         t_start = time.perf_counter()
-        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
-        n_tasks = sum(len(s) + 1 for s in sets)
-        n_workers = max(1, min(cfg.workers or min(8, max(2, os.cpu_count() or 1)), n_tasks))
-        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(n_workers)]
-        with self.st.workspace(cfg.workdir):
-            try:
-                for t in workers:  # spawn all workers at once; their start-up overlaps
-                    t.start()
+        most = cfg.workers or min(8, max(2, os.cpu_count() or 1))
+        # two workers (reference and control) start while the fixture is read; more once the work is known
+        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(min(2, most))]
+        try:
+            for t in workers:
+                t.start()
+            self._read_fixture()
+            sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
+            more = [open_target(cfg.target, timeout=cfg.timeout)
+                    for _ in range(min(most, sum(len(s) + 1 for s in sets)) - len(workers))]
+            for t in more:
+                t.start()
+            workers += more
+            with self.st.workspace(cfg.workdir):
                 results, control, commit = self._run(sets, workers)
-            finally:
-                close_all(workers)
+        finally:
+            close_all(workers)
         wall = time.perf_counter() - t_start
         return SweepReport(
             fixture=str(self.fixture), sha256=hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
@@ -258,7 +271,7 @@ class Sweep:
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": n_workers},
+                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers)},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
