@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.schedule import Step
-from targets import Failure, Target
+from targets import Failure, Reply, Target
 
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE
 
@@ -58,7 +58,11 @@ def script_steps(steps: list[Step], *, tokens: list[list[int]] | None = None,
 
 
 def run_script(target: Target, steps: list[dict[str, Any]], *, reset: bool = False) -> Trace | Failure:
-    r = target.script(steps, reset=reset)
+    return script_trace(target.script(steps, reset=reset))
+
+
+def script_trace(r: Reply) -> Trace | Failure:
+    """A script reply as a Trace (or its failure)."""
     if not r.ok:
         return r.failure
     return Trace([StepOut([int(t) for t in (res["tokens"] or [])], res["logits"], res["captures"])

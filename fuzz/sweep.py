@@ -31,6 +31,7 @@ from fuzz.parity import (
     pos_per_token,
     run_script,
     script_steps,
+    script_trace,
     tokens_equal,
 )
 from fuzz.schedule import PHASES, Schedule, build_schedule
@@ -40,6 +41,7 @@ from synth.families import family_for_arch
 from synth.gguf_io import token_embeddings
 from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target, close_all, open_target
+from targets.target import script_request
 
 STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
 
@@ -401,17 +403,15 @@ class Sweep:
 
     def _run_stage(self, job: _Job, s: int, t: Target, *, capture_all: bool = False) -> None:
         """Stage s of one cut set in a fresh context on t: every run whose earlier stages completed, in run
-        order, to the first failure. A non-final stage captures its last layer (capture_all: every layer)."""
+        order, to the first failure. A non-final stage captures its last layer (capture_all: every layer).
+        The load and the runs go to the worker at once (it runs them back to back)."""
         path, st = job.stages[s]
         last = s == len(job.stages) - 1
         names = [n for n in self._sched.runs() if len(job.traces.get(n, ())) == s]
         if not names:
             return
-        r = t.load(str(path), **self._params, capture=capture_all or not last)
-        if not r.ok:
-            job.failures.setdefault(names[0], ("load", RunFailure(r.failure, s)))
-            return
         capture = list(range(st.n_layer)) if capture_all else [] if last else [st.n_layer - 1]
+        requests = [("load", {"path": str(path), **self._params, "capture": capture_all or not last})]
         for name in names:
             steps = self._sched.runs()[name]
             if s == 0:
@@ -420,7 +420,13 @@ class Sweep:
                 width = job.stages[s - 1][1].n_layer
                 reqs = script_steps(steps, embd=[so.captures[width - 1] for so in job.traces[name][s - 1].steps],
                                     capture=capture, n_pos_per_token=self.n_pos)
-            tr = run_script(t, reqs, reset=True)
+            requests.append(script_request(reqs, reset=True))
+        replies = t.pipeline(requests)
+        if not replies[0].ok:
+            job.failures.setdefault(names[0], ("load", RunFailure(replies[0].failure, s)))
+            return
+        for name, reply in zip(names, replies[1:], strict=False):
+            tr = script_trace(reply)
             if isinstance(tr, Failure):
                 job.failures[name] = (name, RunFailure(tr, s))
                 return

@@ -14,6 +14,12 @@ venv="$root/.venv"
 stamp="$venv/.bootstrap-stamp"
 want="$LLAMA_CPP_PYTHON $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
 
+# byte-compile the checkout every time (quick; a no-op when nothing changed): every worker process imports
+# targets/, and an environment with PYTHONDONTWRITEBYTECODE would otherwise recompile it at each start
+if [ -x "$venv/bin/python" ]; then
+  "$venv/bin/python" -m compileall -q "$root/synth" "$root/fuzz" "$root/targets" >/dev/null || true
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -53,5 +59,6 @@ say "installing into $venv"
 "${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=compat
 # the worker's native helpers (targets/native.c); workers also build them on first use if missing
 "$venv/bin/python" -m targets.native >&2
+"$venv/bin/python" -m compileall -q "$root/synth" "$root/fuzz" "$root/targets" >/dev/null
 echo "$want" > "$stamp"
 say "ready"

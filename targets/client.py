@@ -45,6 +45,7 @@ class Reply:
     ok: bool
     data: dict[str, Any]
     failure: Failure | None = None
+    request: dict[str, Any] = field(default_factory=dict, repr=False)  # what was asked (op and arguments)
 
 
 def elide(req: dict[str, Any], limit: int = 200) -> dict[str, Any]:
@@ -157,30 +158,74 @@ class WorkerClient:
         if failed is not None:
             return failed
         reply = self._roundtrip({"op": op, **args}, timeout or self.timeout)
-        if op == "load":
-            self.load_request = {"op": op, **args} if reply.ok else None
-        elif op == "unload" and reply.ok:
-            self.load_request = None
+        self._note(reply)
         return reply
+
+    def calls(self, requests: list[tuple[str, dict[str, Any]]], *, timeout: float | None = None) -> list[Reply]:
+        """Several requests sent at once: the worker runs them back to back while their replies are read (no
+        idle worker between them). The replies in order, up to and including the first that failed; each
+        request has the per-call timeout from the previous reply on."""
+        failed = self._ensure()
+        if failed is not None:
+            return [failed]
+        assert self.proc is not None and self.proc.stdin is not None
+        msgs = []
+        for op, args in requests:
+            self.next_id += 1
+            msgs.append({"id": self.next_id, "op": op, **args})
+        payload = "".join(json.dumps(m) + "\n" for m in msgs)
+        stdin = self.proc.stdin
+
+        def write() -> None:  # on its own thread: a full pipe must not stop us reading replies
+            try:
+                stdin.write(payload)
+                stdin.flush()
+            except (OSError, ValueError):
+                pass  # the worker is gone; reading its replies reports how
+
+        threading.Thread(target=write, daemon=True).start()
+        replies: list[Reply] = []
+        for m in msgs:
+            reply = self._receive(m["id"], {k: v for k, v in m.items() if k != "id"}, timeout or self.timeout)
+            self._note(reply)
+            replies.append(reply)
+            if not reply.ok:
+                break
+        if not replies[-1].ok and replies[-1].failure is not None and replies[-1].failure.kind == "error":
+            for m in msgs[len(replies):]:  # the worker still answers the rest: read them, keep the stream clean
+                self._receive(m["id"], m, timeout or self.timeout)
+        return replies
+
+    def _note(self, reply: Reply) -> None:
+        """Remember the last successful load, to replay into a restarted worker."""
+        req = reply.request
+        if req.get("op") == "load":
+            self.load_request = dict(req) if reply.ok else None
+        elif req.get("op") == "unload" and reply.ok:
+            self.load_request = None
 
     def _roundtrip(self, req: dict[str, Any], timeout: float) -> Reply:
         self.next_id += 1
         rid = self.next_id
         msg = {"id": rid, **req}
-        op = str(req.get("op"))
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(msg) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            return self._crashed(op, req)
+            return self._crashed(str(req.get("op")), req)
+        return self._receive(rid, req, timeout)
+
+    def _receive(self, rid: int, req: dict[str, Any], timeout: float) -> Reply:
+        """The reply to request rid (req: the request, for failures)."""
+        op = str(req.get("op"))
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill()
-                return Reply(False, {}, Failure("timeout", f"{self.name} did not answer '{op}' within "
-                                                f"{timeout:g}s (killed)", op, req, stderr_tail=list(self.stderr)))
+                why = f"{self.name} did not answer '{op}' within {timeout:g}s (killed)"
+                return Reply(False, {}, Failure("timeout", why, op, req, stderr_tail=list(self.stderr)), request=req)
             line = self._readline(remaining)
             if line is _WAIT:
                 continue
@@ -190,14 +235,14 @@ class WorkerClient:
                 resp = json.loads(line)
             except json.JSONDecodeError:
                 self._kill()
-                return Reply(False, {}, Failure("protocol", f"{self.name} wrote a non-JSON line: {line[:120]!r}",
-                                                op, req, stderr_tail=list(self.stderr)))
+                why = f"{self.name} wrote a non-JSON line: {line[:120]!r}"
+                return Reply(False, {}, Failure("protocol", why, op, req, stderr_tail=list(self.stderr)), request=req)
             if resp.get("id") != rid:
                 continue  # a stale answer from before a timeout
             if resp.get("ok"):
-                return Reply(True, resp)
+                return Reply(True, resp, request=req)
             return Reply(False, resp, Failure("error", str(resp.get("error", "request failed")), op, req,
-                                              error_kind=resp.get("error_kind")))
+                                              error_kind=resp.get("error_kind")), request=req)
 
     def _readline(self, timeout: float) -> str | None | object:
         """The next line of the worker's stdout; None at end of file; _WAIT if none came within timeout.
@@ -232,7 +277,7 @@ class WorkerClient:
         why = next((ln for ln in reversed(lines) if any(m in ln for m in _INFORMATIVE)), lines[-1] if lines else "")
         sig = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
         msg = f"{self.name} crashed ({sig}) during '{op}'" + (f": {why[:300]}" if why else "")
-        return Reply(False, {}, Failure("crash", msg, op, req, returncode=rc, stderr_tail=tail))
+        return Reply(False, {}, Failure("crash", msg, op, req, returncode=rc, stderr_tail=tail), request=req)
 
 
 _WAIT = object()

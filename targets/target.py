@@ -38,6 +38,21 @@ def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | N
     return args
 
 
+def script_request(steps: Sequence[dict[str, Any]], *, reset: bool = False) -> tuple[str, dict[str, Any]]:
+    """A script request in protocol form (for Target.pipeline)."""
+    args: dict[str, Any] = {"steps": [step_args(**st) for st in steps]}
+    if reset:
+        args["reset"] = True
+    return "script", args
+
+
+def _decoded(r: Reply) -> Reply:
+    if r.ok and r.request.get("op") == "script":
+        for res in r.data["results"]:
+            decode_result(res)
+    return r
+
+
 def decode_result(data: dict[str, Any]) -> None:
     """Turn a decode result's blobs into arrays, in place."""
     n_vocab = data["n_vocab"]
@@ -96,14 +111,13 @@ class Target:
         """Several decodes in one round trip; each step takes decode()'s keyword arguments (tokens may be
         "argmax@R": the argmax of output row R of the previous step). reset: clear the memory first.
         Reply.data["results"]: decoded steps."""
-        args: dict[str, Any] = {"steps": [step_args(**st) for st in steps]}
-        if reset:
-            args["reset"] = True
-        r = self.client.call("script", timeout=timeout, **args)
-        if r.ok:
-            for res in r.data["results"]:
-                decode_result(res)
-        return r
+        op, args = script_request(steps, reset=reset)
+        return _decoded(self.client.call(op, timeout=timeout, **args))
+
+    def pipeline(self, requests: Sequence[tuple[str, dict[str, Any]]], *, timeout: float | None = None) -> list[Reply]:
+        """Several requests at once (("load", {...}), script_request(...), ...): the worker runs them back to
+        back. Replies in order, up to and including the first that failed; script results decoded."""
+        return [_decoded(r) for r in self.client.calls(list(requests), timeout=timeout)]
 
     def generate(self, prompt: Sequence[int], n_predict: int, *, chunk: int | None = None, seq: int = 0,
                  timeout: float | None = None) -> Reply:

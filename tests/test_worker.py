@@ -117,3 +117,26 @@ def test_capture_returns_every_row_of_the_residual(llama, fixtures):
     assert r.ok
     assert {k: v.shape for k, v in r.data["captures"].items()} == {0: (6, 32), 3: (6, 32), 7: (6, 32)}
     assert r.data["logits"].shape == (1, 64)  # still only the requested rows come back
+
+
+def test_pipelined_requests_stop_at_the_first_failure_and_leave_the_stream_clean(fixtures, tmp_path):
+    from targets.target import script_request
+
+    good = str(fixtures("llama"))
+    bad = str(aborting_at_decode(fixtures("llama"), tmp_path / "abort.gguf"))
+    step = {"tokens": [1, 2, 3], "logits": "all"}
+    with open_target() as t:
+        ok = t.pipeline([("load", {"path": good}), script_request([step], reset=True),
+                         script_request([step], reset=True)])
+        assert [r.ok for r in ok] == [True, True, True]
+        assert ok[1].data["results"][0]["logits"].tobytes() == ok[2].data["results"][0]["logits"].tobytes()
+        # a refused request ends the replies; the worker answered the rest, which must not leak into later calls
+        refused = t.pipeline([("load", {"path": str(tmp_path / "missing.gguf")}), script_request([step])])
+        assert len(refused) == 1 and refused[0].failure.error_kind == "bad_request"
+        assert t.hello().ok and t.load(good).ok
+        # a crash ends them too; the next call restarts the worker with the last good load
+        crashed = t.pipeline([("load", {"path": bad}), script_request([step], reset=True), ("hello", {})])
+        assert crashed[0].ok and crashed[1].failure.kind == "crash" and len(crashed) == 2
+        r = t.decode([1, 2, 3])
+        assert r.failure.kind == "crash"  # the replayed load is the aborting model, as with single calls
+        assert t.load(good).ok and t.decode([1, 2, 3]).ok
