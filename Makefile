@@ -21,6 +21,7 @@ lint: bootstrap
 
 bench: bootstrap
 	$(PY) benchmarks/synth_bench.py
+	$(PY) benchmarks/sweep_bench.py
 
 clean:
 	rm -rf build .pytest_cache
