@@ -12,7 +12,7 @@ import json
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,9 +21,10 @@ import typer
 
 from fuzz.determinism import Determinism, DeterminismConfig
 from fuzz.handoff import Handoff, HandoffConfig
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.sweep import Sweep, SweepConfig, SweepReport
 from synth.cliutil import new_app, run
 from synth.errors import UserError
+from synth.families import get_family
 from synth.make import write_fixture
 from synth.manifest import Manifest, Row, load_manifest
 from targets import TARGETS_HELP, Target, open_target
@@ -93,13 +94,42 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
     else:
         cfg = SweepConfig(cuts="all", tokens=16, target=target_spec)
     rep = Sweep(path, cfg).run()
+    status, detail = sweep_verdict(rep)
+    return LaneResult(row.key, lane, status, detail, {"summary": rep.summary, "control": rep.control})
+
+
+def sweep_verdict(rep: SweepReport) -> tuple[str, str]:
+    """fail on any divergence, crash or timeout (control included); pass if a cut set passed; else unsupported."""
     s = rep.summary
     bad = s["diverged"] + s["crash"] + s["timeout"] + (rep.control.get("status") not in ("pass", "unsupported"))
     status = "fail" if bad else "pass" if s["pass"] else "unsupported"
     reasons = sorted({r.reason for r in rep.results if r.status == "unsupported" and r.reason})
+    first = next((r for r in rep.results if r.status in ("diverged", "crash", "timeout")), None)
     detail = f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v) + \
-        f"; control {rep.control.get('status')}" + (f"; unsupported: {reasons[0]}" if reasons else "")
-    return LaneResult(row.key, lane, status, detail, {"summary": s, "control": rep.control})
+        f"; control {rep.control.get('status')}" + (f"; unsupported: {reasons[0]}" if reasons else "") + \
+        (f"; first: cuts {first.cuts} {first.status} at layer {first.layer} ({first.reason or first.where})"
+         if first else "")
+    return status, detail
+
+
+def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
+    """The row's fixture with its matmul weights in each of the row's dtypes (gguf-py's quantizers), split as the
+    parity lane splits it: every cut set bit-exact with the unsplit model of the same dtype."""
+    if not row.dtypes:
+        return LaneResult(row.key, "dtype", "skipped", "no dtypes for this row; set dtypes in [tiers.N] or the row")
+    cuts = "period" if "boundary-sweep" in row.lanes else "all"
+    statuses, parts, why = [], [], ""
+    for dtype in row.dtypes:
+        path = workdir / f"{row.key}.{dtype}.gguf"
+        write_fixture(get_family(str(row.recipe["family"])).resolve(replace(row.knobs(), dtype=dtype)), path)
+        rep = Sweep(path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8, target=target_spec)).run()
+        status, detail = sweep_verdict(rep)
+        why = why or next((r.reason for r in rep.results if r.status == "unsupported" and r.reason), "")
+        statuses.append(status)
+        parts.append(f"{dtype}: {detail}" if status == "fail" else f"{dtype} {rep.summary['pass']}/{len(rep.results)}")
+    status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "unsupported"
+    return LaneResult(row.key, "dtype", status, f"cut sets passing per dtype ({cuts}): " + ", ".join(parts)
+                      + (f"; unsupported: {why}" if status == "unsupported" and why else ""))
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
@@ -159,6 +189,8 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list
                 out.append(lane_load(row, path, target))
             elif lane in ("parity", "boundary-sweep", "fixed-split"):
                 out.append(lane_sweep(row, path, lane, target_spec))
+            elif lane == "dtype":
+                out.append(lane_dtype(row, workdir, target_spec))
             elif lane == "handoff":
                 out.append(lane_handoff(row, path, target_spec))
             elif lane == "determinism":

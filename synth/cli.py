@@ -51,6 +51,8 @@ def make(
     kv_lora_rank: Annotated[int | None, Opt(help="MLA: latent KV rank")] = None,
     indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help="DSA indexer tensors")] = None,
     indexer_top_k: Annotated[int | None, Opt(help="DSA indexer top-k")] = None,
+    dtype: Annotated[str | None, Opt(help="weight type of the matmul tensors: f32 (default), f16, bf16, q8_0, "
+                                          "q4_0, q4_1, q5_0, q5_1, mxfp4")] = None,
     seed: Annotated[int, Opt(help="weight seed")] = 0,
     as_json: Annotated[bool, Opt("--json", help="print the resolved spec and file facts as JSON")] = False,
 ) -> None:
@@ -60,7 +62,7 @@ def make(
                   embd=embd, heads=heads, head_dim=head_dim, ff=ff, vocab=vocab, experts=experts,
                   experts_used=experts_used, shared_experts=shared_experts, leading_dense=leading_dense,
                   q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank,
-                  indexer=indexer, indexer_top_k=indexer_top_k, seed=seed)
+                  indexer=indexer, indexer_top_k=indexer_top_k, dtype=dtype, seed=seed)
     if row is not None:
         if family is not None or knobs.given():
             raise UserError("--row takes its family and knobs from the manifest; give --row alone (with -o/--seed)")

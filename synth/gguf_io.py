@@ -17,13 +17,34 @@ VT = gguf.GGUFValueType
 
 
 @dataclass(frozen=True)
+class Raw:
+    """A tensor kept as the bytes of its GGML type (quantized or BF16): rows × bytes per row, as gguf-py
+    reads and writes them. Slices, packages and pads pass it through without decoding it."""
+
+    data: np.ndarray  # uint8, shape (..., bytes per row)
+    qtype: gguf.GGMLQuantizationType
+
+    def zeros(self) -> Raw:
+        """The same tensor with every byte 0: every block's scale is 0 (MXFP4: 2^-127 times code 0), so every
+        weight is exactly 0, as np.zeros_like gives for float tensors."""
+        return Raw(np.zeros_like(self.data), self.qtype)
+
+
+Tensor = np.ndarray | Raw
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    return t.zeros() if isinstance(t, Raw) else np.zeros_like(t)
+
+
+@dataclass(frozen=True)
 class KV:
     value: Any
     type: gguf.GGUFValueType
     sub_type: gguf.GGUFValueType | None = None
 
 
-def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: list[tuple[str, np.ndarray]]) -> int:
+def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: list[tuple[str, Tensor]]) -> int:
     """Write a GGUF atomically (temp file + rename, so a failure never leaves a partial file).
 
     kv must not contain general.architecture (the writer adds it first). Returns the file size.
@@ -37,7 +58,10 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: l
         for key, v in kv.items():
             w.add_key_value(key, v.value, v.type, v.sub_type)
         for name, arr in tensors:
-            w.add_tensor(name, arr, raw_dtype=_raw_dtype(arr))
+            if isinstance(arr, Raw):
+                w.add_tensor(name, arr.data, raw_dtype=arr.qtype)
+            else:
+                w.add_tensor(name, arr, raw_dtype=_raw_dtype(arr))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         _write_tensors(w)
@@ -150,12 +174,12 @@ def _scalar(part: Any, t: gguf.GGUFValueType) -> Any:
     return int(v)
 
 
-def read_all(src: str | os.PathLike | GGUFFile) -> tuple[GGUFFile, dict[str, KV], list[tuple[str, np.ndarray]]]:
+def read_all(src: str | os.PathLike | GGUFFile) -> tuple[GGUFFile, dict[str, KV], list[tuple[str, Tensor]]]:
     """Everything in a GGUF (a path, or a file already opened) as writable pieces: metadata (minus
     general.architecture) and tensors.
 
-    Tensors come back as numpy arrays in numpy order (reversed ggml ne); quantized tensors keep their
-    raw bytes via gguf-py's reader shapes, so only float files can be rewritten element-wise.
+    F32/F16 tensors come back as numpy arrays in numpy order (reversed ggml ne); any other type as Raw (its
+    bytes, rows × bytes per row), written back unchanged.
     """
     g = src if isinstance(src, GGUFFile) else GGUFFile(src)
     kv = {k: g.kv_entry(k) for k in g.kv if k != "general.architecture"}
@@ -163,7 +187,7 @@ def read_all(src: str | os.PathLike | GGUFFile) -> tuple[GGUFFile, dict[str, KV]
     for t in g.reader.tensors:
         data = np.array(t.data)
         tensors.append((t.name, data.reshape(tuple(reversed([int(x) for x in t.shape])))
-                        if t.tensor_type.name in ("F32", "F16") else data))
+                        if t.tensor_type.name in ("F32", "F16") else Raw(data, t.tensor_type)))
     return g, kv, tensors
 
 

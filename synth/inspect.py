@@ -8,7 +8,8 @@ FFN kind, indexer. The file-level recurrent/hybrid flags follow llama.cpp's own 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from synth.gguf_io import GGUFFile
@@ -74,6 +75,7 @@ class ModelInfo:
     layers: list[LayerInfo]
     spec: str | None  # the synth spec JSON if this is one of our fixtures
     stage: dict[str, Any] | None = None  # for a stage file: source layers, range, pass-through pads
+    tensor_types: dict[str, int] = field(default_factory=dict)  # GGML type → number of tensors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +181,7 @@ def inspect_gguf(g: GGUFFile) -> ModelInfo:
         is_recurrent=arch in RECURRENT_ARCHS, is_hybrid=arch in HYBRID_ARCHS,
         file_bytes=g.path.stat().st_size, n_tensors=len(g.tensors), layers=layers,
         spec=spec if isinstance(spec, str) else None, stage=stage,
+        tensor_types=dict(sorted(Counter(t.type for t in g.tensors.values()).items())),
     )
 
 
@@ -231,6 +234,7 @@ def _mixer(kind: str, names: list[str], mla: bool) -> str:
 def format_table(info: ModelInfo) -> str:
     lines = [f"{info.path}: arch {info.arch}, {info.n_layer} layers, n_embd {info.n_embd}, vocab {info.n_vocab}, "
              f"{info.file_bytes} bytes, recurrent={info.is_recurrent} hybrid={info.is_hybrid}",
+             "tensor types: " + ", ".join(f"{k} ×{v}" for k, v in info.tensor_types.items()),
              *([f"stage: source layers {info.stage['range'][0]}:{info.stage['range'][1]} of "
                 f"{info.stage['n_layer_source']}; its layers hold source layers {info.stage['source_layers']}; "
                 f"pass-through pads at stage layers {info.stage['pad_layers'] or 'none'}"] if info.stage else []),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synth.dtype import DTYPES
 from synth.errors import UserError
 from synth.families import FAMILIES, Family, get_family
 from synth.spec import Knobs, ModelSpec
@@ -20,14 +21,14 @@ from synth.spec import Knobs, ModelSpec
 MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
 TIERS = (1, 2, 3)
-LANES = ("load", "parity", "boundary-sweep", "fixed-split", "handoff", "determinism", "reject")
+LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "handoff", "determinism", "reject")
 ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
-            "expect", "runnable", "reason"}
+            "dtypes", "expect", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
-TIER_KEYS = {"description", "lanes", "expect"}
+TIER_KEYS = {"description", "lanes", "dtypes", "expect"}
 RECIPE_KNOBS = {"layers", "period", "offset", "pattern", "kv_heads", "embd", "heads", "head_dim", "ff", "vocab",
                 "experts", "experts_used", "shared_experts", "leading_dense", "q_lora_rank", "kv_lora_rank",
-                "indexer", "indexer_top_k", "seed"}
+                "indexer", "indexer_top_k", "dtype", "seed"}
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Tier:
     description: str
     lanes: list[str]
     expect: dict[str, str]
+    dtypes: list[str] = field(default_factory=list)  # the dtype lane's weight types
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Row:
     seed_row: str | None = None
     sweep_period: int | None = None
     lanes: list[str] = field(default_factory=list)  # effective lanes (tier defaults unless overridden)
+    dtypes: list[str] = field(default_factory=list)  # the dtype lane's weight types (tier default unless set)
     expect: dict[str, str] = field(default_factory=dict)
     runnable: bool = True
     reason: str | None = None
@@ -74,7 +77,8 @@ class Row:
         return {"name": self.key, "title": self.name, "tier": self.tier, "arch": self.arch,
                 "family": self.recipe.get("family"), "runnable": self.runnable, "reason": self.reason,
                 "artifact": self.artifact, "size": self.size, "why": self.why, "seed_row": self.seed_row,
-                "recipe": self.recipe, "sweep_period": self.sweep_period, "lanes": self.lanes, "expect": self.expect}
+                "recipe": self.recipe, "sweep_period": self.sweep_period, "lanes": self.lanes, "dtypes": self.dtypes,
+                "expect": self.expect}
 
 
 @dataclass
@@ -134,7 +138,8 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
             raise UserError(f"{p}: [tiers.{key}]: unknown key {sorted(bad)[0]!r}; "
                             f"allowed: {', '.join(sorted(TIER_KEYS))}")
         lanes = _lanes(t.get("lanes", []), p, f"[tiers.{key}]")
-        tiers[int(key)] = Tier(int(key), str(t.get("description", "")), lanes, dict(t.get("expect", {})))
+        tiers[int(key)] = Tier(int(key), str(t.get("description", "")), lanes, dict(t.get("expect", {})),
+                               _dtypes(t.get("dtypes", []), f"{p}: [tiers.{key}]"))
     missing = [t for t in TIERS if t not in tiers]
     if missing:
         raise UserError(f"{p}: no [tiers.{missing[0]}] table; every tier needs its default lanes and expectations")
@@ -167,6 +172,7 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
                   size=str(r["size"]), why=str(r["why"]), recipe=recipe, seed_row=r.get("seed_row"),
                   sweep_period=r.get("sweep_period"),
                   lanes=_lanes(r["lanes"], p, where) if "lanes" in r else list(tiers[tier].lanes),
+                  dtypes=_dtypes(r["dtypes"], where) if "dtypes" in r else list(tiers[tier].dtypes),
                   expect={**tiers[tier].expect, **dict(r.get("expect", {}))}, runnable=runnable, reason=reason)
         if "lanes" not in r and not _interleaved(row):
             row.lanes = [x for x in row.lanes if x != "boundary-sweep"]  # the tier's sweep is for hybrids
@@ -178,6 +184,12 @@ def _interleaved(row: Row) -> bool:
     """A row whose layers interleave kinds (hybrids), or that names a sweep period (e.g. SWA patterns)."""
     fam = row.family
     return bool(row.sweep_period) or (fam is not None and fam.kind == "hybrid" and not fam.parallel_hybrid)
+
+
+def _dtypes(dtypes: Any, where: str) -> list[str]:
+    if not isinstance(dtypes, list) or any(d not in DTYPES for d in dtypes):
+        raise UserError(f"{where}: dtypes must be a list of {', '.join(DTYPES)}, e.g. [\"q8_0\", \"q4_0\"]")
+    return [str(d) for d in dtypes]
 
 
 def _lanes(lanes: Any, p: Path, where: str) -> list[str]:

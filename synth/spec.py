@@ -39,6 +39,7 @@ class Knobs:
     kv_lora_rank: int | None = None
     indexer: bool | None = None
     indexer_top_k: int | None = None
+    dtype: str | None = None  # weight type of the matmul tensors (synth/dtype.py); default f32
     seed: int = 0
 
     def given(self) -> dict[str, object]:
@@ -71,6 +72,7 @@ class ModelSpec:
     indexer_top_k: int = 0
     seed: int = 0
     extra: dict[str, int] = field(default_factory=dict)  # family-specific dims (SSM state, ranks, ...)
+    dtype: str = "f32"  # weight type of the matmul tensors (synth/dtype.py)
 
     @property
     def n_layer(self) -> int:
@@ -85,6 +87,8 @@ class ModelSpec:
     def to_json(self) -> str:
         d = asdict(self)
         d["n_head_kv"] = list(self.n_head_kv)
+        if d["dtype"] == "f32":
+            del d["dtype"]  # f32 fixtures keep the bytes they had before dtypes existed
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod

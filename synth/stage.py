@@ -31,10 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from synth.errors import UserError
-from synth.gguf_io import KV, VT, GGUFFile, read_all, write_gguf
+from synth.gguf_io import KV, VT, GGUFFile, Tensor, read_all, write_gguf, zeros_like
 from synth.inspect import HYBRID_ARCHS, INTERVAL_ARCHS, PARALLEL_ARCHS, ModelInfo, inspect_gguf, source_swa_layers
 from synth.spec import SPEC_KEY, STAGE_KEYS
 
@@ -174,7 +172,7 @@ def _pick_donor(g: GGUFFile, donors: list[int], layers: list[int]) -> int:
     return donors[0]
 
 
-Tensors = list[tuple[str, np.ndarray]]
+Tensors = list[tuple[str, Tensor]]
 LayerTensors = Callable[[int], Tensors]  # source layer index → its tensors, names without the `blk.N.` prefix
 
 
@@ -297,13 +295,13 @@ def _stage_tensors(globals_: Tensors, layer_tensors: LayerTensors, st: StageInfo
     for name, arr in globals_:
         if neutralize_positions and name == "position_embd.weight":
             # the residual already carries the positions: adding them again would double them
-            arr = np.zeros_like(arr)
+            arr = zeros_like(arr)
         out.append((name, arr))
     for j, i in enumerate(st.layers):
         pad = j in st.pads
         for rest, arr in layer_tensors(i):
             if pad and rest.startswith(OUTPUT_PROJECTIONS) and not rest.endswith(".scale"):
-                arr = np.zeros_like(arr)
+                arr = zeros_like(arr)
             out.append((f"blk.{j}.{rest}", arr))
     return out
 

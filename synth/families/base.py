@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import gguf
 import numpy as np
 
+from synth.dtype import check_dtype, convert
 from synth.errors import UserError
 from synth.gguf_io import KV, VT
 from synth.spec import ATTN, BOTH, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
@@ -120,6 +121,8 @@ class Family:
 
     def resolve(self, knobs: Knobs) -> ModelSpec:
         for k in knobs.given():
+            if k == "dtype":
+                continue  # every family: synth/dtype.py decides tensor by tensor
             if k == "kv_heads" and self.mha_only:
                 raise self.reject(k, f"is not something this family can express ({self.mha_only})")
             if k not in self.knobs:
@@ -147,6 +150,7 @@ class Family:
             kv_lora_rank=_given(knobs.kv_lora_rank, self.kv_lora_rank),
             indexer=bool(_given(knobs.indexer, self.indexer)),
             indexer_top_k=_given(knobs.indexer_top_k, self.indexer_top_k), seed=knobs.seed,
+            dtype=check_dtype(knobs.dtype or "f32"),
         )
         if spec.n_vocab < 4:
             raise UserError(f"family {self.name}: --vocab {spec.n_vocab} is too small; use at least 4")
@@ -248,7 +252,8 @@ class Family:
         self.build(spec, b)
         b.kv.update(tokenizer_kv(spec.n_vocab))
         b.kv[SPEC_KEY] = KV(spec.to_json(), VT.STRING)
-        tensors = [(name, make_tensor(spec.seed, name, ne, init)) for name, ne, init in b.tensors]
+        tensors = [(name, convert(name, make_tensor(spec.seed, name, ne, init), spec.dtype))
+                   for name, ne, init in b.tensors]
         return b.kv, tensors
 
 

@@ -1,0 +1,124 @@
+"""Quantized fixtures (synth make --dtype): llama-quantize's tensor rule, bytes kept through slices, every family
+running in every dtype, the split bit-exact, and the oracle catching a slicer that dequantizes."""
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+
+from fuzz.sweep import Sweep, SweepConfig
+from synth.dtype import DTYPES
+from synth.families import FAMILIES
+from synth.gguf_io import GGUFFile, Raw, read_all, write_gguf
+from synth.make import resolve, write_fixture
+from synth.spec import SPEC_KEY, Knobs, ModelSpec
+from synth.stage import StageInfo, slice_model
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.llama
+
+
+def types_of(path):
+    return {name: t.type for name, t in GGUFFile(path).tensors.items()}
+
+
+def test_which_tensors_are_quantized(tmp_path):
+    llama = types_of(_make(tmp_path, "llama", dtype="q8_0"))
+    assert llama["blk.0.attn_q.weight"] == llama["blk.0.ffn_down.weight"] == llama["token_embd.weight"] == "Q8_0"
+    assert llama["blk.0.attn_norm.weight"] == llama["output_norm.weight"] == "F32"
+    mamba = types_of(_make(tmp_path, "mamba", dtype="q4_0"))
+    assert mamba["blk.0.ssm_in.weight"] == "Q4_0" and mamba["blk.0.ssm_conv1d.weight"] == "F32"
+    rwkv = types_of(_make(tmp_path, "rwkv6", dtype="q4_0"))
+    assert rwkv["blk.0.time_mix_key.weight"] == "Q4_0"
+    assert rwkv["blk.0.time_mix_lerp_x.weight"] == "F32"  # (1, 1, n): one ggml dimension
+    narrow = types_of(_make(tmp_path, "llama", dtype="q8_0", embd=48, heads=4))  # rows of 48: not whole blocks
+    assert narrow["blk.0.attn_q.weight"] == "F32" and narrow["blk.0.ffn_down.weight"] == "Q8_0"  # n_ff 64
+    assert set(types_of(_make(tmp_path, "llama", dtype="f16")).values()) == {"F32", "F16"}
+
+
+def test_f32_fixtures_are_unchanged_by_the_dtype_field(tmp_path):
+    spec = resolve("qwen3next", Knobs(layers=4))
+    assert spec.dtype == "f32" and "dtype" not in json.loads(spec.to_json())
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    q = resolve("qwen3next", Knobs(layers=4, dtype="q4_0"))
+    assert ModelSpec.from_json(q.to_json()) == q and json.loads(q.to_json())["dtype"] == "q4_0"
+    assert GGUFFile(_make(tmp_path, "qwen3next", layers=4, dtype="q4_0")).kv[SPEC_KEY] == q.to_json()
+
+
+def test_slices_keep_the_quantized_bytes(tmp_path):
+    src = _make(tmp_path, "jamba", layers=8, period=4, dtype="q4_1")
+    st = slice_model(src, tmp_path / "s.gguf", 3, 7)
+    source = dict(read_all(src)[2])
+    stage = dict(read_all(tmp_path / "s.gguf")[2])
+    for j, i in enumerate(st.layers):
+        name = "blk.{}.ffn_down.weight" if j not in st.pads else None
+        if name is None:
+            continue
+        a, b = stage[name.format(j)], source[name.format(i)]
+        if isinstance(b, Raw):
+            assert isinstance(a, Raw) and a.qtype == b.qtype and a.data.tobytes() == b.data.tobytes()
+    assert any(isinstance(v, Raw) and v.qtype == gguf.GGMLQuantizationType.Q4_1 for v in stage.values())
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "f32"])
+def test_every_family_runs_in_every_dtype(tmp_path, llama, dtype):
+    bad = []
+    for family in sorted(FAMILIES):
+        path = tmp_path / f"{family}.gguf"
+        write_fixture(resolve(family, Knobs(dtype=dtype)), path)
+        if not llama.load(str(path)).ok:
+            bad.append((family, "load"))
+            continue
+        r = llama.decode([1, 2, 3], logits="all")
+        if not r.ok or not np.isfinite(r.data["logits"]).all():
+            bad.append((family, "decode"))
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("family,dtype,knobs", [("qwen3next", "q4_0", {"layers": 8, "period": 4}),
+                                                ("granitehybrid", "mxfp4", {"layers": 8, "period": 4}),
+                                                ("deepseek2", "bf16", {"layers": 4}),
+                                                ("qwen3moe", "q5_1", {"layers": 4})])
+def test_every_cut_is_bit_exact_with_quantized_weights(tmp_path, family, dtype, knobs):
+    rep = Sweep(_make(tmp_path, family, dtype=dtype, **knobs), SweepConfig(cuts="all", tokens=8)).run()
+    assert rep.control["status"] == "pass"
+    assert [r.status for r in rep.results] == ["pass"] * (rep.n_layer - 1), [r.to_dict() for r in rep.results]
+
+
+def dequantizing(src, dst, a, b) -> StageInfo:
+    """A broken materializer: the stage is right, but its quantized tensors are written back as F32."""
+    st = slice_model(src, dst, a, b)
+    g, kv, tensors = read_all(dst)
+    write_gguf(dst, g.arch, kv, [(n, gguf.quants.dequantize(t.data, t.qtype) if isinstance(t, Raw) else t)
+                                 for n, t in tensors])
+    return st
+
+
+def test_a_slicer_that_dequantizes_is_caught(tmp_path):
+    rep = Sweep(_make(tmp_path, "llama", layers=4, dtype="q4_0"), SweepConfig(cuts="2", tokens=4),
+                slicer=dequantizing).run()
+    (r,) = rep.results
+    assert r.status == "diverged" and r.reproduced and r.stage == 0 and r.where == "boundary"
+    assert r.layer == 0  # the first layer whose (now F32) weights differ
+
+
+def test_dtype_lane_and_bad_dtypes(tmp_path):
+    r = run_cli("family-certify", "run", "qwen3next", "--lane", "dtype")
+    assert r.returncode == 0 and "dtype" in r.stdout and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "q4_0 4/4" in r.stdout
+    bad = run_cli("synth", "make", "llama", "--dtype", "q4_k", "-o", str(tmp_path / "x.gguf"))
+    assert bad.returncode == 2 and "K-quants" in bad.stderr and not (tmp_path / "x.gguf").exists()
+    toml = tmp_path / "m.toml"
+    from synth.manifest import default_manifest_path
+    toml.write_text(default_manifest_path().read_text().replace('dtypes = ["f16"', 'dtypes = ["f8"', 1))
+    bad = run_cli("family-certify", "check", str(toml))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "dtypes" in bad.stderr
+
+
+def _make(tmp_path, family, **knobs):
+    name = family + "-" + "-".join(f"{k}{v}" for k, v in sorted(knobs.items()))
+    path = tmp_path / f"{name}.gguf"
+    write_fixture(resolve(family, Knobs(**knobs)), path)
+    return path
