@@ -3,14 +3,19 @@
 #   make test   the default test suite (what .ci/run and CI call)
 PY := .venv/bin/python
 
-.PHONY: bootstrap demo test test-slow lint bench clean
+.PHONY: bootstrap server demo test test-slow lint bench clean
 bootstrap:
 	@scripts/bootstrap.sh
+
+server: bootstrap
+	@scripts/build_llama_server.sh
 
 demo: bootstrap
 	@scripts/demo.sh
 
+# the prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached
 test: bootstrap
+	@scripts/build_llama_server.sh >/dev/null
 	$(PY) -m pytest -q
 
 test-slow: bootstrap

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.handoff import Handoff, HandoffConfig
+from fuzz.isolation import Isolation, IsolationConfig
 from fuzz.sweep import Sweep, SweepConfig
 from synth.errors import UserError
 from synth.families import get_family
@@ -29,7 +30,7 @@ from synth.spec import SPEC_KEY, Knobs, ModelSpec
 
 BUNDLE = "bundle.json"
 SCHEMA = 1
-ORACLES = ("sweep", "handoff")
+ORACLES = ("sweep", "handoff", "isolation")
 
 
 @dataclass
@@ -56,6 +57,12 @@ class Case:
             data = Handoff(self.fixture, cfg).run()
             bad = next((r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")), None)
             return (fingerprint(self.oracle, bad, data["kinds"]) if bad else None), data
+        if self.oracle == "isolation":
+            cfg = IsolationConfig(target=self.target, **{**self.config, "kv_unified": tuple(self.config["kv_unified"])})
+            data = Isolation(self.fixture, cfg).run()
+            bad = data["findings"][0] if data["findings"] else None
+            return ({"oracle": "isolation", "status": bad["status"], "kv_unified": bad["kv_unified"],
+                     "seq": bad["seq"]} if bad else None), data
         raise UserError(f"unknown oracle {self.oracle!r} in bundle; oracles: {', '.join(ORACLES)}")
 
 
@@ -195,12 +202,28 @@ def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case, llama_cpp_commit:
     (out_dir / "report.json").write_text(json.dumps(sh.report, indent=2) + "\n")
     fp = sh.fingerprint
     (out_dir / "README.md").write_text(
-        f"# {fp['oracle']} finding: {fp['status']} ({fp['phase']}, stage {fp['stage']}, {fp['where']})\n\n"
+        f"# {describe(fp)}\n\n"
         f"Target `{sh.case.target}`, llama.cpp {llama_cpp_commit}. Cuts {sh.case.cuts} of the fixture in this "
         f"directory (sha256 {sha[:16]}), {sh.case.oracle} config `{json.dumps(sh.case.config, sort_keys=True)}`.\n\n"
         f"Replay (exit 1 while the finding reproduces, 0 once fixed):\n\n    fuzz replay {out_dir}\n\n"
         f"Shrunk in {sh.runs} oracle runs: " + ("; ".join(sh.log) or "nothing smaller reproduced") + ".\n")
     return out_dir
+
+
+def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path | None:
+    """Bundle a case as it is (no shrinking) once it reproduces on a second run; None if it does not."""
+    first, rep = case.run()
+    second, _ = case.run()
+    if first is None or first != second:
+        return None
+    sh = Shrunk(case, first, rep, runs=2, log=[])
+    return write_bundle(out_dir, sh, original=case, llama_cpp_commit=llama_cpp_commit)
+
+
+def describe(fp: dict[str, Any]) -> str:
+    """One line for a fingerprint: oracle, status and where."""
+    where = ", ".join(f"{k} {v}" for k, v in fp.items() if k not in ("oracle", "status", "cut_kinds", "layer_kind"))
+    return f"{fp['oracle']} finding: {fp['status']} ({where})"
 
 
 def read_bundle(path: Path) -> dict[str, Any]:

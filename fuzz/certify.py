@@ -21,6 +21,8 @@ import typer
 
 from fuzz.determinism import Determinism, DeterminismConfig
 from fuzz.handoff import Handoff, HandoffConfig
+from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig, SweepReport
 from synth.cliutil import new_app, run
 from synth.errors import UserError
@@ -28,6 +30,7 @@ from synth.families import get_family
 from synth.make import write_fixture
 from synth.manifest import Manifest, Row, load_manifest
 from targets import TARGETS_HELP, Target, open_target
+from targets.llama_server_worker import server_binary
 
 app = new_app("Certify model families against the family-tier manifest (family_tiers.toml).")
 Opt = typer.Option
@@ -132,6 +135,33 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
                       + (f"; unsupported: {why}" if status == "unsupported" and why else ""))
 
 
+def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
+    rep = Isolation(path, IsolationConfig(target=target_spec)).run()
+    if not rep["findings"]:
+        worst = max((r["max_abs_dlogit"] for r in rep["results"]), default=0.0)
+        return LaneResult(row.key, "isolation", "pass", f"{rep['config']['n_seq']} sequences per batch, KV unified and "
+                          f"per sequence: max |Δlogit| vs alone {worst:.1e} (tolerance {rep['config']['tol']:g})")
+    f = rep["findings"][0]
+    what = f["reason"] if f["seq"] is None else (f"sequence {f['seq']} changes when batched (kv_unified="
+                                                 f"{f['kv_unified']}, max |Δlogit| {f['max_abs_dlogit']:.3g})")
+    return LaneResult(row.key, "isolation", "fail", f"{len(rep['findings'])} findings; first: {what}; "
+                      f"reproduced={f['reproduced']}", {"findings": rep["findings"]})
+
+
+def lane_prefix_cache(row: Row, path: Path) -> LaneResult:
+    if server_binary() is None:
+        return LaneResult(row.key, "prefix-cache", "skipped",
+                          "no llama-server binary: run scripts/build_llama_server.sh (make server)")
+    rep = PrefixCache(path, PrefixCacheConfig(rounds=3, n_predict=6)).run()
+    reused = sum(c for r in rep["rounds"] for c in r["cache_n"])
+    if not rep["findings"]:
+        return LaneResult(row.key, "prefix-cache", "pass", f"llama-server, {len(rep['rounds'])} rounds of concurrent "
+                          f"duplicate inserts: answers as uncached, slots freed; {reused} prompt tokens from the cache")
+    f = rep["findings"][0]
+    return LaneResult(row.key, "prefix-cache", "fail", f"{len(rep['findings'])} findings; first: {f['kind']} in round "
+                      f"{f['round']}: {f['message']}; reproduced={f['reproduced']}", {"findings": rep["findings"]})
+
+
 def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
     cuts = "period" if "boundary-sweep" in row.lanes else "all"
     rep = Handoff(path, HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3,
@@ -191,6 +221,10 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list
                 out.append(lane_sweep(row, path, lane, target_spec))
             elif lane == "dtype":
                 out.append(lane_dtype(row, workdir, target_spec))
+            elif lane == "isolation":
+                out.append(lane_isolation(row, path, target_spec))
+            elif lane == "prefix-cache":
+                out.append(lane_prefix_cache(row, path))
             elif lane == "handoff":
                 out.append(lane_handoff(row, path, target_spec))
             elif lane == "determinism":
@@ -199,7 +233,23 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list
                 out.append(lane_reject(row, path, target, target_spec))
             else:
                 out.append(LaneResult(row.key, lane, "skipped", f"lane {lane} is not implemented yet"))
-    return out
+    return [known(row, r) for r in out]
+
+
+def known(row: Row, r: LaneResult) -> LaneResult:
+    """A lane the manifest lists under `known` (an upstream finding with its repro): failing as recorded is
+    `known`, not a failure of this run; passing means the finding is gone and the entry must go (a failure) —
+    unless it is marked "intermittent: ..." (it depends on timing, e.g. which slots a server batches together)."""
+    what = row.known.get(r.lane)
+    if what is None or r.status in ("skipped", "unsupported"):
+        return r
+    if r.status == "fail":
+        return LaneResult(r.row, r.lane, "known", f"{what} — still reproduces: {r.detail}", r.data)
+    if what.startswith("intermittent:"):
+        return LaneResult(r.row, r.lane, r.status, f"{r.detail} (a known intermittent finding did not show this "
+                          f"run: {what})", r.data)
+    return LaneResult(r.row, r.lane, "fail", f"known finding no longer reproduces ({what}); remove known.{r.lane} "
+                      f"from the manifest: {r.detail}", r.data)
 
 
 @app.command("run")

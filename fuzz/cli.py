@@ -12,6 +12,8 @@ import typer
 from fuzz import bundle as bd
 from fuzz import determinism as det
 from fuzz import handoff as ho
+from fuzz import isolation as iso
+from fuzz import prefix_cache as pc
 from fuzz.fixtures import fixture_path, parse_tokens
 from fuzz.schedule import PHASES
 from fuzz.sweep import Sweep, SweepConfig, format_report
@@ -117,13 +119,13 @@ def report_bundles(paths: list[Path]) -> None:
 
 @app.command("replay")
 def replay_cmd(
-    bundle: Annotated[Path, typer.Argument(help="a directory written by fuzz sweep/handoff --bundle")],
+    bundle: Annotated[Path, typer.Argument(help="a directory written by fuzz sweep/handoff/isolation --bundle")],
     target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
 ) -> int:
     """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does."""
     ok, fp, _ = bd.replay(bundle, target)
-    what = f"{fp['oracle']} {fp['status']} ({fp['phase']}, stage {fp['stage']}, {fp['where']})"
-    print(f"{'REPRODUCED' if ok else 'not reproduced'}: {what}" + (f" with target {target}" if target else ""))
+    print(f"{'REPRODUCED' if ok else 'not reproduced'}: {bd.describe(fp)}"
+          + (f" with target {target}" if target else ""))
     return 1 if ok else 0
 
 
@@ -214,6 +216,64 @@ def determinism_cmd(
     print(det.format_determinism(rep))
     write_report(report, rep)
     return det.exit_code(rep)
+
+
+@app.command("isolation")
+def isolation_cmd(
+    fixture: FixtureArg,
+    n_seq: Annotated[int, Opt(help="sequences per batch")] = 4,
+    prompt_len: Annotated[int, Opt(help="prompt tokens of sequence 0 (sequence i has 3 i more)")] = 12,
+    tokens: Annotated[int, Opt(help="decode steps")] = 6,
+    tol: Annotated[float, Opt(help="max |Δlogit| vs the sequence alone")] = 0.1,
+    target: TargetOpt = "llama-cpp",
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
+) -> int:
+    """Each sequence alone vs all in one batch (KV cache unified and per sequence): a sequence's logits must not
+    depend on the others in its batch; a context that cannot hold N sequences is a finding too."""
+    cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol, target=target,
+                              timeout=timeout, seed=seed)
+    path = fixture_path(fixture)
+    rep = iso.Isolation(path, cfg).run()
+    print(iso.format_report(rep))
+    write_report(report, rep)
+    if bundle and rep["findings"]:
+        f = rep["findings"][0]
+        config = {"n_seq": n_seq, "prompt_len": prompt_len, "tokens": tokens, "tol": tol, "seed": seed,
+                  "kv_unified": [f["kv_unified"]]}
+        out = bundle / f"{path.stem}-isolation-{'unified' if f['kv_unified'] else 'per-seq'}-kv"
+        made = bd.bundle_one(bd.Case("isolation", path, [], config, target), out, rep["llama_cpp_commit"])
+        report_bundles([made] if made else [])
+    return 1 if rep["findings"] else 0
+
+
+@app.command("prefix-cache")
+def prefix_cache_cmd(
+    fixture: FixtureArg,
+    slots: Annotated[int, Opt(help="llama-server slots (-np)")] = 4,
+    rounds: Annotated[int, Opt(help="rounds of concurrent requests")] = 4,
+    tokens: Annotated[int, Opt(help="greedy tokens per request")] = 8,
+    n_ctx: Annotated[int, Opt(help="server context (all slots)")] = 1024,
+    target: Annotated[str, Opt(help="llama-server, or mutant:server-dup-leak")] = "llama-server",
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+) -> int:
+    """llama-server's prompt cache under concurrent inserts (the H1 shape: two slots inserting the same prompt at
+    once, every round): answers equal the uncached reference, every slot idle after each round, the context
+    still usable at the end. Needs llama-server built from the pinned source (scripts/build_llama_server.sh)."""
+    if slots < 2 or rounds < 1 or tokens < 1:
+        raise UserError("--slots must be at least 2 (concurrent inserts), --rounds and --tokens at least 1")
+    if n_ctx // slots < 64:
+        raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
+    cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, n_predict=tokens, n_ctx=n_ctx, target=target,
+                               timeout=timeout, seed=seed)
+    rep = pc.PrefixCache(fixture_path(fixture), cfg).run()
+    print(pc.format_report(rep))
+    write_report(report, rep)
+    return 1 if rep["findings"] else 0
 
 
 def main(argv: list[str] | None = None) -> None:

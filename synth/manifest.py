@@ -21,9 +21,10 @@ from synth.spec import Knobs, ModelSpec
 MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
 TIERS = (1, 2, 3)
-LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "handoff", "determinism", "reject")
+LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "isolation", "handoff", "determinism",
+         "prefix-cache", "reject")
 ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
-            "dtypes", "expect", "runnable", "reason"}
+            "dtypes", "expect", "known", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
 TIER_KEYS = {"description", "lanes", "dtypes", "expect"}
 RECIPE_KNOBS = {"layers", "period", "offset", "pattern", "kv_heads", "embd", "heads", "head_dim", "ff", "vocab",
@@ -55,6 +56,7 @@ class Row:
     lanes: list[str] = field(default_factory=list)  # effective lanes (tier defaults unless overridden)
     dtypes: list[str] = field(default_factory=list)  # the dtype lane's weight types (tier default unless set)
     expect: dict[str, str] = field(default_factory=dict)
+    known: dict[str, str] = field(default_factory=dict)  # lane → a known upstream finding it reproduces (repro path)
     runnable: bool = True
     reason: str | None = None
 
@@ -78,7 +80,7 @@ class Row:
                 "family": self.recipe.get("family"), "runnable": self.runnable, "reason": self.reason,
                 "artifact": self.artifact, "size": self.size, "why": self.why, "seed_row": self.seed_row,
                 "recipe": self.recipe, "sweep_period": self.sweep_period, "lanes": self.lanes, "dtypes": self.dtypes,
-                "expect": self.expect}
+                "expect": self.expect, "known": self.known}
 
 
 @dataclass
@@ -173,9 +175,14 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
                   sweep_period=r.get("sweep_period"),
                   lanes=_lanes(r["lanes"], p, where) if "lanes" in r else list(tiers[tier].lanes),
                   dtypes=_dtypes(r["dtypes"], where) if "dtypes" in r else list(tiers[tier].dtypes),
-                  expect={**tiers[tier].expect, **dict(r.get("expect", {}))}, runnable=runnable, reason=reason)
+                  expect={**tiers[tier].expect, **dict(r.get("expect", {}))}, known=dict(r.get("known", {})),
+                  runnable=runnable, reason=reason)
         if "lanes" not in r and not _interleaved(row):
             row.lanes = [x for x in row.lanes if x != "boundary-sweep"]  # the tier's sweep is for hybrids
+        for lane, what in row.known.items():
+            if lane not in row.lanes or not isinstance(what, str) or not what:
+                raise UserError(f"{where}: known.{lane}: name a lane of this row and describe the finding (with its "
+                                "repro), e.g. known = {{ isolation = \"...; corpora/repros/...\" }}")
         rows[key] = row
     return Manifest(p, tiers, rows)
 

@@ -28,7 +28,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'targets' has no attribute {name!r}")
 
-TARGETS_HELP = 'llama-cpp, cmd:"<command line>" (a program speaking targets/PROTOCOL.md), or mutant:NAME'
+TARGETS_HELP = ('llama-cpp, llama-server (prefix-cache lane), cmd:"<command line>" (a program speaking '
+                'targets/PROTOCOL.md), or mutant:NAME')
 
 
 def worker_argv(spec: str) -> list[str]:
@@ -36,6 +37,8 @@ def worker_argv(spec: str) -> list[str]:
 
     if spec == "llama-cpp":
         return [sys.executable, "-m", "targets.llama_cpp_worker"]
+    if spec == "llama-server":
+        return [sys.executable, "-m", "targets.llama_server_worker"]
     if spec.startswith("mutant:"):
         from targets.mutants import MUTANTS
 

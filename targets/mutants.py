@@ -11,6 +11,8 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          breaks (how the public layer-split anchor failed).
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
+  server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): a concurrent batch that
+                         holds one prompt twice leaves a request for it running forever, so a slot never frees.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from __future__ import annotations
 import base64
 import struct
 import sys
+import threading
 from typing import Any
 
 import numpy as np
 
 from targets.llama_cpp_worker import LlamaWorker, main_with
+from targets.llama_server_worker import ServerWorker
+from targets.llama_server_worker import main_with as server_main
 
 
 def b64_f32(s: str) -> np.ndarray:
@@ -113,8 +118,25 @@ class BatchedRowsSwapped(LlamaWorker):
         return super().op_decode(req)
 
 
+class ServerDuplicateLeak(ServerWorker):
+    """H1 (a radix insert racing an identical insert leaks its record): when one concurrent batch holds the same
+    prompt twice, one more request for it is started and never finishes (the server runs with context shift,
+    the request with no token limit), so a slot stays busy after every answer is in — a leaked sequence."""
+
+    def op_load(self, req: dict) -> dict:
+        return super().op_load({**req, "args": [*req.get("args", []), "--context-shift"]})
+
+    def op_complete(self, req: dict) -> dict:
+        prompts = [tuple(r.get("prompt", [])) for r in req.get("requests", [])]
+        dups = [p for p in dict.fromkeys(prompts) if prompts.count(p) > 1]
+        if req.get("concurrent") and dups:
+            leak = {"prompt": list(dups[0]), "n_predict": -1, "timeout": 3600}
+            threading.Thread(target=self._complete_one, args=(leak,), daemon=True).start()
+        return super().op_complete(req)
+
+
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "batched-rows-swapped": BatchedRowsSwapped,
-                           "perturb-2-threads": Perturb2Threads}
+                           "perturb-2-threads": Perturb2Threads, "server-dup-leak": ServerDuplicateLeak}
 
 
 def main() -> None:
@@ -122,7 +144,8 @@ def main() -> None:
     if name not in MUTANTS:
         sys.stderr.write(f"unknown mutant {name!r}; mutants: {', '.join(MUTANTS)}\n")
         sys.exit(2)
-    main_with(MUTANTS[name])
+    cls = MUTANTS[name]
+    (server_main if issubclass(cls, ServerWorker) else main_with)(cls)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,10 @@ class Target:
     def hello(self) -> Reply:
         return self.client.call("hello")
 
+    def call(self, op: str, **args: Any) -> Reply:
+        """Any protocol op, arguments and results as they are (for ops without a typed method here)."""
+        return self.client.call(op, **args)
+
     def load(self, path: str, **params: Any) -> Reply:
         return self.client.call("load", path=str(path), **params)
 

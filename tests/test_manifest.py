@@ -37,7 +37,8 @@ def test_every_seed_row_is_present():
 
 def test_tier_defaults_and_hybrid_sweeps():
     m = load_manifest(ROOT / "family_tiers.toml")
-    assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "handoff", "determinism"]
+    assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "isolation", "handoff",
+                                        "determinism", "prefix-cache"]
     assert m.row("qwen3next").dtypes == ["f16", "bf16", "q8_0", "q4_0", "mxfp4"] and m.row("gemma3").dtypes == []
     assert "boundary-sweep" not in m.row("qwen3").lanes  # the tier's sweep is for interleaved layer kinds
     assert m.row("gpt2").expect["skippy"].startswith("rejects")

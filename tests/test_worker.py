@@ -73,7 +73,7 @@ def test_missing_binary_is_a_user_error():
     with pytest.raises(UserError, match="cannot start"):
         open_target("cmd:/nonexistent/skippy-worker --serve").hello()
     with pytest.raises(UserError, match="unknown --target"):
-        open_target("llama-server")
+        open_target("llama-serve")
 
 
 def test_bad_requests_leave_the_worker_usable(llama, fixtures):

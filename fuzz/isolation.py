@@ -1,0 +1,154 @@
+"""`fuzz isolation`: a sequence must not notice the other sequences in its batch.
+
+Each of N prompts runs alone (greedy), then all N run together — one batch for every prompt, then one token per
+sequence per step, teacher-forced with the tokens each chose alone — with the KV cache unified and per sequence.
+Every sequence's logits must stay within `tol` of its solo run at every step. Batch composition moves low bits
+(upstream does not promise bit-exactness across batch shapes: the determinism lane's policy), so the bound is a
+tolerance far above that noise (at most 6e-3 over all 70 families' fixtures on the pinned llama.cpp) and far below
+what mixing in another sequence does (2.6–6.9 in the one case found). A context that cannot be created or run for
+N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.schedule import prompt_tokens
+from synth.errors import UserError
+from synth.inspect import inspect_file
+from targets import Target, open_target
+
+
+@dataclass
+class IsolationConfig:
+    n_seq: int = 4
+    prompt_len: int = 12  # sequence i's prompt has prompt_len + 3 i tokens (different lengths and positions)
+    tokens: int = 6
+    kv_unified: tuple[bool, ...] = (True, False)
+    tol: float = 0.1
+    seed: int = 0
+    target: str = "llama-cpp"
+    timeout: float = 120.0
+
+
+class Isolation:
+    def __init__(self, fixture: Path, cfg: IsolationConfig):
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.info = inspect_file(str(self.fixture))
+        if cfg.n_seq < 2 or cfg.prompt_len < 1 or cfg.tokens < 1:
+            raise UserError("--n-seq must be at least 2, --prompt-len and --tokens at least 1")
+        self.commit: str | None = None
+        self.prompts = [prompt_tokens(cfg.seed + 7 + i, cfg.prompt_len + 3 * i, self.info.n_vocab)
+                        for i in range(cfg.n_seq)]
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        results, findings = [], []
+        with open_target(cfg.target, timeout=cfg.timeout) as t:
+            for kvu in cfg.kv_unified:
+                why = self._load(t, kvu)
+                if why:  # the model runs with one sequence (below) but not with n_seq: a finding, tried twice
+                    again = self._load(t, kvu)
+                    row = {"kv_unified": kvu, "seq": None, "status": "crash", "step": None, "max_abs_dlogit": None,
+                           "reason": why}
+                    results.append(row)
+                    findings.append({**row, "reproduced": bool(again)})
+                    continue
+                alone = [self._alone(t, i) for i in range(cfg.n_seq)]
+                together = self._together(t, alone)
+                rows = self._compare(kvu, alone, together)
+                results += rows
+                bad = [r for r in rows if r["status"] == "mixed"]
+                if bad:
+                    again = self._compare(kvu, alone, self._together(t, alone))
+                    for r in bad:
+                        twin = next(a for a in again if a["seq"] == r["seq"])
+                        findings.append({**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]})
+        return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
+                "llama_cpp_commit": self.commit,
+                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
+                "results": results, "findings": findings, "status": "fail" if findings else "pass"}
+
+    def _load(self, t: Target, kv_unified: bool) -> str | None:
+        """None, or why a context for n_seq sequences cannot be made (after checking one sequence can)."""
+        n = max(64, sum(len(p) for p in self.prompts))
+        r = t.load(str(self.fixture), n_ctx=512, n_batch=n, n_ubatch=n, n_seq_max=self.cfg.n_seq,
+                   kv_unified=kv_unified)
+        if r.ok:
+            self.commit = r.data.get("llama_cpp_commit")
+            return None
+        single = t.load(str(self.fixture), n_ctx=512, n_batch=n, n_ubatch=n, n_seq_max=1)
+        if not single.ok:
+            raise UserError(f"{self.fixture}: the target cannot load it at all: {single.failure.message}")
+        return f"{r.failure.kind} creating a context for {self.cfg.n_seq} sequences " \
+               f"(n_ctx 512, kv_unified={kv_unified}): {r.failure.message}"
+
+    def _alone(self, t: Target, i: int) -> tuple[list[int], list[np.ndarray]]:
+        """Sequence i by itself (as sequence i): its greedy tokens and last-row logits per step."""
+        p = self.prompts[i]
+        steps = [{"tokens": p, "seq": i, "pos": list(range(len(p))), "logits": "last"}]
+        steps += [{"tokens": [f"argmax@{len(p) - 1 if k == 0 else 0}"], "seq": i, "pos": [len(p) + k],
+                   "logits": "last"} for k in range(self.cfg.tokens)]
+        r = t.script(steps, reset=True)
+        if not r.ok:
+            raise UserError(f"{self.fixture}: a single sequence fails in the target: {r.failure.message}")
+        res = r.data["results"]
+        return [int(x["argmax"][-1]) for x in res], [x["logits"][-1] for x in res]
+
+    def _together(self, t: Target, alone) -> list[list[np.ndarray]] | str:
+        """Every sequence in the same batches, fed the tokens it chose alone; per sequence, logits per step."""
+        toks, seqs, pos, out = [], [], [], []
+        for i, p in enumerate(self.prompts):
+            toks += p
+            seqs += [i] * len(p)
+            pos += list(range(len(p)))
+            out.append(len(toks) - 1)
+        steps = [{"tokens": toks, "seq": seqs, "pos": pos, "logits": [j in out for j in range(len(toks))]}]
+        n = len(self.prompts)
+        for k in range(self.cfg.tokens):
+            steps.append({"tokens": [alone[i][0][k] for i in range(n)], "seq": list(range(n)),
+                          "pos": [len(self.prompts[i]) + k for i in range(n)], "logits": "all"})
+        r = t.script(steps, reset=True)
+        if not r.ok:
+            return f"{r.failure.kind}: {r.failure.message}"
+        return [[res["logits"][i] for res in r.data["results"]] for i in range(n)]
+
+    def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
+        rows = []
+        for i in range(len(self.prompts)):
+            if isinstance(together, str):
+                rows.append({"kv_unified": kvu, "seq": i, "status": "crash", "step": 0, "max_abs_dlogit": None,
+                             "reason": together})
+                continue
+            d = [float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(alone[i][1], together[i], strict=True)]
+            step = next((k for k, x in enumerate(d) if x > self.cfg.tol), None)
+            rows.append({"kv_unified": kvu, "seq": i, "status": "mixed" if step is not None else "pass",
+                         "step": step, "max_abs_dlogit": max(d),
+                         "tokens_alone": alone[i][0],
+                         "argmax_together": [int(np.argmax(x)) for x in together[i]]})
+        return rows
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lines = [f"isolation {rep['fixture']}: arch {rep['arch']}, {rep['config']['n_seq']} sequences per batch, "
+             f"tolerance {rep['config']['tol']:g}"]
+    for r in rep["results"]:
+        d = "—" if r["max_abs_dlogit"] is None else f"{r['max_abs_dlogit']:.2e}"
+        if r["seq"] is None:
+            lines.append(f"  kv_unified={str(r['kv_unified']):<5} {r['status']}: {r['reason']}")
+            continue
+        lines.append(f"  kv_unified={str(r['kv_unified']):<5} seq {r['seq']}: {r['status']:<5} max|Δlogit| {d}"
+                     + (f", first at step {r['step']}" if r["status"] != "pass" else ""))
+    for f in rep["findings"]:
+        if f["seq"] is None:
+            lines.append(f"  FINDING: {f['reason']}; reproduced={f['reproduced']}")
+            continue
+        lines.append(f"  FINDING: sequence {f['seq']} (kv_unified={f['kv_unified']}) changes when batched with others "
+                     f"(step {f['step']}, max|Δlogit| {f['max_abs_dlogit']:.3g}); reproduced={f['reproduced']}")
+    lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
+    return "\n".join(lines)

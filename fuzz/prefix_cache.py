@@ -1,0 +1,200 @@
+"""`fuzz prefix-cache`: llama-server's prompt (prefix) cache under concurrent inserts — the seed's H1 shape.
+
+A seeded radix of prompts (a trunk, branches off it, a leaf off a branch) is sent in rounds of concurrent
+requests, each round holding at least one duplicate pair (two slots inserting the same prefix at once). Every
+answer must equal the uncached reference (a one-slot server, cache off): token-exact wherever the reference's
+top-2 margin is clear (a near-tie is noted, not judged). After every round every slot must be idle again (a
+slot still busy is a leaked record), and at the end a prompt needing most of the context must still fit.
+A finding is replayed on a fresh server before it is reported (reproduced or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from synth.errors import UserError
+from synth.inspect import inspect_file
+from targets import Target, close_all, open_target
+
+NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
+
+
+@dataclass
+class PrefixCacheConfig:
+    slots: int = 4
+    rounds: int = 4
+    n_predict: int = 8
+    n_ctx: int = 1024
+    cache_ram: int = 64  # MiB of host memory for cached prompts
+    seed: int = 0
+    target: str = "llama-server"
+    timeout: float = 120.0
+
+
+@dataclass
+class Finding:
+    kind: str  # diverged | leaked-slot | request-failed | capacity | server-crash
+    round: int | None
+    message: str
+    reproduced: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Schedule:
+    prompts: dict[str, list[int]]  # name → tokens
+    rounds: list[list[str]]  # each round: prompt names sent at once
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "rounds": self.rounds}
+
+
+def build_schedule(n_vocab: int, slots: int, rounds: int, seed: int) -> Schedule:
+    rng = np.random.Generator(np.random.PCG64(seed))
+
+    def toks(n: int) -> list[int]:
+        return [int(x) for x in rng.integers(0, n_vocab, n)]
+
+    trunk = toks(24)
+    prompts = {"trunk": trunk}
+    for b in range(3):
+        prompts[f"branch{b}"] = trunk + toks(8)
+    prompts["leaf"] = prompts["branch0"] + toks(6)
+    names = list(prompts)
+    plan = []
+    for r in range(rounds):
+        dup = names[int(rng.integers(0, len(names)))]
+        rest = [names[int(i)] for i in rng.integers(0, len(names), max(0, slots + (r % 2) - 2))]
+        # the H1 shape: two slots insert the same prompt at once (and on odd rounds one request waits for a slot)
+        order = [dup, dup, *rest]
+        rng.shuffle(order)
+        plan.append(order)
+    return Schedule(prompts, plan)
+
+
+class PrefixCache:
+    def __init__(self, fixture: Path, cfg: PrefixCacheConfig):
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.info = inspect_file(str(self.fixture))
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        sched = build_schedule(self.info.n_vocab, cfg.slots, cfg.rounds, cfg.seed)
+        ref_t, srv = open_target(cfg.target, timeout=cfg.timeout), open_target(cfg.target, timeout=cfg.timeout)
+        try:
+            for t in (ref_t, srv):
+                t.start()
+            hello = srv.hello()
+            if not hello.ok or not hello.data.get("binary"):
+                raise UserError("no llama-server binary: run scripts/build_llama_server.sh (or set "
+                                "FAMILY_CERTIFY_LLAMA_SERVER) to run the prefix-cache lane")
+            reference = self._reference(ref_t, sched)
+            findings, rounds = self._schedule(srv, sched, reference)
+            if findings:  # a finding must reproduce on a fresh server before it counts as one
+                again, _ = self._schedule(srv, sched, reference)
+                for f in findings:
+                    f.reproduced = any(g.kind == f.kind and g.round == f.round for g in again)
+        finally:
+            close_all([ref_t, srv])
+        return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
+                "schedule": sched.to_dict(), "rounds": rounds, "findings": [f.to_dict() for f in findings],
+                "status": "fail" if findings else "pass"}
+
+    def _load(self, t: Target, **params: Any) -> None:
+        r = t.load(str(self.fixture), n_ctx=self.cfg.n_ctx, **params)
+        if not r.ok:
+            raise UserError(f"{self.fixture}: llama-server cannot serve it: {r.failure.message}")
+
+    def _reference(self, t: Target, sched: Schedule) -> dict[str, dict[str, Any]]:
+        """Each prompt alone on a one-slot server with the cache off."""
+        self._load(t, slots=1, cache_ram=0)
+        reqs = [{"prompt": p, "n_predict": self.cfg.n_predict, "cache_prompt": False} for p in sched.prompts.values()]
+        r = t.call("complete", requests=reqs, concurrent=False)
+        if not r.ok or any("error" in x for x in r.data["results"]):
+            raise UserError(f"{self.fixture}: the uncached reference fails: "
+                            f"{r.failure.message if not r.ok else r.data['results']}")
+        return dict(zip(sched.prompts, r.data["results"], strict=True))
+
+    def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
+        """One run of every round on a fresh server; findings and a per-round summary."""
+        cfg = self.cfg
+        self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram)
+        findings: list[Finding] = []
+        rounds = []
+        for k, names in enumerate(sched.rounds):
+            reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.n_predict} for n in names]
+            r = t.call("complete", requests=reqs, concurrent=True)
+            if not r.ok:
+                findings.append(Finding("server-crash", k, r.failure.message))
+                return findings, rounds
+            reused = []
+            for name, got in zip(names, r.data["results"], strict=True):
+                if "error" in got:
+                    findings.append(Finding("request-failed", k, f"{name}: {got['error']}"))
+                    continue
+                reused.append(got["cache_n"])
+                why = compare(reference[name], got)
+                if why:
+                    findings.append(Finding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} prompt "
+                                            f"tokens from the cache): {why}"))
+            busy = self._busy_slots(t)
+            if busy:
+                findings.append(Finding("leaked-slot", k, f"slots {busy} still processing after round {k} "
+                                        f"({len(names)} requests, all answered)"))
+            rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
+        probe = self._capacity_probe(t)
+        if probe:
+            findings.append(Finding("capacity", None, probe))
+        return findings, rounds
+
+    def _busy_slots(self, t: Target) -> list[int]:
+        r = t.call("slots")
+        if not r.ok:
+            return [-1]
+        return [s["id"] for s in r.data["slots"] if s["is_processing"]]
+
+    def _capacity_probe(self, t: Target) -> str | None:
+        """A prompt needing most of one slot's context: fits only if the cache gave its cells back."""
+        n = self.cfg.n_ctx // self.cfg.slots - self.cfg.n_predict - 4
+        rng = np.random.Generator(np.random.PCG64(self.cfg.seed + 99))
+        prompt = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
+        r = t.call("complete", requests=[{"prompt": prompt, "n_predict": 2, "cache_prompt": False}])
+        if not r.ok:
+            return f"a {n}-token prompt after the rounds: {r.failure.message}"
+        got = r.data["results"][0]
+        return f"a {n}-token prompt after the rounds failed: {got['error']}" if "error" in got else None
+
+
+def compare(ref: dict[str, Any], got: dict[str, Any]) -> str | None:
+    """Why got's greedy continuation is not the reference's, or None. Steps where the reference's top-2 logprob
+    margin is below NEAR_TIE end the comparison (numerics may pick either there)."""
+    for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
+        top = ref["top"][k] if k < len(ref["top"]) else []
+        if len(top) >= 2 and top[0][1] - top[1][1] < NEAR_TIE:
+            return None
+        if a != b:
+            return f"token {k}: {b} instead of {a}"
+    if len(ref["tokens"]) != len(got["tokens"]):
+        return f"{len(got['tokens'])} tokens instead of {len(ref['tokens'])}"
+    return None
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lines = [f"prefix-cache {rep['fixture']}: arch {rep['arch']}, {rep['config']['slots']} slots, "
+             f"{len(rep['rounds'])} rounds of concurrent requests (duplicate pairs in every round)"]
+    for r in rep["rounds"]:
+        lines.append(f"  round {r['round']}: {', '.join(r['prompts'])}; prompt tokens from the cache {r['cache_n']}"
+                     + (f"; BUSY after: {r['busy_after']}" if r["busy_after"] else ""))
+    for f in rep["findings"]:
+        lines.append(f"  FINDING {f['kind']} (round {f['round']}, reproduced={f['reproduced']}): {f['message']}")
+    lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
+    return "\n".join(lines)
+
+

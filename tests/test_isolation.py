@@ -1,0 +1,73 @@
+"""`fuzz isolation`: a sequence's logits must not depend on the other sequences in its batch. Clean families pass
+with batch-shape noise far below the tolerance; the two upstream findings reproduce; the manifest's `known`
+entries turn a recorded failure into `known` and a vanished one into a failure."""
+
+import re
+
+import pytest
+
+from fuzz.certify import LaneResult, known
+from fuzz.isolation import Isolation, IsolationConfig
+from synth.errors import UserError
+from synth.manifest import load_manifest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.mark.parametrize("family,knobs", [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}),
+                                          ("mamba2", {"layers": 4}), ("deepseek2", {"layers": 4})])
+def test_clean_families_keep_their_sequences_apart(fixtures, family, knobs):
+    rep = Isolation(fixtures(family, **knobs), IsolationConfig()).run()
+    assert rep["status"] == "pass", rep["findings"]
+    assert {r["kv_unified"] for r in rep["results"]} == {True, False} and len(rep["results"]) == 8
+    assert max(r["max_abs_dlogit"] for r in rep["results"]) < 0.01  # batch-shape noise, far below tol 0.1
+
+
+def test_dsa_with_a_unified_cache_mixes_sequences(fixtures):
+    rep = Isolation(fixtures("deepseek32", layers=2, indexer_top_k=4),
+                    IsolationConfig(n_seq=2, prompt_len=4, tokens=1)).run()
+    (f,) = rep["findings"]
+    assert f["kv_unified"] is True and f["seq"] == 1 and f["step"] == 0 and f["max_abs_dlogit"] > 1
+    assert f["reproduced"] is True
+    clean = [r for r in rep["results"] if not r["kv_unified"]]
+    assert all(r["status"] == "pass" for r in clean)
+
+
+def test_a_context_that_cannot_hold_the_sequences_is_a_finding(fixtures):
+    rep = Isolation(fixtures("kimi-linear", layers=8, period=4), IsolationConfig(kv_unified=(False,))).run()
+    (f,) = rep["findings"]
+    assert f["status"] == "crash" and f["reproduced"] and "ggml_can_repeat" in f["reason"]
+
+
+def test_cli_exit_codes(fixtures):
+    assert run_cli("fuzz", "isolation", str(fixtures("llama", layers=4)), "--tokens", "2").returncode == 0
+    r = run_cli("fuzz", "isolation", str(fixtures("deepseek32", layers=2, indexer_top_k=4)), "--n-seq", "2",
+                "--prompt-len", "4", "--tokens", "1")
+    assert r.returncode == 1 and "FINDING" in r.stdout
+    bad = run_cli("fuzz", "isolation", str(fixtures("llama", layers=4)), "--n-seq", "1")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    with pytest.raises(UserError):
+        Isolation(fixtures("llama", layers=4), IsolationConfig(tokens=0))
+
+
+def test_known_findings_are_reported_as_known_and_must_keep_reproducing():
+    row = load_manifest(ROOT / "family_tiers.toml").row("deepseek3")
+    fail = LaneResult("deepseek3", "isolation", "fail", "3 findings")
+    assert known(row, fail).status == "known" and "still reproduces" in known(row, fail).detail
+    gone = known(row, LaneResult("deepseek3", "isolation", "pass", "clean"))
+    assert gone.status == "fail" and "no longer reproduces" in gone.detail
+    flaky = known(row, LaneResult("deepseek3", "prefix-cache", "pass", "clean"))
+    assert flaky.status == "pass" and "intermittent" in flaky.detail
+    assert known(row, LaneResult("deepseek3", "parity", "fail", "x")).status == "fail"  # not a known lane
+
+
+def test_known_entries_name_a_lane_of_the_row(tmp_path):
+    text = (ROOT / "family_tiers.toml").read_text()
+    bad = re.sub(r'known = \{ isolation = "llama.cpp b11312: creating', 'known = { fixed-split = "llama.cpp b11312: '
+                 'creating', text, count=1)
+    assert bad != text
+    (tmp_path / "m.toml").write_text(bad)
+    r = run_cli("family-certify", "check", str(tmp_path / "m.toml"))
+    assert r.returncode == 2 and "known.fixed-split" in r.stderr and len(r.stderr.strip().splitlines()) == 1

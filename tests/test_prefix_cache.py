@@ -1,0 +1,79 @@
+"""The prefix-cache lane against a real llama-server built from the pinned source: concurrent duplicate inserts
+answer like the uncached reference and leave no slot busy; the H1 mutant (a duplicate insert that leaks) is
+caught; the worker reports a missing binary and a dying server as what they are."""
+
+import json
+
+import pytest
+
+from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare
+from targets import open_target
+from targets.llama_server_worker import server_binary
+
+from conftest import run_cli
+
+pytestmark = [pytest.mark.llama, pytest.mark.server]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def binary():
+    path = server_binary()
+    assert path is not None, "llama-server is not built: `make test-server` builds it (scripts/build_llama_server.sh)"
+    return path
+
+
+def test_schedule_has_a_duplicate_pair_every_round_and_is_seeded():
+    a = build_schedule(64, slots=4, rounds=6, seed=3)
+    assert a == build_schedule(64, slots=4, rounds=6, seed=3) and a != build_schedule(64, 4, 6, 4)
+    for names in a.rounds:
+        assert len(names) - len(set(names)) >= 1
+    p = a.prompts
+    assert p["branch1"][:24] == p["trunk"] and p["leaf"][:32] == p["branch0"]  # a radix: shared prefixes
+
+
+def test_compare_judges_clear_steps_and_skips_near_ties():
+    ref = {"tokens": [5, 6, 7], "top": [[[5, -0.1], [9, -2.0]], [[6, -0.5], [1, -0.5000001]], [[7, -0.1], [2, -3]]]}
+    assert compare(ref, {"tokens": [5, 6, 7]}) is None
+    assert compare(ref, {"tokens": [4, 6, 7]}) == "token 0: 4 instead of 5"
+    assert compare(ref, {"tokens": [5, 1, 2]}) is None  # step 1 is a near-tie: not judged from there on
+
+
+@pytest.mark.parametrize("family,knobs", [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}),
+                                          ("mamba2", {"layers": 4})])
+def test_concurrent_duplicate_inserts_are_clean(fixtures, family, knobs):
+    rep = PrefixCache(fixtures(family, **knobs), PrefixCacheConfig(rounds=3, n_predict=6)).run()
+    assert rep["status"] == "pass", rep["findings"]
+    assert len(rep["rounds"]) == 3 and all(not r["busy_after"] for r in rep["rounds"])
+    assert any(c > 0 for r in rep["rounds"] for c in r["cache_n"]), "the cache was never used"
+
+
+def test_a_duplicate_insert_that_leaks_is_caught(fixtures):
+    rep = PrefixCache(fixtures("llama", layers=4),
+                      PrefixCacheConfig(rounds=2, n_predict=4, target="mutant:server-dup-leak")).run()
+    kinds = {f["kind"] for f in rep["findings"]}
+    assert rep["status"] == "fail" and "leaked-slot" in kinds, rep["findings"]
+    assert all(f["reproduced"] for f in rep["findings"] if f["kind"] == "leaked-slot")
+
+
+def test_cli_report_and_bad_input(fixtures, tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli("fuzz", "prefix-cache", str(fixtures("llama", layers=4)), "--rounds", "2", "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(out.read_text())["status"] == "pass" and "round 1" in r.stdout
+    bad = run_cli("fuzz", "prefix-cache", str(fixtures("llama", layers=4)), "--slots", "1")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_missing_binary_and_dead_server_are_reported(fixtures, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
+    bad = run_cli("fuzz", "prefix-cache", str(fixtures("llama", layers=4)))
+    assert bad.returncode == 2 and "scripts/build_llama_server.sh" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    monkeypatch.delenv("FAMILY_CERTIFY_LLAMA_SERVER")
+    with open_target("llama-server") as t:
+        corrupt = tmp_path / "trunc.gguf"
+        corrupt.write_bytes(fixtures("llama", layers=4).read_bytes()[:300])
+        r = t.load(str(corrupt))
+        assert not r.ok and r.failure.error_kind == "load_failed" and "exited while loading" in r.failure.message
+        assert t.load(str(fixtures("llama", layers=4)), slots=2).ok
+        assert t.call("slots").data["slots"] == [{"id": 0, "is_processing": False}, {"id": 1, "is_processing": False}]
