@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from synth.dtype import DTYPES
 from synth.errors import UserError
 from synth.families import FAMILIES, Family
 from synth.spec import ATTN, REC, Knobs, ModelSpec
@@ -19,15 +20,16 @@ from synth.spec import ATTN, REC, Knobs, ModelSpec
 
 @st.composite
 def knobs_for(draw: st.DrawFn, family: Family, max_layers: int = 10) -> Knobs:
-    """Random legal knobs for one family: layer count, interleaving, per-layer K/V heads, seed."""
+    """Random legal knobs for one family: layer count, interleaving, per-layer K/V heads, weight dtype, seed."""
     seed = draw(st.integers(0, 2**16))
+    dtype = draw(st.sampled_from(list(DTYPES)))
     choices = [h for h in range(1, family.n_head + 1) if family.n_head % h == 0]
     if family.kind != "hybrid" or family.parallel_hybrid:
         n = draw(st.integers(1, max_layers))
         kv = None
         if family.per_layer_kv and "kv_heads" in family.knobs and n > 1:
             kv = tuple(draw(st.lists(st.sampled_from(choices), min_size=n, max_size=n)))
-        return Knobs(layers=n, kv_heads=kv, seed=seed)
+        return Knobs(layers=n, kv_heads=kv, dtype=dtype, seed=seed)
     n = draw(st.integers(2, max_layers))
     if draw(st.booleans()):
         period = draw(st.integers(2, n))
@@ -39,7 +41,7 @@ def knobs_for(draw: st.DrawFn, family: Family, max_layers: int = 10) -> Knobs:
     kv_heads = None
     if family.per_layer_kv:
         kv_heads = tuple(draw(st.sampled_from(choices)) if c == ATTN else 0 for c in pattern)
-    return Knobs(pattern=pattern, kv_heads=kv_heads, seed=seed)
+    return Knobs(pattern=pattern, kv_heads=kv_heads, dtype=dtype, seed=seed)
 
 
 @st.composite
