@@ -39,10 +39,15 @@ def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:
     return [int(x) for x in rng.integers(0, n_vocab, n)]
 
 
+def batch_width(n_seq: int, phases: tuple[str, ...]) -> int:
+    """Sequences a context must hold for these phases (the batched phase's, else one)."""
+    return n_seq if "batched" in phases else 1
+
+
 def build_schedule(*, n_vocab: int, prompt_len: int = 24, chunk: int = 7, n_decode: int = 32,
                    n_seq: int = 3, batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
                    phases: tuple[str, ...] = PHASES) -> Schedule:
-    sched = Schedule(n_seq=n_seq if "batched" in phases else 1)
+    sched = Schedule(n_seq=batch_width(n_seq, phases))
     prompt = prompt_tokens(seed, prompt_len, n_vocab)
     if "prefill" in phases or "decode" in phases:
         for i in range(0, prompt_len, chunk):

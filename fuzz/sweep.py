@@ -34,13 +34,13 @@ from fuzz.parity import (
     script_trace,
     tokens_equal,
 )
-from fuzz.schedule import PHASES, Schedule, build_schedule
+from fuzz.schedule import PHASES, Schedule, batch_width, build_schedule
 from fuzz.stages import FixtureStages, Slicer, stage_ranges
 from synth.errors import UserError
 from synth.families import family_for_arch
 from synth.gguf_io import token_embeddings
 from synth.stage import StageInfo, Unsupported
-from targets import Failure, Target, close_all, open_target
+from targets import Failure, Reply, Target, close_all, open_target
 from targets.target import script_request
 
 STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
@@ -255,6 +255,9 @@ class Sweep:
         try:
             for t in workers:
                 t.start()
+            # the full model goes to the reference and control workers while they start and the fixture is read
+            self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
+            self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params)) for t in workers}
             self._read_fixture()
             sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
             more = [open_target(cfg.target, timeout=cfg.timeout)
@@ -278,8 +281,18 @@ class Sweep:
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
 
-    def _load_params(self, sched: Schedule) -> dict[str, Any]:
-        return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": sched.n_seq}
+    def _load_params(self, n_seq: int) -> dict[str, Any]:
+        return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": n_seq}
+
+    def _load_full(self, t: Target) -> Reply:
+        """Load the full model on t, or take the load started for it at the beginning."""
+        th = self._preload.pop(id(t), None)
+        if th is None:
+            return t.load(str(self.fixture), **self._params)
+        th.join()
+        if th.error is not None:
+            raise th.error
+        return th.result
 
     def _run(self, sets: list[list[int]], workers: list[Target]):
         """The reference runs on the first worker while a thread materializes the stages, and the control run
@@ -288,7 +301,7 @@ class Sweep:
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
                                n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
-        self._sched, self._params = sched, self._load_params(sched)
+        self._sched = sched
         tasks = _Tasks(len(sets))
         feeder = _Thread(self._materialize, sets, tasks)
         try:
@@ -296,6 +309,8 @@ class Sweep:
             self._refs, commit, control = self._reference(ref, sched, None if ctl is ref else ctl)
             if not isinstance(control, _Thread):
                 control = _Thread(lambda c=control: c)
+            for th in self._preload.values():  # a load nobody took: done before its worker takes tasks
+                th.join()
             # the control run's worker takes tasks once the control run is done
             threads = [_Thread(self._work, t, tasks, control if t is ctl else None) for t in workers]
             for th in [feeder, control, *threads]:
@@ -341,7 +356,7 @@ class Sweep:
         return refs, commit, control
 
     def _reference_runs(self, t: Target, sched: Schedule, names: list[str]) -> tuple[str | None, dict[str, Trace]]:
-        loaded = t.load(str(self.fixture), **self._params)
+        loaded = self._load_full(t)
         if not loaded.ok:
             if loaded.failure.kind == "error":
                 raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
@@ -362,7 +377,7 @@ class Sweep:
 
     def _control_on(self, ctl: Target, sched: Schedule, tr: Trace, loaded: bool) -> dict[str, Any]:
         if not loaded:
-            r = ctl.load(str(self.fixture), **self._params)
+            r = self._load_full(ctl)
             if not r.ok:
                 return {"status": r.failure.kind, "reason": f"the control worker cannot load the full model: "
                         f"{r.failure.message}"}

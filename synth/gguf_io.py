@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,118 @@ class TensorInfo:
     n_bytes: int
 
 
+_SCALAR = {VT.UINT8: "B", VT.INT8: "b", VT.UINT16: "H", VT.INT16: "h", VT.UINT32: "I", VT.INT32: "i",
+           VT.FLOAT32: "f", VT.BOOL: "B", VT.UINT64: "Q", VT.INT64: "q", VT.FLOAT64: "d"}  # struct codes
+_NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16, "I32": np.int32,
+          "I64": np.int64}
+
+
+@dataclass
+class ReaderTensor:
+    name: str
+    shape: tuple[int, ...]  # ggml ne, innermost first
+    tensor_type: gguf.GGMLQuantizationType
+    n_bytes: int
+    offset: int  # in the file
+    _mm: Any = field(repr=False, default=None)
+
+    @property
+    def data(self) -> np.ndarray:
+        """As gguf-py's reader gives it: numpy order; quantized/BF16 types as uint8 rows of bytes."""
+        name = self.tensor_type.name
+        dims = tuple(reversed(self.shape))
+        if name in _NUMPY:
+            return np.frombuffer(self._mm, dtype=_NUMPY[name], count=self.n_bytes // np.dtype(_NUMPY[name]).itemsize,
+                                 offset=self.offset).reshape(dims)
+        block, size = gguf.GGML_QUANT_SIZES[self.tensor_type]
+        return np.frombuffer(self._mm, dtype=np.uint8, count=self.n_bytes, offset=self.offset) \
+            .reshape((*dims[:-1], dims[-1] // block * size))
+
+
+class _Reader:
+    """GGUF v2/v3 header, metadata and tensor infos, parsed straight from the bytes (gguf-py's reader builds a numpy
+    view per field: 10+ ms per small file, paid by every worker and oracle that opens one). Tensor data stays in
+    the memory map until asked for."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+        buf, self.pos = self.mm, 0
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError("no GGUF magic")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}")
+        self.pos = 24
+        self.fields: list[tuple[str, VT, VT | None, Any]] = []
+        for _ in range(n_kv):
+            key = self._str()
+            vtype = VT(self._u32())
+            if vtype == VT.ARRAY:
+                sub = VT(self._u32())
+                n = self._u64()
+                self.fields.append((key, vtype, sub, self._array(sub, n)))
+            else:
+                self.fields.append((key, vtype, None, self._value(vtype)))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._str()
+            n_dims = self._u32()
+            ne = struct.unpack_from(f"<{n_dims}Q", buf, self.pos)
+            self.pos += 8 * n_dims
+            qtype = gguf.GGMLQuantizationType(self._u32())
+            offset = self._u64()
+            infos.append((name, tuple(int(x) for x in ne), qtype, offset))
+        align = next((int(v) for k, _, _, v in self.fields if k == "general.alignment"), gguf.GGUF_DEFAULT_ALIGNMENT)
+        if align <= 0 or align & (align - 1):
+            raise ValueError(f"alignment {align} is not a power of two")
+        start = -(-self.pos // align) * align
+        self.tensors = []
+        for name, ne, qtype, offset in infos:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            n_bytes = int(np.prod(ne, dtype=np.int64)) // block * size
+            if start + offset + n_bytes > len(buf):
+                raise ValueError(f"tensor {name} runs past the end of the file")
+            self.tensors.append(ReaderTensor(name, ne, qtype, n_bytes, start + offset, self.mm))
+
+    def _u32(self) -> int:
+        (v,) = struct.unpack_from("<I", self.mm, self.pos)
+        self.pos += 4
+        return v
+
+    def _u64(self) -> int:
+        (v,) = struct.unpack_from("<Q", self.mm, self.pos)
+        self.pos += 8
+        return v
+
+    def _str(self) -> str:
+        n = self._u64()
+        if self.pos + n > len(self.mm):
+            raise ValueError("string runs past the end of the file")
+        s = bytes(self.mm[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def _value(self, t: VT) -> Any:
+        if t == VT.STRING:
+            return self._str()
+        if t not in _SCALAR:
+            raise ValueError(f"value type {t}")
+        (v,) = struct.unpack_from("<" + _SCALAR[t], self.mm, self.pos)
+        self.pos += struct.calcsize(_SCALAR[t])
+        return bool(v) if t == VT.BOOL else float(v) if t in (VT.FLOAT32, VT.FLOAT64) else int(v)
+
+    def _array(self, t: VT, n: int) -> list[Any]:
+        if t == VT.STRING:
+            return [self._str() for _ in range(n)]
+        if t not in _SCALAR:
+            raise ValueError(f"array of {t}")
+        a = np.frombuffer(self.mm, dtype=np.dtype(_SCALAR[t]).newbyteorder("<"), count=n, offset=self.pos)
+        self.pos += a.nbytes
+        return [bool(x) for x in a] if t == VT.BOOL else a.astype(float).tolist() \
+            if t in (VT.FLOAT32, VT.FLOAT64) else a.astype(int).tolist()
+
+
 class GGUFFile:
     """A read-only view of a GGUF file: metadata values (decoded) and tensor infos."""
 
@@ -114,21 +228,17 @@ class GGUFFile:
         if not self.path.is_file():
             raise UserError(f"{self.path}: no such file; pass the path of a .gguf file")
         try:
-            self.reader = gguf.GGUFReader(self.path, "r")
-        except Exception as e:  # gguf-py raises ValueError/struct.error/IndexError on corrupt input
+            self.reader = _Reader(self.path)
+        except (ValueError, struct.error, IndexError, OverflowError, OSError) as e:  # corrupt or truncated input
             raise UserError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e}); "
                             "regenerate it or check the download") from None
         self.kv: dict[str, Any] = {}
         self.kv_types: dict[str, tuple[gguf.GGUFValueType, gguf.GGUFValueType | None]] = {}
-        for f in self.reader.fields.values():
-            if f.name.startswith("GGUF."):
-                continue
-            self.kv[f.name] = _field_value(f)
-            sub = f.types[-1] if f.types and f.types[0] == VT.ARRAY and len(f.types) > 1 else None
-            self.kv_types[f.name] = (f.types[0], sub) if f.types else (VT.UINT32, None)
+        for key, vtype, sub, value in self.reader.fields:
+            self.kv[key] = value
+            self.kv_types[key] = (vtype, sub)
         self.tensors: dict[str, TensorInfo] = {
-            t.name: TensorInfo(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name, int(t.n_bytes))
-            for t in self.reader.tensors
+            t.name: TensorInfo(t.name, t.shape, t.tensor_type.name, t.n_bytes) for t in self.reader.tensors
         }
         self.arch: str = str(self.kv.get("general.architecture", ""))
         if not self.arch:
@@ -149,29 +259,6 @@ class GGUFFile:
     def kv_entry(self, key: str) -> KV:
         vtype, sub = self.kv_types[key]
         return KV(self.kv[key], vtype, sub)
-
-
-def _field_value(f: Any) -> Any:
-    if not f.types:
-        return None
-    t0 = f.types[0]
-    if t0 == VT.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    if t0 == VT.ARRAY:
-        sub = f.types[-1]
-        if sub == VT.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [_scalar(f.parts[i], sub) for i in f.data]
-    return _scalar(f.parts[f.data[0]], t0)
-
-
-def _scalar(part: Any, t: gguf.GGUFValueType) -> Any:
-    v = part[0]
-    if t == VT.BOOL:
-        return bool(v)
-    if t in (VT.FLOAT32, VT.FLOAT64):
-        return float(v)
-    return int(v)
 
 
 def read_all(src: str | os.PathLike | GGUFFile) -> tuple[GGUFFile, dict[str, KV], list[tuple[str, Tensor]]]:

@@ -94,3 +94,46 @@ def test_the_tensor_writer_writes_gguf_pys_bytes(tmp_path, family, monkeypatch):
     monkeypatch.setattr(gguf_io, "_write_tensors", lambda w: w.write_tensors_to_file())
     write_fixture(spec, tmp_path / "gguf-py.gguf")
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_our_gguf_reader_reads_what_gguf_py_reads(tmp_path, family):
+    """synth.gguf_io parses GGUF itself (gguf-py's reader costs 10+ ms a file); same values, types, tensor bytes."""
+    import gguf
+    import numpy as np
+
+    from synth.gguf_io import VT, GGUFFile
+
+    path = tmp_path / "f.gguf"
+    write_fixture(resolve(family, Knobs(dtype="q4_0")), path)
+    ours, theirs = GGUFFile(path), gguf.GGUFReader(path, "r")
+    fields = {f.name: f for f in theirs.fields.values() if not f.name.startswith("GGUF.")}
+    assert set(ours.kv) == set(fields)
+    for name, f in fields.items():
+        t0 = f.types[0]
+        assert ours.kv_types[name][0] == t0
+        if t0 == VT.STRING:
+            assert ours.kv[name] == bytes(f.parts[f.data[0]]).decode()
+        elif t0 != VT.ARRAY:
+            assert ours.kv[name] == f.parts[f.data[0]][0]
+        elif f.types[-1] != VT.STRING:
+            assert ours.kv[name] == [f.parts[i][0] for i in f.data]
+        else:
+            assert ours.kv[name] == [bytes(f.parts[i]).decode() for i in f.data]
+    assert [t.name for t in ours.reader.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.reader.tensors, theirs.tensors, strict=True):
+        assert (a.shape, a.tensor_type, a.n_bytes) == (tuple(int(x) for x in b.shape), b.tensor_type, int(b.n_bytes))
+        assert a.data.shape == b.data.shape and a.data.dtype == b.data.dtype
+        assert np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes()
+
+
+def test_a_truncated_gguf_is_a_one_line_user_error(tmp_path):
+    from synth.gguf_io import GGUFFile
+
+    path = tmp_path / "f.gguf"
+    write_fixture(resolve("llama", Knobs()), path)
+    data = path.read_bytes()
+    for cut in (0, 3, 30, 200, len(data) - 10):
+        (tmp_path / "t.gguf").write_bytes(data[:cut])
+        with pytest.raises(UserError, match="not a readable GGUF file"):
+            GGUFFile(tmp_path / "t.gguf")
