@@ -429,12 +429,15 @@ class Sweep:
         requests = [("load", {"path": str(path), **self._params, "capture": capture_all or not last})]
         for name in names:
             steps = self._sched.runs()[name]
+            # a non-final stage's logits are never compared: not sent back (it computes every row regardless,
+            # since its last layer is captured)
+            mode = "all" if last else "none"
             if s == 0:
-                reqs = script_steps(steps, tokens=self._tokens(name), capture=capture)
+                reqs = script_steps(steps, tokens=self._tokens(name), capture=capture, logits_mode=mode)
             else:
                 width = job.stages[s - 1][1].n_layer
                 reqs = script_steps(steps, embd=[so.captures[width - 1] for so in job.traces[name][s - 1].steps],
-                                    capture=capture, n_pos_per_token=self.n_pos)
+                                    capture=capture, n_pos_per_token=self.n_pos, logits_mode=mode)
             requests.append(script_request(reqs, reset=True))
         replies = t.pipeline(requests)
         if not replies[0].ok:
