@@ -39,11 +39,21 @@ class Init:
         return Init(v, v)
 
 
+def raw_stream(seed: int, name: str, n: int) -> np.ndarray:
+    """n uint64 values, a pure function of (seed, name)."""
+    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
+    return np.random.PCG64(int.from_bytes(digest[:16], "little")).random_raw(n)
+
+
 def unit_stream(seed: int, name: str, n: int) -> np.ndarray:
     """n float64 values in [0, 1), a pure function of (seed, name)."""
-    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
-    bits = np.random.PCG64(int.from_bytes(digest[:16], "little")).random_raw(n)
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return (raw_stream(seed, name, n) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def byte_stream(seed: int, name: str, n: int) -> np.ndarray:
+    """n bytes, a pure function of (seed, name) (a stream of its own: 'bytes:' + name)."""
+    words = raw_stream(seed, "bytes:" + name, (n + 7) // 8)
+    return words.astype("<u8").view(np.uint8)[:n].copy()
 
 
 def make_tensor(seed: int, name: str, ne: tuple[int, ...], init: Init) -> np.ndarray:

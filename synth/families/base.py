@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import gguf
 import numpy as np
 
-from synth.dtype import check_dtype, convert
+from synth.dtype import check_dtype, check_rows, convert
 from synth.errors import UserError
 from synth.gguf_io import KV, VT
 from synth.spec import ATTN, BOTH, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
@@ -152,6 +152,7 @@ class Family:
             indexer_top_k=_given(knobs.indexer_top_k, self.indexer_top_k), seed=knobs.seed,
             dtype=check_dtype(knobs.dtype or "f32"),
         )
+        check_rows(spec.dtype, spec.n_embd)
         if spec.n_vocab < 4:
             raise UserError(f"family {self.name}: --vocab {spec.n_vocab} is too small; use at least 4")
         self._check_head_dim(spec)
@@ -252,7 +253,7 @@ class Family:
         self.build(spec, b)
         b.kv.update(tokenizer_kv(spec.n_vocab))
         b.kv[SPEC_KEY] = KV(spec.to_json(), VT.STRING)
-        tensors = [(name, convert(name, make_tensor(spec.seed, name, ne, init), spec.dtype))
+        tensors = [(name, convert(name, make_tensor(spec.seed, name, ne, init), spec.dtype, spec.seed))
                    for name, ne, init in b.tensors]
         return b.kv, tensors
 
