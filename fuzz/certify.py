@@ -25,6 +25,7 @@ from fuzz.isolation import Isolation, IsolationConfig
 from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig, SweepReport
 from synth.cliutil import new_app, run
+from synth.dtype import DTYPES, KQUANT_SCALES
 from synth.errors import UserError
 from synth.families import get_family
 from synth.make import write_fixture
@@ -36,6 +37,7 @@ app = new_app("Certify model families against the family-tier manifest (family_t
 Opt = typer.Option
 FileArg = Annotated[Path | None, typer.Argument(help="manifest (default: ./family_tiers.toml)")]
 PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
+KQUANTS = {name for name, q in DTYPES.items() if q in KQUANT_SCALES}
 
 
 @app.command()
@@ -124,12 +126,16 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     statuses, parts, why = [], [], ""
     for dtype in row.dtypes:
         path = workdir / f"{row.key}.{dtype}.gguf"
-        write_fixture(get_family(str(row.recipe["family"])).resolve(replace(row.knobs(), dtype=dtype)), path)
+        knobs = replace(row.knobs(), dtype=dtype)
+        if dtype in KQUANTS and knobs.embd is None:  # K-quant blocks hold 256 values: rows of 256
+            knobs = replace(knobs, embd=256)
+        write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
         rep = Sweep(path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8, target=target_spec)).run()
         status, detail = sweep_verdict(rep)
         why = why or next((r.reason for r in rep.results if r.status == "unsupported" and r.reason), "")
         statuses.append(status)
-        parts.append(f"{dtype}: {detail}" if status == "fail" else f"{dtype} {rep.summary['pass']}/{len(rep.results)}")
+        label = f"{dtype}@{knobs.embd}" if knobs.embd else dtype
+        parts.append(f"{label}: {detail}" if status == "fail" else f"{label} {rep.summary['pass']}/{len(rep.results)}")
     status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "unsupported"
     return LaneResult(row.key, "dtype", status, f"cut sets passing per dtype ({cuts}): " + ", ".join(parts)
                       + (f"; unsupported: {why}" if status == "unsupported" and why else ""))
