@@ -122,6 +122,13 @@ def shrink(case: Case, fp: dict[str, Any], report: dict[str, Any], workdir: Path
                 if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
                     break
                 out.log.append(f"{key} → {smaller}")
+    elif case.oracle == "isolation":
+        for key, floor in (("tokens", 1), ("prompt_len", 1), ("n_seq", 2)):
+            while out.case.config[key] > floor:
+                smaller = max(floor, out.case.config[key] // 2)
+                if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
+                    break
+                out.log.append(f"{key} → {smaller}")
     else:
         if fp["phase"] in ("full", "partial") and list(c["modes"]) != [fp["phase"]]:
             if keeps(replace(out.case, config={**c, "modes": [fp["phase"]]})):
@@ -171,7 +178,8 @@ def _fewer_layers(case: Case, spec: ModelSpec, drop_first: bool, path: Path) -> 
             given["kv_heads"] = tuple(kv)
     else:
         given["layers"] = len(pattern)
-    knobs = Knobs(seed=spec.seed, **{k: v for k, v in given.items() if k in fam.knobs})
+    # every family takes a dtype: the shrunk fixture keeps the weights' type
+    knobs = Knobs(seed=spec.seed, dtype=spec.dtype, **{k: v for k, v in given.items() if k in fam.knobs})
     try:
         new = fam.resolve(knobs)
     except UserError:
@@ -211,13 +219,15 @@ def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case, llama_cpp_commit:
 
 
 def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path | None:
-    """Bundle a case as it is (no shrinking) once it reproduces on a second run; None if it does not."""
+    """Bundle a case once it reproduces on a second run, shrunk under its fingerprint; None if it does not."""
     first, rep = case.run()
     second, _ = case.run()
     if first is None or first != second:
         return None
-    sh = Shrunk(case, first, rep, runs=2, log=[])
-    return write_bundle(out_dir, sh, original=case, llama_cpp_commit=llama_cpp_commit)
+    with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
+        sh = shrink(case, first, rep, Path(d))
+        sh.runs += 2
+        return write_bundle(out_dir, sh, original=case, llama_cpp_commit=llama_cpp_commit)
 
 
 def describe(fp: dict[str, Any]) -> str:
