@@ -71,3 +71,19 @@ def test_known_entries_name_a_lane_of_the_row(tmp_path):
     (tmp_path / "m.toml").write_text(bad)
     r = run_cli("family-certify", "check", str(tmp_path / "m.toml"))
     assert r.returncode == 2 and "known.fixed-split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_isolation_finding_is_bundled_shrunk_and_replays(fixtures, tmp_path):
+    """fuzz isolation --bundle: reproduced twice, shrunk (schedule, then layers; the weights keep their dtype),
+    replayed with one command."""
+    from synth.gguf_io import GGUFFile
+
+    path = fixtures("deepseek32", layers=3, indexer_top_k=4, dtype="q8_0")
+    r = run_cli("fuzz", "isolation", str(path), "--tokens", "2", "--bundle", str(tmp_path))
+    assert r.returncode == 1 and "bundle:" in r.stdout
+    (bundle,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    readme = (bundle / "README.md").read_text()
+    assert "n_seq → 2" in readme and "dropped the" in readme
+    types = {t.type for t in GGUFFile(bundle / "fixture.gguf").tensors.values()}
+    assert "Q8_0" in types
+    assert run_cli("fuzz", "replay", str(bundle)).returncode == 1  # still reproduces
