@@ -25,7 +25,7 @@ from fuzz.isolation import Isolation, IsolationConfig
 from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig, SweepReport
 from synth.cliutil import new_app, run
-from synth.dtype import DTYPES, KQUANT_SCALES
+from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
 from synth.families import get_family
 from synth.make import write_fixture
@@ -37,7 +37,7 @@ app = new_app("Certify model families against the family-tier manifest (family_t
 Opt = typer.Option
 FileArg = Annotated[Path | None, typer.Argument(help="manifest (default: ./family_tiers.toml)")]
 PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
-KQUANTS = {name for name, q in DTYPES.items() if q in KQUANT_SCALES}
+WIDE_BLOCKS = {name for name, q in DTYPES.items() if q in MADE_SCALES}  # 256-wide blocks
 
 
 @app.command()
@@ -127,7 +127,7 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     for dtype in row.dtypes:
         path = workdir / f"{row.key}.{dtype}.gguf"
         knobs = replace(row.knobs(), dtype=dtype)
-        if dtype in KQUANTS and knobs.embd is None:  # K-quant blocks hold 256 values: rows of 256
+        if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
             knobs = replace(knobs, embd=256)
         write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
         rep = Sweep(path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8, target=target_spec)).run()

@@ -6,9 +6,10 @@ The rule mirrors llama-quantize's (llama.cpp src/llama-quant.cpp, tensor_allows_
 llama.cpp keeps in float. A tensor whose rows are not a whole number of blocks stays F32 (llama-quantize falls
 back to another type there).
 
-K-quants (q2_k … q6_k: 256-wide blocks) have no quantizer in gguf-py; their blocks are made directly — seeded
-random bytes with each block's f16 super-scale(s) set small, so every weight is finite and O(0.1) — and they need
-rows of 256: `--embd 256` (and `--ff` a multiple of 256).
+K-quants (q2_k … q6_k) and the 2-bit i-quants (iq2_xxs, iq2_xs: the Kimi-Linear and Qwen3-Coder-Next
+artifacts' type) have no quantizer in gguf-py; their 256-wide blocks are made directly — seeded random bytes (every
+grid index and sign code is valid) with each block's f16 super-scale(s) set small, so every weight is finite and
+O(0.1) — and they need rows of 256: `--embd 256` (and `--ff` a multiple of 256).
 """
 
 from __future__ import annotations
@@ -23,16 +24,19 @@ from synth.weights import byte_stream
 Q = gguf.GGMLQuantizationType
 DTYPES: dict[str, Q | None] = {"f32": None, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0,
                                "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "mxfp4": Q.MXFP4, "q2_k": Q.Q2_K,
-                               "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K}
-# K-quant block layouts (ggml-common.h): byte offset of each f16 super-scale in a block, and its value: d sets the
-# weights' spread (std ≈ 0.05–0.08, like the F32 fixtures' E^-1/2), dmin cancels the mean the unsigned codes and
-# mins give (d × mean code; else every weight leans one way and the model emits one token)
-KQUANT_SCALES: dict[Q, tuple[tuple[int, float], ...]] = {
+                               "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K,
+                               "iq2_xxs": Q.IQ2_XXS, "iq2_xs": Q.IQ2_XS}
+# Blocks made directly (ggml-common.h layouts): byte offset of each f16 super-scale in a block, and its value:
+# d sets the weights' spread (std ≈ 0.05–0.08, like the F32 fixtures' E^-1/2), dmin cancels the mean the unsigned
+# codes and mins give (d × mean code; else every weight leans one way and the model emits one token)
+MADE_SCALES: dict[Q, tuple[tuple[int, float], ...]] = {
     Q.Q2_K: ((80, 5e-3), (82, 7.5e-3)),  # scales[16] (4-bit scale, 4-bit min), qs[64] (codes 0..3), d, dmin
     Q.Q3_K: ((108, 1.5e-3),),  # hmask[32], qs[64], scales[12], d (signed codes)
     Q.Q4_K: ((0, 3e-4), (2, 2.25e-3)),  # d, dmin, scales[12], qs[128] (codes 0..15)
     Q.Q5_K: ((0, 1.2e-4), (2, 1.86e-3)),  # d, dmin, scales[12], qh[32], qs[128] (codes 0..31)
     Q.Q6_K: ((208, 5e-5),),  # ql[128], qh[64], scales[16] (int8), d (signed codes)
+    Q.IQ2_XXS: ((0, 1e-3),),  # d, qs[32] (u16: grid indices, sign indices and 4-bit scales; all values valid)
+    Q.IQ2_XS: ((0, 1e-3),),  # d, qs[32] (u16: 9-bit grid index, 7-bit sign index), scales[8]
 }
 
 # name fragments llama-quantize never quantizes (llama-quant.cpp); matched anywhere in the tensor name
@@ -52,10 +56,10 @@ def check_dtype(dtype: str) -> str:
 
 
 def check_rows(dtype: str, n_embd: int) -> None:
-    """K-quants on rows that are not whole 256-wide blocks would quantize (almost) nothing: refuse them. (Other
+    """Made blocks on rows that are not whole 256-wide blocks would quantize (almost) nothing: refuse them. (Other
     types keep llama-quantize's rule: a tensor whose rows do not fit stays F32, the rest is quantized.)"""
     qtype = DTYPES[dtype]
-    if qtype not in KQUANT_SCALES:
+    if qtype not in MADE_SCALES:
         return
     block, _ = gguf.GGML_QUANT_SIZES[qtype]
     if n_embd % block:
@@ -84,16 +88,16 @@ def convert(name: str, arr: np.ndarray, dtype: str, seed: int = 0) -> Tensor:
         return arr
     if qtype == Q.F16:
         return arr.astype(np.float16)
-    if qtype in KQUANT_SCALES:
-        return Raw(kquant_blocks(name, arr.shape, qtype, seed), qtype)
+    if qtype in MADE_SCALES:
+        return Raw(made_blocks(name, arr.shape, qtype, seed), qtype)
     return Raw(gguf.quants.quantize(arr, qtype), qtype)
 
 
-def kquant_blocks(name: str, shape: tuple[int, ...], qtype: Q, seed: int) -> np.ndarray:
-    """Seeded K-quant blocks for a tensor of this (numpy) shape: random bytes, small f16 super-scales."""
+def made_blocks(name: str, shape: tuple[int, ...], qtype: Q, seed: int) -> np.ndarray:
+    """Seeded blocks of a made type for a tensor of this (numpy) shape: random bytes, small f16 super-scales."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = int(np.prod(shape)) // block
     data = byte_stream(seed, name, n_blocks * size).reshape(n_blocks, size)
-    for offset, value in KQUANT_SCALES[qtype]:
+    for offset, value in MADE_SCALES[qtype]:
         data[:, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
     return data.reshape(*shape[:-1], shape[-1] // block * size)

@@ -63,7 +63,8 @@ def test_slices_keep_the_quantized_bytes(tmp_path):
     assert any(isinstance(v, Raw) and v.qtype == gguf.GGMLQuantizationType.Q4_1 for v in stage.values())
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "f32" and d not in ("q2_k", "q3_k", "q5_k", "q6_k")])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "f32" and d not in ("q2_k", "q3_k", "q5_k", "q6_k",
+                                                                                 "iq2_xxs", "iq2_xs")])
 def test_every_family_runs_in_every_dtype(tmp_path, llama, dtype):
     """Block-32 types at the families' own widths; K-quants (q4_k for all, the rest below) at --embd 256."""
     bad = []
@@ -128,16 +129,17 @@ def _make(tmp_path, family, **knobs):
     return path
 
 
-@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
-def test_k_quant_blocks_are_seeded_centered_and_split_exactly(tmp_path, dtype):
-    """K-quant blocks are made directly (gguf-py has no K-quantizer): same seed → same bytes; dequantized weights
-    are centered with a fixture-like spread (the models emit varied tokens); every cut is bit-exact."""
+@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs", "iq2_xs"])
+def test_made_blocks_are_seeded_centered_and_split_exactly(tmp_path, dtype):
+    """K-quant and 2-bit i-quant blocks are made directly (gguf-py cannot quantize to them): same seed → same bytes;
+    dequantized weights are centered with a fixture-like spread (the models emit varied tokens); every cut is
+    bit-exact."""
     from synth.dtype import DTYPES as TYPES
-    from synth.dtype import kquant_blocks
+    from synth.dtype import made_blocks
 
-    a = kquant_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 0)
-    assert a.tobytes() == kquant_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 0).tobytes()
-    assert a.tobytes() != kquant_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 1).tobytes()
+    a = made_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 0)
+    assert a.tobytes() == made_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 0).tobytes()
+    assert a.tobytes() != made_blocks("blk.0.attn_q.weight", (256, 256), TYPES[dtype], 1).tobytes()
     w = gguf.quants.dequantize(a, TYPES[dtype])
     assert abs(float(w.mean())) < 0.01 and 0.03 < float(w.std()) < 0.12
     path = _make(tmp_path, "llama", layers=3, embd=256, ff=256, dtype=dtype)
