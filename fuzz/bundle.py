@@ -21,6 +21,7 @@ from typing import Any
 
 from fuzz.handoff import Handoff, HandoffConfig
 from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig
 from synth.errors import UserError
 from synth.families import get_family
@@ -30,7 +31,7 @@ from synth.spec import SPEC_KEY, Knobs, ModelSpec
 
 BUNDLE = "bundle.json"
 SCHEMA = 1
-ORACLES = ("sweep", "handoff", "isolation")
+ORACLES = ("sweep", "handoff", "isolation", "prefix-cache")
 
 
 @dataclass
@@ -63,6 +64,10 @@ class Case:
             bad = data["findings"][0] if data["findings"] else None
             return ({"oracle": "isolation", "status": bad["status"], "kv_unified": bad["kv_unified"],
                      "seq": bad["seq"]} if bad else None), data
+        if self.oracle == "prefix-cache":
+            data = PrefixCache(self.fixture, PrefixCacheConfig(target=self.target, **self.config)).run()
+            bad = data["findings"][0] if data["findings"] else None
+            return ({"oracle": "prefix-cache", "status": bad["kind"]} if bad else None), data
         raise UserError(f"unknown oracle {self.oracle!r} in bundle; oracles: {', '.join(ORACLES)}")
 
 
@@ -122,8 +127,10 @@ def shrink(case: Case, fp: dict[str, Any], report: dict[str, Any], workdir: Path
                 if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
                     break
                 out.log.append(f"{key} → {smaller}")
-    elif case.oracle == "isolation":
-        for key, floor in (("tokens", 1), ("prompt_len", 1), ("n_seq", 2)):
+    elif case.oracle in ("isolation", "prefix-cache"):
+        keys = (("tokens", 1), ("prompt_len", 1), ("n_seq", 2)) if case.oracle == "isolation" else \
+            (("rounds", 1), ("n_predict", 1), ("slots", 2))
+        for key, floor in keys:
             while out.case.config[key] > floor:
                 smaller = max(floor, out.case.config[key] // 2)
                 if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
@@ -233,7 +240,7 @@ def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path 
 def describe(fp: dict[str, Any]) -> str:
     """One line for a fingerprint: oracle, status and where."""
     where = ", ".join(f"{k} {v}" for k, v in fp.items() if k not in ("oracle", "status", "cut_kinds", "layer_kind"))
-    return f"{fp['oracle']} finding: {fp['status']} ({where})"
+    return f"{fp['oracle']} finding: {fp['status']}" + (f" ({where})" if where else "")
 
 
 def read_bundle(path: Path) -> dict[str, Any]:

@@ -260,6 +260,7 @@ def prefix_cache_cmd(
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
 ) -> int:
     """llama-server's prompt cache under concurrent inserts (the H1 shape: two slots inserting the same prompt at
     once, every round): answers equal the uncached reference, every slot idle after each round, the context
@@ -270,9 +271,15 @@ def prefix_cache_cmd(
         raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, n_predict=tokens, n_ctx=n_ctx, target=target,
                                timeout=timeout, seed=seed)
-    rep = pc.PrefixCache(fixture_path(fixture), cfg).run()
+    path = fixture_path(fixture)
+    rep = pc.PrefixCache(path, cfg).run()
     print(pc.format_report(rep))
     write_report(report, rep)
+    if bundle and rep["findings"]:
+        config = {"slots": slots, "rounds": rounds, "n_predict": tokens, "n_ctx": n_ctx, "seed": seed}
+        out = bundle / f"{path.stem}-prefix-cache-{rep['findings'][0]['kind']}"
+        made = bd.bundle_one(bd.Case("prefix-cache", path, [], config, target), out, rep["llama_cpp_commit"])
+        report_bundles([made] if made else [])
     return 1 if rep["findings"] else 0
 
 

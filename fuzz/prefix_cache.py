@@ -104,6 +104,7 @@ class PrefixCache:
         finally:
             close_all([ref_t, srv])
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
+                "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
                 "schedule": sched.to_dict(), "rounds": rounds, "findings": [f.to_dict() for f in findings],
                 "status": "fail" if findings else "pass"}
 
@@ -149,9 +150,10 @@ class PrefixCache:
                 findings.append(Finding("leaked-slot", k, f"slots {busy} still processing after round {k} "
                                         f"({len(names)} requests, all answered)"))
             rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
-        probe = self._capacity_probe(t)
-        if probe:
-            findings.append(Finding("capacity", None, probe))
+        if not any(f.kind == "leaked-slot" for f in findings):  # a leaked slot already explains a full server
+            probe = self._capacity_probe(t)
+            if probe:
+                findings.append(Finding("capacity", None, probe))
         return findings, rounds
 
     def _busy_slots(self, t: Target) -> list[int]:
@@ -165,7 +167,7 @@ class PrefixCache:
         n = self.cfg.n_ctx // self.cfg.slots - self.cfg.n_predict - 4
         rng = np.random.Generator(np.random.PCG64(self.cfg.seed + 99))
         prompt = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
-        r = t.call("complete", requests=[{"prompt": prompt, "n_predict": 2, "cache_prompt": False}])
+        r = t.call("complete", requests=[{"prompt": prompt, "n_predict": 2, "cache_prompt": False, "timeout": 20}])
         if not r.ok:
             return f"a {n}-token prompt after the rounds: {r.failure.message}"
         got = r.data["results"][0]

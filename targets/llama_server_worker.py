@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import RequestError, serve
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, RequestError, serve
 
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"  # scripts/build_llama_server.sh builds its vendored llama.cpp
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
@@ -58,7 +58,7 @@ class ServerWorker:
     def op_hello(self, _req: dict) -> dict:
         binary = server_binary()
         return {"protocol": 1, "target": "llama-server", "binary": str(binary) if binary else None,
-                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON}
+                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON, "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT}
 
     def op_load(self, req: dict) -> dict:
         self._stop()

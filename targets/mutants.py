@@ -11,8 +11,8 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          breaks (how the public layer-split anchor failed).
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
-  server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): a concurrent batch that
-                         holds one prompt twice leaves a request for it running forever, so a slot never frees.
+  server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
+                         that holds one prompt twice leaves a request for it running forever, so a slot never frees.
 """
 
 from __future__ import annotations
@@ -124,12 +124,14 @@ class ServerDuplicateLeak(ServerWorker):
     the request with no token limit), so a slot stays busy after every answer is in — a leaked sequence."""
 
     def op_load(self, req: dict) -> dict:
+        self.leaked = False
         return super().op_load({**req, "args": [*req.get("args", []), "--context-shift"]})
 
     def op_complete(self, req: dict) -> dict:
         prompts = [tuple(r.get("prompt", [])) for r in req.get("requests", [])]
         dups = [p for p in dict.fromkeys(prompts) if prompts.count(p) > 1]
-        if req.get("concurrent") and dups:
+        if req.get("concurrent") and dups and not self.leaked:  # one leaked record per server: it stays leaked
+            self.leaked = True
             leak = {"prompt": list(dups[0]), "n_predict": -1, "timeout": 3600}
             threading.Thread(target=self._complete_one, args=(leak,), daemon=True).start()
         return super().op_complete(req)

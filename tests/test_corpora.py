@@ -24,8 +24,9 @@ def test_repro_bundle_still_reproduces(bundle):
     assert data["target"].startswith("mutant:") or data["target"] == "llama-cpp"
     ok, fp, _ = replay(bundle)
     assert ok, fp
-    if data["target"].startswith("mutant:"):  # the bug is the mutant's: the real llama.cpp is clean
-        assert run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp").returncode == 0
+    if data["target"].startswith("mutant:"):  # the bug is the mutant's: the real binary is clean
+        real = "llama-server" if data["oracle"] == "prefix-cache" else "llama-cpp"
+        assert run_cli("fuzz", "replay", str(bundle), "--target", real).returncode == 0
     else:  # an upstream finding: its row in the manifest says so
         text = (ROOT / "family_tiers.toml").read_text()
         assert f"corpora/repros/{bundle.name}" in text
