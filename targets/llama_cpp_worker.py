@@ -335,6 +335,9 @@ class LlamaWorker:
         self._unload()
         return {}
 
+    def close(self) -> None:
+        """Nothing to release: the process exits without tearing down llama.cpp."""
+
     # ---- helpers ---------------------------------------------------------------------------------
     def _need_model(self):
         if not self.model:
@@ -381,8 +384,8 @@ def _state_flags(req: dict) -> int:
     return 1 if req.get("partial") else 0  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
-def serve(stdin, stdout, worker_cls: type[LlamaWorker] = LlamaWorker) -> None:
-    worker = worker_cls()
+def serve(stdin, stdout, make_worker: Any = LlamaWorker) -> None:
+    worker = make_worker()
     for line in stdin:
         if not line.strip():
             continue
@@ -414,14 +417,25 @@ def main() -> None:
     main_with(LlamaWorker)
 
 
-def main_with(worker_cls: type[LlamaWorker]) -> None:
+def main_with(worker_cls: Any) -> None:
+    """Serve the protocol on stdin/stdout with a worker of this class (also the llama-server worker's entry)."""
     # ggml attaches gdb for a backtrace on abort: slow, and it buries the abort message the client reports
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     # The protocol owns the real stdout; anything native code prints to fd 1 goes to stderr instead.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    serve(sys.stdin, proto, worker_cls)
+    made: list[Any] = []
+
+    def make() -> Any:
+        made.append(worker_cls())
+        return made[-1]
+
+    try:
+        serve(sys.stdin, proto, make)
+    finally:
+        for w in made:
+            w.close()
     # done: exit now rather than tear down the interpreter, models and contexts (tens of ms per worker)
     proto.flush()
     sys.stderr.flush()

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, RequestError, serve
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, RequestError, main_with
 
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"  # scripts/build_llama_server.sh builds its vendored llama.cpp
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
@@ -135,6 +134,10 @@ class ServerWorker:
         self._stop()
         return {}
 
+    def close(self) -> None:
+        """The worker is done: its server goes too."""
+        self._stop()
+
     # ---- helpers ---------------------------------------------------------------------------------
     def _complete_one(self, r: dict) -> dict:
         body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
@@ -187,26 +190,6 @@ class ServerWorker:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
-
-
-def main_with(worker_cls: type[ServerWorker]) -> None:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    worker_holder: list[ServerWorker] = []
-
-    def make() -> ServerWorker:
-        w = worker_cls()
-        worker_holder.append(w)
-        return w
-
-    try:
-        serve(sys.stdin, proto, make)
-    finally:
-        for w in worker_holder:
-            w._stop()
-    proto.flush()
-    os._exit(0)
 
 
 def main() -> None:

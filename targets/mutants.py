@@ -27,7 +27,6 @@ import numpy as np
 
 from targets.llama_cpp_worker import LlamaWorker, main_with
 from targets.llama_server_worker import ServerWorker
-from targets.llama_server_worker import main_with as server_main
 
 
 def b64_f32(s: str) -> np.ndarray:
@@ -146,8 +145,7 @@ def main() -> None:
     if name not in MUTANTS:
         sys.stderr.write(f"unknown mutant {name!r}; mutants: {', '.join(MUTANTS)}\n")
         sys.exit(2)
-    cls = MUTANTS[name]
-    (server_main if issubclass(cls, ServerWorker) else main_with)(cls)
+    main_with(MUTANTS[name])
 
 
 if __name__ == "__main__":
