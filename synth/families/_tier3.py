@@ -48,6 +48,17 @@ def fused_qkv(b: Builder, spec: ModelSpec, i: int, *, bias: bool) -> None:
         b.t(T.ATTN_QKV, (width,), blocks.BIAS, bid=i, suffix="bias")
 
 
+def ln_fused_layer(b: Builder, spec: ModelSpec, i: int) -> None:
+    """A LayerNorm transformer layer with fused QKV and every bias (gpt2, bloom, gptneox)."""
+    E = spec.n_embd
+    layer_norm(b, T.ATTN_NORM, E, i)
+    fused_qkv(b, spec, i, bias=True)
+    b.t(T.ATTN_OUT, (E, E), bid=i)
+    b.t(T.ATTN_OUT, (E,), blocks.BIAS, bid=i, suffix="bias")
+    layer_norm(b, T.FFN_NORM, E, i)
+    ffn_seq(b, E, spec.n_ff, i, bias=True)
+
+
 def residual_proj(fan_in: int) -> Init:
     """Init of a projection into the residual stream (attn_output, ffn_down) for tied-head archs."""
     return Init.std(TIED_RESIDUAL_GAIN * fan_in**-0.5)

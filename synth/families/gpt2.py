@@ -28,9 +28,4 @@ class Gpt2(Family):
         b.t(T.OUTPUT_NORM, (E,), blocks.BIAS, suffix="bias")
         b.t(T.POS_EMBD, (E, spec.n_ctx_train), Init.std(0.3))  # rows = context_length
         for i in range(spec.n_layer):
-            t3.layer_norm(b, T.ATTN_NORM, E, i)
-            t3.fused_qkv(b, spec, i, bias=True)
-            b.t(T.ATTN_OUT, (E, E), bid=i)
-            b.t(T.ATTN_OUT, (E,), blocks.BIAS, bid=i, suffix="bias")
-            t3.layer_norm(b, T.FFN_NORM, E, i)
-            t3.ffn_seq(b, E, F, i, bias=True)
+            t3.ln_fused_layer(b, spec, i)
