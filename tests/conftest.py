@@ -1,9 +1,11 @@
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from synth.make import resolve, write_fixture
 from synth.spec import Knobs
@@ -11,6 +13,13 @@ from targets import open_target
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+# Property tests draw the same examples on every run (`ci`, the default), so a clean clone passes or fails
+# the same way each time. `HYPOTHESIS_PROFILE=explore` draws fresh random examples on each run, to hunt for
+# new failures; put a case it finds into the test as an @example before fixing it.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

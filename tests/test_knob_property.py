@@ -5,7 +5,7 @@ import contextlib
 import io
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from synth.cli import app
@@ -42,6 +42,10 @@ def argvs(draw):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=argvs())
+# found by HYPOTHESIS_PROFILE=explore: a traceback instead of exit 2, or a file llama.cpp aborts on
+@example(argv=["kimi-linear", "--kv-lora-rank", "0", "--seed", "0"])
+@example(argv=["kimi-linear", "--leading-dense", "0", "--ff", "1", "--seed", "0"])
+@example(argv=["gemma4", "--heads", "1", "--seed", "0"])
 def test_knobs_make_a_running_file_or_exit_2_before_writing(llama, tmp_path, argv):
     out = tmp_path / "x.gguf"
     out.unlink(missing_ok=True)

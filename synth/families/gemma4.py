@@ -27,6 +27,8 @@ gemma4 reads with the required get_arr); with the array written, the pinned llam
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gguf
 
 from synth.families import blocks
@@ -97,7 +99,8 @@ class Gemma4(Family):
 
     def _kv_heads(self, knobs: Knobs, pattern: str, n_head: int) -> tuple[int, ...]:
         if knobs.kv_heads is None:  # Gemma 4 writes one value for sliding and one for global layers
-            return tuple(KV_SWA if is_swa(i) else KV_FULL for i in range(len(pattern)))
+            fit = [kv if kv <= n_head and n_head % kv == 0 else 1 for kv in (KV_SWA, KV_FULL)]  # e.g. --heads 1
+            knobs = replace(knobs, kv_heads=tuple(fit[0] if is_swa(i) else fit[1] for i in range(len(pattern))))
         return super()._kv_heads(knobs, pattern, n_head)
 
     def derive(self, spec: ModelSpec) -> dict[str, int]:

@@ -31,11 +31,14 @@ class KimiLinear(Family):
     def derive(self, spec: ModelSpec) -> dict[str, int]:
         rope = 8
         return {"d_conv": 4, "kda_head_dim": 16, "n_rot": rope, "k_mla": 16 + rope, "v_mla": 16,
-                "n_ff_exp": spec.n_ff // 4}
+                "n_ff_exp": max(1, spec.n_ff // 4)}
 
     def check(self, spec: ModelSpec) -> None:
         if not spec.n_expert:
             raise self.reject("experts", "0: kimi-linear is MoE (expert_count must be > 0)")
+        if spec.kv_lora_rank < 1:
+            raise UserError(f"family {self.name}: --kv-lora-rank {spec.kv_lora_rank} must be at least 1 "
+                            "(the MLA layers' latent KV width)")
         if spec.n_leading_dense >= spec.n_layer:
             raise UserError(f"family {self.name}: --leading-dense {spec.n_leading_dense} must be below "
                             f"--layers {spec.n_layer} (the remaining layers are MoE)")

@@ -56,7 +56,7 @@ class Qwen3Next(Family):
         # gated delta-net: Hk key heads, Hv value heads, head dim Dk; d_inner = Dk·Hv
         dk, hk, hv = 8, 2, 4
         return {"d_conv": 4, "d_state": dk, "n_k_heads": hk, "n_v_heads": hv, "d_inner": dk * hv,
-                "n_ff_exp": spec.n_ff // 4, "n_ff_shexp": spec.n_ff // 4, "n_rot": spec.head_dim // 2}
+                "n_ff_exp": max(1, spec.n_ff // 4), "n_ff_shexp": max(1, spec.n_ff // 4), "n_rot": spec.head_dim // 2}
 
     def check(self, spec: ModelSpec) -> None:
         if not spec.n_expert:
