@@ -9,6 +9,10 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   batched-rows-swapped   A stage fed hidden states for several sequences in one batch swaps the first rows of
                          the first two sequences: single-sequence prefill and decode stay exact, batched decode
                          breaks (how the public layer-split anchor failed).
+  seq-leak               Sequences that share a batch share a cache: in a unified KV cache, after a decode holding
+                         several sequences the first one's cells are attached to the others too
+                         (llama_memory_seq_cp), so they attend to a stranger's keys from then on — the isolation
+                         oracle's bug class (a record left attached to another sequence).
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -117,6 +121,22 @@ class BatchedRowsSwapped(LlamaWorker):
         return super().op_decode(req)
 
 
+class SeqLeak(LlamaWorker):
+    def op_load(self, req: dict) -> dict:
+        self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
+        return super().op_load(req)
+
+    def op_decode(self, req: dict) -> dict:
+        out = super().op_decode(req)
+        seqs = req.get("seq", 0)
+        if self.unified and isinstance(seqs, list) and len(set(seqs)) > 1:
+            first, *others = dict.fromkeys(int(x) for x in seqs)
+            mem = self.L.llama_get_memory(self.ctx)
+            for s in others:
+                self.L.llama_memory_seq_cp(mem, first, s, -1, -1)
+        return out
+
+
 class ServerDuplicateLeak(ServerWorker):
     """H1 (a radix insert racing an identical insert leaks its record): when one concurrent batch holds the same
     prompt twice, one more request for it is started and never finishes (the server runs with context shift,
@@ -137,7 +157,8 @@ class ServerDuplicateLeak(ServerWorker):
 
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "batched-rows-swapped": BatchedRowsSwapped,
-                           "perturb-2-threads": Perturb2Threads, "server-dup-leak": ServerDuplicateLeak}
+                           "perturb-2-threads": Perturb2Threads, "seq-leak": SeqLeak,
+                           "server-dup-leak": ServerDuplicateLeak}
 
 
 def main() -> None:

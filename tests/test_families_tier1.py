@@ -46,7 +46,7 @@ def test_indexer_keys_follow_the_knobs():
     kv, shapes = kv_of("deepseek32", indexer_top_k=3, q_lora_rank=8)
     assert kv["deepseek32.attention.indexer.top_k"].value == 3
     assert kv["deepseek32.attention.indexer.key_length"].value == 64
-    assert shapes["blk.0.indexer.attn_q_b.weight"] == (8, 2 * 64)  # from the compressed q
+    assert shapes["blk.0.indexer.attn_q_b.weight"] == (8, 12 * 64)  # from the compressed q, 12 heads
 
 
 # ---- MLA ---------------------------------------------------------------------------------------
@@ -187,7 +187,8 @@ def test_indexer_key_length_must_be_a_power_of_two_from_64(dk):
 def test_top_k_below_the_prompt_runs_the_sparse_path(llama, fixtures, family, knobs):
     """top_k 2 < 8 prompt tokens loads and decodes, and changes the output; a top_k >= the context keeps every
     key, so the model equals deepseek2 with the same weights (tensor values are seeded by name)."""
-    dense = fixtures("deepseek2", **{k: v for k, v in knobs.items() if k != "indexer"})
+    dense = fixtures("deepseek2", q_lora_rank=get_family(family).q_lora_rank,
+                     **{k: v for k, v in knobs.items() if k != "indexer"})
     assert llama.load(str(dense)).ok
     ref = llama.generate(PROMPT, 16, chunk=5)
     assert ref.ok, ref.failure

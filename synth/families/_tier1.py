@@ -19,7 +19,11 @@ KI = gguf.Keys.Attention.Indexer
 KR = gguf.Keys.Rope
 
 GATING_SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
-INDEXER_HEADS = 2  # DeepSeek-V3.2 / GLM-5 use 64
+# DeepSeek-V3.2 / GLM-5 use 64. A key's indexer score is sum_h relu(q_h.k) w_h: exactly 0 whenever every head's
+# q.k <= 0, which with 2 heads is a quarter of all keys. llama.cpp's CPU top-k breaks such ties by cell position
+# (corpora/repros/deepseek32-isolation-unified-kv), so a tie-prone fixture makes every batch-shape oracle report
+# that instead of what it is there to catch; with 12 heads a zero score has odds 1/4096.
+INDEXER_HEADS = 12
 INDEXER_KEY_LENGTH = 64  # must be a power of two >= 64 (Hadamard rotation size; notes §5)
 MLA_KNOBS = frozenset({"head_dim", "experts", "experts_used", "shared_experts", "leading_dense",
                        "q_lora_rank", "kv_lora_rank"})
@@ -49,6 +53,7 @@ class MlaIndexerFamily(MlaFamily):
     knobs = MlaFamily.knobs | {"indexer", "indexer_top_k"}
     indexer = True
     indexer_top_k = 4
+    q_lora_rank = 8  # the indexer's q_b is q_lora_rank x 12 heads x 64: 8 keeps 12 layers within 1 MB
 
     def derive(self, spec: ModelSpec) -> dict[str, int]:
         return mla_derive(spec) | {"indexer_heads": INDEXER_HEADS, "indexer_dk": INDEXER_KEY_LENGTH}
