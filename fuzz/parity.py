@@ -5,6 +5,7 @@ Every run goes through targets.Target (the protocol); nothing here knows how a t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from fuzz.schedule import Step
 from targets import Failure, Reply, Target
 
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE
+GGML_TYPE_F32 = 0
 
 
 def pos_per_token(info: dict[str, Any]) -> int:
@@ -187,3 +189,53 @@ def localize(ref: Trace, chain: list[Trace], stages: list[tuple[int, int, list[i
 def tokens_equal(ref: Trace, chain: list[Trace]) -> bool:
     return all(np.array_equal(np.argmax(a.logits, axis=1), np.argmax(b.logits, axis=1))
                for a, b in zip(ref.steps, chain[-1].steps, strict=True))
+
+
+# ---- inside a layer: which graph node first differs ----------------------------------------------------------
+
+_NODE = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<tail>(?: \(.*\))*)$")
+
+
+def node_key(name: str) -> str | None:
+    """A node name without its layer index ("kq_soft_max-3" → "kq_soft_max", "Qcur-3 (view)" →
+    "Qcur (view)"), so a stage's layer j pairs with the full model's layer a + j; None without an index."""
+    m = _NODE.match(name)
+    return m["op"] + m["tail"] if m else None
+
+
+def first_differing_node(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first node of got (in execution order) that differs from the same-named node of want (paired by name
+    without the layer index and by occurrence), or None if every node is bit-identical. Nodes are
+    {"name", "op", "type", "ne", "data" (bytes)} as the worker traces them (op: the ggml operation)."""
+    def keyed(nodes):
+        seen: dict[str, int] = {}
+        out = {}
+        for n in nodes:
+            k = node_key(n["name"])
+            if k is None:
+                continue
+            seen[k] = seen.get(k, 0) + 1
+            out[(k, seen[k])] = n
+        return out
+
+    ref = keyed(want)
+    same = 0
+    for key, n in keyed(got).items():
+        r = ref.get(key)
+        base = {"name": key[0], "ggml_op": n.get("op"), "stage_node": n["name"], "same_before": same}
+        if r is None:
+            return base | {"kind": "extra", "detail": "the full model's layer computes no such node"}
+        if r["type"] != n["type"] or list(r["ne"]) != list(n["ne"]):
+            return base | {"kind": "shape", "detail": f"type {n['type']} ne {list(n['ne'])} where the full "
+                                                      f"model has type {r['type']} ne {list(r['ne'])}"}
+        if r["data"] != n["data"]:
+            out = base | {"kind": "values", "full_node": r["name"]}
+            if n["type"] == GGML_TYPE_F32 and len(r["data"]) == len(n["data"]):
+                a = np.frombuffer(r["data"], "<f4").astype(np.float64)
+                b = np.frombuffer(n["data"], "<f4").astype(np.float64)
+                with np.errstate(invalid="ignore"):
+                    d = np.abs(a - b)
+                out["max_abs"] = float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")
+            return out
+        same += 1
+    return None

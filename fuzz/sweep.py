@@ -27,6 +27,8 @@ from fuzz.parity import (
     RunFailure,
     Trace,
     compare,
+    first_differing_node,
+    first_row_diff,
     localize,
     pos_per_token,
     run_script,
@@ -75,6 +77,7 @@ class CutResult:
     stage: int | None = None
     where: str | None = None
     layer: int | str | None = None
+    node: dict[str, Any] | None = None  # the first graph node of `layer` whose bits differ (fuzz.parity)
     max_abs_dlogit: float = 0.0
     tokens_equal: bool | None = None
     reproduced: bool | None = None
@@ -521,9 +524,51 @@ class Sweep:
             # against the ranges the cut set asked for, not what the slicer says it produced
             res.layer = localize(ref_tr, chain, [(a, b, st.layers, st.pads) for (a, b), (_, st)
                                                  in zip(res.stages, job.stages, strict=True)], div.step)
+            if isinstance(res.layer, int):
+                res.node = self._localize_node(job, t, name, chain, res.layer, div.step)
         else:
             res.reason = "did not reproduce on a second run (nondeterministic)"
         return res
+
+    def _localize_node(self, job: _Job, t: Target, name: str, chain: list[Trace], layer: int,
+                     upto: int) -> dict[str, Any]:
+        """Inside the first differing layer: run the full model and the stage holding that layer once more with
+        every graph node of the layer traced, at the first step where the layer's output differs, and name the
+        first node (in execution order) whose bits differ from the full model's."""
+        held = [(s, j) for s, (_, st) in enumerate(job.stages) for j, src in enumerate(st.layers)
+                if src == layer and j not in st.pads]
+        if not held:
+            return {"kind": "missing", "detail": f"no stage holds layer {layer}"}
+        s, j = held[0]
+        path, st = job.stages[s]
+        ref_tr = self._refs[name]
+        k = next((k for k in range(upto + 1)
+                  if first_row_diff(chain[s].steps[k].captures[j], ref_tr.steps[k].captures[layer]) is not None),
+                 upto)
+        steps = self._sched.runs()[name][:k + 1]
+        tokens = self._tokens(name)[:k + 1]
+        full = script_steps(steps, tokens=tokens, capture=list(range(self.info.n_layer)))
+        if s == 0:
+            stage = script_steps(steps, tokens=tokens, capture=list(range(st.n_layer)))
+        else:
+            width = job.stages[s - 1][1].n_layer
+            stage = script_steps(steps, embd=[so.captures[width - 1] for so in chain[s - 1].steps[:k + 1]],
+                                 capture=list(range(st.n_layer)), n_pos_per_token=self.n_pos)
+        full[k]["trace"], stage[k]["trace"] = layer, j
+        nodes = []
+        for model, reqs in ((self.fixture, full), (path, stage)):
+            replies = t.pipeline([("load", {"path": str(model), **self._params, "trace": True}),
+                                  script_request(reqs, reset=True)])
+            if len(replies) < 2 or not replies[1].ok:
+                why = replies[-1].failure.message if not replies[-1].ok else "no reply"
+                return {"kind": "untraced", "detail": f"the target could not trace the layer's nodes: {why}"}
+            nodes.append(replies[1].data["results"][k].get("nodes", []))
+        if not nodes[0] or not nodes[1]:
+            return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
+        found = first_differing_node(nodes[0], nodes[1])
+        if found is None:
+            return {"kind": "none", "detail": f"all {len(nodes[1])} traced nodes of the layer are bit-identical"}
+        return found | {"step": k, "stage_layer": j}
 
     def _failed(self, res: CutResult, fail: RunFailure, phase: str) -> CutResult:
         f = fail.failure
@@ -544,6 +589,8 @@ def format_report(rep: SweepReport) -> str:
         note = r.reason or (f"pad {r.pads}" if r.pads else "")
         if r.status == "diverged":
             note = f"{r.where} differs; reproduced={r.reproduced}" + (f"; {r.reason}" if r.reason else "")
+            if r.node and r.node.get("name"):
+                note += f"; first node {r.node['name']} ({r.node['ggml_op']}: {r.node['kind']})"
         lines.append(f"{','.join(map(str, r.cuts)):<12} {r.status:<11} {r.phase or '':<9} "
                      f"{'' if r.position is None else r.position:>4} {'' if r.stage is None else r.stage:>5} "
                      f"{'' if r.layer is None else r.layer:>6} {r.max_abs_dlogit:>9.2e}  {note}")

@@ -28,7 +28,7 @@ PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b1
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
-            "capture": True}
+            "capture": True, "trace": False}
 
 
 class RequestError(Exception):
@@ -73,6 +73,8 @@ def ggml_base(L: Any) -> ctypes.CDLL:
     ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
     ggml.ggml_nbytes.restype = ctypes.c_size_t
     ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+    ggml.ggml_op_desc.restype = ctypes.c_char_p  # for traced nodes: "MUL_MAT", "ROPE", "SOFT_MAX", ...
+    ggml.ggml_op_desc.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_tensor_get.restype = None
     ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     return ggml
@@ -85,6 +87,8 @@ class LlamaWorker:
         # capture and log callbacks, argmax
         self.native = native.load(self.ggml, L, echo=bool(os.environ.get("FAMILY_CERTIFY_WORKER_LOG")))
         L.llama_log_set(self.native.log_callback, None)
+        self.tracer: native.Python | None = None  # the capture callback of contexts loaded with trace=true
+        self.capturer: native.Native | native.Python = self.native
         L.llama_backend_init()
         self.model = None
         self.ctx = None
@@ -126,8 +130,12 @@ class LlamaWorker:
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
         cp.no_perf = True  # no performance counters: llama_perf_* is never read here
-        if params["capture"]:  # the per-node callback costs time in every decode: only when asked for
-            cp.cb_eval = self.native.callback
+        self.capturer = self.native
+        if params["trace"]:  # every node of a layer on request: the Python callback (slow, for localizing)
+            self.tracer = self.tracer or native.Python(self.ggml, L)
+            self.capturer = self.tracer
+        if params["capture"] or params["trace"]:  # the per-node callback costs time in every decode
+            cp.cb_eval = self.capturer.callback
             cp.cb_eval_user_data = None
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
@@ -199,7 +207,13 @@ class LlamaWorker:
         # capturing the last layer needs every row to reach it (llama.cpp prunes non-output rows there);
         # capturing earlier layers must not change what the last layer computes
         computed = [True] * n if info["n_layer"] - 1 in capture else out
-        self.native.begin(capture)
+        trace = req.get("trace")
+        if trace is not None and not self.params["trace"]:
+            raise RequestError("bad_request", "decode: trace needs a context loaded with trace=true")
+        if trace is not None:
+            self.capturer.begin(capture, trace=int(trace))
+        else:
+            self.capturer.begin(capture)
         captured: dict[int, tuple[bytes, int]] = {}
 
         batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0, 1)
@@ -218,14 +232,15 @@ class LlamaWorker:
                 for j in range(1, n_pos):
                     for i in range(n):
                         batch.pos[j * n + i] = pos[i] if j < 3 else 0
-            t0, cb0 = time.perf_counter(), self.native.seconds
+            t0, cb0 = time.perf_counter(), self.capturer.seconds
             rc = L.llama_decode(ctx, batch)
-            cb = self.native.seconds - cb0
+            cb = self.capturer.seconds - cb0
             self.decode_seconds += time.perf_counter() - t0 - cb
             self.callback_seconds += cb
         finally:
             L.llama_batch_free(batch)
-            captured = self.native.end()
+            nodes = self.capturer.nodes if trace is not None else []
+            captured = self.capturer.end()
         if rc != 0:
             raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
         rows = [i for i in range(n) if out[i]]
@@ -242,6 +257,8 @@ class LlamaWorker:
                     raise RequestError("bad_request", f"decode: no tensor l_out-{k} in this graph "
                                        f"(layers 0..{info['n_layer'] - 1})")
                 resp["captures"][str(k)] = b64(captured[k][0])
+        if trace is not None:
+            resp["nodes"] = [{**nd, "data": b64(nd["data"])} for nd in nodes]
         return resp
 
     def op_script(self, req: dict) -> dict:

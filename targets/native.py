@@ -127,16 +127,21 @@ class Python:
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self.seconds = 0.0  # time spent in this callback (subtract it from llama_decode's)
         self.want: dict[bytes, int] = {}
+        self.trace_layer: bytes | None = None  # "-k": trace every node of layer k
+        self.nodes: list[dict[str, Any]] = []
         self.got: dict[int, list[bytes]] = {}
         self.width: dict[int, int] = {}
 
-    def begin(self, layers: list[int]) -> None:
+    def begin(self, layers: list[int], trace: int | None = None) -> None:
+        """Capture these layers' residuals during the next decode; trace: also every node of that layer."""
         self.want = {f"l_out-{k}".encode(): k for k in layers}
         self.got, self.width = {}, {}
+        self.trace_layer = None if trace is None else f"-{trace}".encode()
+        self.nodes = []
 
     def end(self) -> dict[int, tuple[bytes, int]]:
         out = {k: (b"".join(parts), self.width[k]) for k, parts in self.got.items() if parts}
-        self.want, self.got = {}, {}
+        self.want, self.got, self.trace_layer = {}, {}, None
         return out
 
     def argmax(self, ptr: int, n: int) -> int:
@@ -168,7 +173,13 @@ class Python:
     def _on_eval(self, t: int, ask: bool, _ud: Any) -> bool:
         t0 = time.perf_counter()
         try:
-            k = self.want.get(self.ggml.ggml_get_name(t))
+            name = self.ggml.ggml_get_name(t)
+            if self.trace_layer is not None and name.split(b" (", 1)[0].endswith(self.trace_layer):
+                if not ask:
+                    self._trace(t, name)
+                if name not in self.want:
+                    return True
+            k = self.want.get(name)
             if k is None:
                 return False
             if ask:
@@ -183,6 +194,15 @@ class Python:
             return True
         finally:
             self.seconds += time.perf_counter() - t0
+
+
+    def _trace(self, t: int, name: bytes) -> None:
+        head = ctypes.cast(t, ctypes.POINTER(_TensorHead)).contents
+        n = self.ggml.ggml_nbytes(t)
+        buf = ctypes.create_string_buffer(n)
+        self.ggml.ggml_backend_tensor_get(t, buf, 0, n)
+        self.nodes.append({"name": name.decode(errors="replace"), "op": self.ggml.ggml_op_desc(t).decode(),
+                           "type": int(head.type), "ne": list(head.ne), "data": buf.raw})
 
 
 def load(ggml: ctypes.CDLL, L: Any, *, echo: bool = False) -> Native | Python:

@@ -21,7 +21,7 @@ def _b64(a: np.ndarray) -> str:
 
 def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | None = None,
               seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None, logits: str | Sequence[bool] = "last",
-              capture: Sequence[int] = (), n_pos_per_token: int = 1) -> dict[str, Any]:
+              capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | None = None) -> dict[str, Any]:
     """A decode request in protocol form."""
     args: dict[str, Any] = {"seq": seq if isinstance(seq, int) else [int(x) for x in seq],
                             "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
@@ -35,6 +35,8 @@ def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | N
         args["capture"] = [int(k) for k in capture]
     if n_pos_per_token != 1:
         args["n_pos_per_token"] = n_pos_per_token
+    if trace is not None:
+        args["trace"] = int(trace)
     return args
 
 
@@ -59,6 +61,8 @@ def decode_result(data: dict[str, Any]) -> None:
     data["logits"] = _f32(data["logits"]).reshape(-1, n_vocab) if "logits" in data \
         else np.zeros((0, n_vocab), np.float32)
     data["captures"] = {int(k): _f32(v).reshape(data["n_tokens"], -1) for k, v in data.get("captures", {}).items()}
+    for node in data.get("nodes", ()):
+        node["data"] = base64.b64decode(node["data"])
 
 
 class Target:
@@ -102,11 +106,12 @@ class Target:
     def decode(self, tokens: Sequence[int] | None = None, *, embd: np.ndarray | None = None,
                seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None,
                logits: str | Sequence[bool] = "last", capture: Sequence[int] = (),
-               n_pos_per_token: int = 1, timeout: float | None = None) -> Reply:
-        """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}."""
+               n_pos_per_token: int = 1, trace: int | None = None, timeout: float | None = None) -> Reply:
+        """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}; with
+        trace k (a context loaded with trace=True), nodes: every graph node of layer k in execution order."""
         r = self.client.call("decode", timeout=timeout, **step_args(tokens, embd=embd, seq=seq, pos=pos,
                                                                      logits=logits, capture=capture,
-                                                                     n_pos_per_token=n_pos_per_token))
+                                                                     n_pos_per_token=n_pos_per_token, trace=trace))
         if r.ok:
             decode_result(r.data)
         return r

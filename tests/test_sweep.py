@@ -3,11 +3,14 @@ and the oracle itself catches a wrong stage."""
 
 import json
 
+import numpy as np
 import pytest
 
+from fuzz.parity import first_differing_node, node_key
 from fuzz.stages import pattern_period
-from fuzz.sweep import Sweep, SweepConfig, cut_sets
+from fuzz.sweep import Sweep, SweepConfig, cut_sets, format_report
 from synth.errors import UserError
+from synth.gguf_io import KV, read_all, write_gguf
 from synth.stage import StageInfo, Unsupported, slice_model
 
 from conftest import run_cli
@@ -58,6 +61,50 @@ def test_a_stage_that_drops_a_layer_is_caught_and_localized(fixtures):
         assert r.layer == cut - 1  # the layer the broken stage lost
         assert r.max_abs_dlogit > 0
     assert rep.exit_code == 1
+
+
+def swa_by_stage_index(src, dst, a, b) -> StageInfo:
+    """A broken materializer: the sliding-window pattern follows the stage's layer index (3 sliding, 1 global)
+    instead of the source layers' kinds — the naive slice of an index-derived pattern."""
+    st = slice_model(src, dst, a, b)
+    g, kv, tensors = read_all(dst)
+    key = f"{g.arch}.attention.sliding_window_pattern"
+    kv[key] = KV([i % 4 < 3 for i in range(st.n_layer)], kv[key].type, kv[key].sub_type)
+    write_gguf(dst, g.arch, kv, tensors)
+    return st
+
+
+def test_a_wrong_layer_kind_is_localized_to_the_first_differing_graph_node(fixtures):
+    """cohere2: sliding layers use RoPE, the global ones (every 4th) none. A stage from 1, 2 or 3 that takes
+    source layer 3 for a sliding one is caught at layer 3, and inside it at the RoPE the full model does not
+    apply; a cut at 4 is in phase and passes."""
+    rep = Sweep(fixtures("cohere2", layers=8), SweepConfig(cuts="1;2;3;4", tokens=4), slicer=swa_by_stage_index).run()
+    assert [r.status for r in rep.results] == ["diverged"] * 3 + ["pass"]
+    for r, cut in zip(rep.results, (1, 2, 3), strict=False):
+        assert r.reproduced and r.layer == 3
+        assert r.node["name"] == "Qcur" and r.node["ggml_op"] == "ROPE" and r.node["kind"] == "extra", r.node
+        assert r.node["stage_layer"] == 3 - cut and r.node["same_before"] > 0
+    assert "first node Qcur (ROPE: extra)" in format_report(rep)
+
+
+def test_the_first_differing_node_pairs_nodes_by_name_and_occurrence():
+    def node(name, values, op="ADD", ne=(2, 1, 1, 1)):
+        return {"name": name, "op": op, "type": 0, "ne": list(ne), "data": np.float32(values).tobytes()}
+
+    full = [node("attn_norm-5", [1, 2]), node("Qcur-5", [3, 4]), node("Qcur-5", [5, 6], "ROPE")]
+    assert first_differing_node(full, [node("attn_norm-2", [1, 2]), node("Qcur-2", [3, 4]),
+                                       node("Qcur-2", [5, 6], "ROPE")]) is None
+    d = first_differing_node(full, [node("attn_norm-2", [1, 2]), node("Qcur-2", [3, 4]),
+                                    node("Qcur-2", [5, 6.5], "ROPE")])
+    assert (d["name"], d["ggml_op"], d["kind"], d["same_before"], d["max_abs"]) == ("Qcur", "ROPE", "values", 2, 0.5)
+    assert d["full_node"] == "Qcur-5" and d["stage_node"] == "Qcur-2"
+    d = first_differing_node(full, [node("attn_norm-2", [1, 2], ne=(1, 2, 1, 1))])
+    assert d["kind"] == "shape" and d["same_before"] == 0
+    d = first_differing_node(full[:2], full)
+    assert d["kind"] == "extra" and d["name"] == "Qcur"  # the second Qcur has no partner
+    assert node_key("kq_soft_max-12") == "kq_soft_max"
+    assert node_key("Qcur-3 (view) (permuted)") == "Qcur (view) (permuted)"
+    assert node_key("inp_embd") is None
 
 
 def test_period_cuts_cover_every_offset():

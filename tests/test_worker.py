@@ -140,3 +140,23 @@ def test_pipelined_requests_stop_at_the_first_failure_and_leave_the_stream_clean
         r = t.decode([1, 2, 3])
         assert r.failure.kind == "crash"  # the replayed load is the aborting model, as with single calls
         assert t.load(good).ok and t.decode([1, 2, 3]).ok
+
+
+def test_trace_returns_every_node_of_one_layer_in_execution_order(llama, fixtures):
+    """A context loaded with trace=true hands back each graph node of the traced layer: the same bits a capture
+    gives for its l_out, and nothing of other layers; the same request without trace is refused, not ignored."""
+    assert llama.load(str(fixtures("llama", layers=3)), trace=True).ok
+    r = llama.decode([1, 2, 3], logits="all", capture=[1], trace=1)
+    assert r.ok, r.failure
+    nodes = r.data["nodes"]
+    names = [n["name"] for n in nodes]
+    assert names[-1] == "l_out-1" and all(n.split(" (")[0].endswith("-1") for n in names)
+    assert names.index("attn_norm-1") < names.index("kq_soft_max-1") < names.index("ffn_out-1")
+    ops = {n["name"]: n["op"] for n in nodes}
+    assert ops["kq_soft_max-1"] == "SOFT_MAX" and ops["ffn_out-1"] == "MUL_MAT"
+    out = np.frombuffer(nodes[-1]["data"], "<f4").reshape(3, -1)
+    assert nodes[-1]["ne"][:2] == [out.shape[1], 3]
+    assert np.array_equal(out, r.data["captures"][1])
+    assert llama.load(str(fixtures("llama", layers=3))).ok
+    refused = llama.decode([1, 2, 3], trace=1)
+    assert not refused.ok and "trace=true" in refused.failure.message
