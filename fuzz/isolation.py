@@ -5,8 +5,10 @@ sequence per step, teacher-forced with the tokens each chose alone — with the 
 Every sequence's logits must stay within `tol` of its solo run at every step. Batch composition moves low bits
 (upstream does not promise bit-exactness across batch shapes: the determinism lane's policy), so the bound is a
 tolerance far above that noise (at most 6e-3 over all 70 families' fixtures on the pinned llama.cpp) and far below
-what mixing in another sequence does (2.6–6.9 in the one case found). A context that cannot be created or run for
-N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not).
+what a leak or a different attention choice does (1.3–7 in the cases found). A context that cannot be created or run for
+N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not), and,
+with a unified cache, given a cause: the sequence runs alone once more but in the cells batching gave it, which
+tells "its neighbours change it" (batch) from "where it sits in the cache changes it" (cell position).
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ class Isolation:
                     again = self._compare(kvu, alone, self._together(t, alone))
                     for r in bad:
                         twin = next(a for a in again if a["seq"] == r["seq"])
-                        findings.append({**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]})
+                        f = {**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]}
+                        if kvu and not isinstance(together, str):
+                            f["cause"] = self._cause(t, r["seq"], alone, together)
+                        findings.append(f)
         return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
                 "llama_cpp_commit": self.commit,
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
@@ -118,6 +123,60 @@ class Isolation:
             return f"{r.failure.kind}: {r.failure.message}"
         return [[res["logits"][i] for res in r.data["results"]] for i in range(n)]
 
+    def _cells(self, i: int) -> tuple[list[int], list[int]]:
+        """Where sequence i's tokens sit in a unified cache when batched: how many cells other sequences take
+        before and after it, in the prompt batch and in each decode step (every batch fills cells in order)."""
+        lens = [len(p) for p in self.prompts]
+        n = len(lens)
+        return [sum(lens[:i]), sum(lens[i + 1:])], [i, n - 1 - i]
+
+    def _cause(self, t: Target, i: int, alone, together) -> dict[str, Any]:
+        """Tell "depends on its neighbours" from "depends on where it sits": sequence i alone in every batch
+        again, but in the cells it has when batched (a filler sequence takes the others' cells in batches of its
+        own). Equal to the batched logits: the cell position decides; equal to the solo run: the batch does."""
+        (pre, post), (pre_k, post_k) = self._cells(i)
+        filler = 0 if i else 1
+        fill = iter(prompt_tokens(self.cfg.seed + 99, pre + post + self.cfg.tokens * (pre_k + post_k) + 1,
+                                  self.info.n_vocab))
+        pos = [0]
+        steps, mine = [], []
+
+        def filled(count: int) -> None:
+            if count:
+                steps.append({"tokens": [next(fill) for _ in range(count)], "seq": filler,
+                              "pos": list(range(pos[0], pos[0] + count)), "logits": "none"})
+                pos[0] += count
+
+        p = self.prompts[i]
+        filled(pre)
+        mine.append(len(steps))
+        steps.append({"tokens": p, "seq": i, "pos": list(range(len(p))), "logits": "last"})
+        filled(post)
+        for k in range(self.cfg.tokens):
+            filled(pre_k)
+            mine.append(len(steps))
+            steps.append({"tokens": [alone[i][0][k]], "seq": i, "pos": [len(p) + k], "logits": "last"})
+            filled(post_k)
+        r = t.script(steps, reset=True)
+        if not r.ok:
+            return {"kind": "unknown", "detail": f"the placed run failed: {r.failure.message}"}
+        placed = [r.data["results"][j]["logits"][-1] for j in mine]
+
+        def dist(other) -> float:
+            return max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(placed, other, strict=True))
+
+        vs_batched, vs_alone = dist(together[i]), dist(alone[i][1])
+        tol = self.cfg.tol
+        out = {"placed_vs_batched": vs_batched, "placed_vs_alone": vs_alone, "cells_before": pre}
+        if vs_batched <= tol < vs_alone:
+            return out | {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when "
+                          f"batched, it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence "
+                          "sits in the cache changes its result, not what it shares a batch with"}
+        if vs_alone <= tol < vs_batched:
+            return out | {"kind": "batch", "detail": "in the same cells but alone in its batches it gives its solo "
+                          "logits: the other sequences in its batch change it"}
+        return out | {"kind": "unclear", "detail": "neither the cells nor the batch alone explain it"}
+
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []
         for i in range(len(self.prompts)):
@@ -150,5 +209,7 @@ def format_report(rep: dict[str, Any]) -> str:
             continue
         lines.append(f"  FINDING: sequence {f['seq']} (kv_unified={f['kv_unified']}) changes when batched with others "
                      f"(step {f['step']}, max|Δlogit| {f['max_abs_dlogit']:.3g}); reproduced={f['reproduced']}")
+        if f.get("cause"):
+            lines.append(f"    cause: {f['cause']['kind']}: {f['cause']['detail']}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)

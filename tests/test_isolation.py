@@ -36,6 +36,9 @@ def test_dsa_top_k_ties_break_by_cell_position(fixtures):
     (f,) = rep["findings"]
     assert f["kv_unified"] is True and f["seq"] == 1 and f["step"] == 0 and f["max_abs_dlogit"] > 1
     assert f["reproduced"] is True
+    # alone in its batches but in cells 3.. (where batching puts it), it gives the batched logits
+    assert f["cause"]["kind"] == "cell position" and f["cause"]["cells_before"] == 3
+    assert f["cause"]["placed_vs_batched"] < 1e-3 < 1 < f["cause"]["placed_vs_alone"]
     clean = [r for r in rep["results"] if not r["kv_unified"]]  # each stream starts at cell 0, as alone
     assert all(r["status"] == "pass" for r in clean)
 
@@ -97,6 +100,7 @@ def test_an_isolation_finding_is_bundled_shrunk_and_replays(fixtures, tmp_path):
     r = run_cli("fuzz", "isolation", str(path), "--tokens", "2", "--target", "mutant:seq-leak",
                 "--bundle", str(tmp_path))
     assert r.returncode == 1 and "bundle:" in r.stdout
+    assert "cause: batch" in r.stdout  # in the same cells but alone in its batches, the mutant does not leak
     (bundle,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     readme = (bundle / "README.md").read_text()
     assert "n_seq → 2" in readme and "dropped the" in readme
