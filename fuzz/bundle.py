@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fuzz.configs import config_from
 from fuzz.handoff import Handoff, HandoffConfig
 from fuzz.isolation import Isolation, IsolationConfig
 from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig
-from synth.errors import UserError
+from synth.errors import UserError, read_text
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
 from synth.make import write_fixture
@@ -47,25 +48,25 @@ class Case:
     def run(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(fingerprint of the first finding or None, the oracle's report)."""
         cuts = ",".join(map(str, self.cuts)) if self.cuts else "none"
+        where = f"{self.fixture.parent}/{BUNDLE}"
         if self.oracle == "sweep":
-            cfg = SweepConfig(cuts=cuts, target=self.target, **{**self.config, "phases": tuple(self.config["phases"])})
-            rep = Sweep(self.fixture, cfg).run()
+            rep = Sweep(self.fixture, config_from(SweepConfig, self.config, where, cuts=cuts, target=self.target)).run()
             data = rep.to_dict()
             bad = next((r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")), None)
             return (fingerprint(self.oracle, bad, data["kinds"]) if bad else None), data
         if self.oracle == "handoff":
-            cfg = HandoffConfig(cuts=cuts, target=self.target, **{**self.config, "modes": tuple(self.config["modes"])})
-            data = Handoff(self.fixture, cfg).run()
+            data = Handoff(self.fixture, config_from(HandoffConfig, self.config, where, cuts=cuts,
+                                                     target=self.target)).run()
             bad = next((r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")), None)
             return (fingerprint(self.oracle, bad, data["kinds"]) if bad else None), data
         if self.oracle == "isolation":
-            cfg = IsolationConfig(target=self.target, **{**self.config, "kv_unified": tuple(self.config["kv_unified"])})
-            data = Isolation(self.fixture, cfg).run()
+            data = Isolation(self.fixture, config_from(IsolationConfig, self.config, where, target=self.target)).run()
             bad = data["findings"][0] if data["findings"] else None
             return ({"oracle": "isolation", "status": bad["status"], "kv_unified": bad["kv_unified"],
                      "seq": bad["seq"]} if bad else None), data
         if self.oracle == "prefix-cache":
-            data = PrefixCache(self.fixture, PrefixCacheConfig(target=self.target, **self.config)).run()
+            data = PrefixCache(self.fixture, config_from(PrefixCacheConfig, self.config, where,
+                                                         target=self.target)).run()
             bad = data["findings"][0] if data["findings"] else None
             return ({"oracle": "prefix-cache", "status": bad["kind"]} if bad else None), data
         raise UserError(f"unknown oracle {self.oracle!r} in bundle; oracles: {', '.join(ORACLES)}")
@@ -248,9 +249,11 @@ def read_bundle(path: Path) -> dict[str, Any]:
     if not f.is_file():
         raise UserError(f"{path}: no {BUNDLE}; pass a directory written by `fuzz sweep/handoff --bundle`")
     try:
-        data = json.loads(f.read_text())
+        data = json.loads(read_text(f, "bundle file", "re-create the bundle"))
     except json.JSONDecodeError as e:
         raise UserError(f"{f}: not valid JSON ({e.msg}); re-create the bundle") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{f}: a JSON {type(data).__name__}, not an object; re-create the bundle")
     if data.get("schema") != SCHEMA or data.get("oracle") not in ORACLES:
         raise UserError(f"{f}: schema {data.get('schema')!r} / oracle {data.get('oracle')!r} not understood; "
                         f"this fuzz reads schema {SCHEMA} with oracles {', '.join(ORACLES)}")
@@ -260,13 +263,29 @@ def read_bundle(path: Path) -> dict[str, Any]:
     return data
 
 
+CONFIGS = {"sweep": SweepConfig, "handoff": HandoffConfig, "isolation": IsolationConfig,
+           "prefix-cache": PrefixCacheConfig}
+
+
+def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, Any]]:
+    """A bundle's case and recorded fingerprint, every field checked (nothing runs yet)."""
+    data = read_bundle(path)
+    where = f"{path / BUNDLE}"
+    cuts, fp, tgt = data.get("cuts"), data.get("fingerprint"), target or data.get("target")
+    if not isinstance(cuts, list) or any(type(c) is not int or c < 1 for c in cuts):
+        raise UserError(f"{where}: cuts {cuts!r} is not a list of layer indices >= 1; re-create the bundle")
+    if not isinstance(fp, dict) or not isinstance(tgt, str):
+        raise UserError(f"{where}: fingerprint or target missing; re-create the bundle")
+    fixed = {"cuts": "none", "target": tgt} if data["oracle"] in ("sweep", "handoff") else {"target": tgt}
+    config_from(CONFIGS[data["oracle"]], data.get("config"), where, **fixed)
+    return Case(data["oracle"], path / data["fixture"], cuts, dict(data["config"]), tgt), fp
+
+
 def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], dict[str, Any]]:
     """(reproduced, recorded fingerprint, this run's report)."""
-    data = read_bundle(path)
-    case = Case(data["oracle"], path / data["fixture"], list(data["cuts"]), dict(data["config"]),
-                target or data["target"])
+    case, fp = load_case(path, target)
     got, rep = case.run()
-    return got == data["fingerprint"], data["fingerprint"], rep
+    return got == fp, fp, rep
 
 
 def bundle_findings(oracle: str, fixture: Path, results: list[dict[str, Any]], kinds: str, config: dict[str, Any],

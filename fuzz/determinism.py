@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.configs import check_config
 from fuzz.parity import Trace, compare, max_abs, pos_per_token, run_chain, run_script, script_steps
 from fuzz.schedule import Step, prompt_tokens
 from fuzz.stages import FixtureStages
@@ -91,6 +92,7 @@ def outputs(tr: Trace, n_prefill: int) -> tuple[list[int], np.ndarray]:
 
 class Determinism:
     def __init__(self, fixture: Path, cfg: DeterminismConfig):
+        check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)

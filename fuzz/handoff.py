@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fuzz.configs import check_config
 from fuzz.parity import Trace, compare, pos_per_token, run_chain, run_script, script_steps
 from fuzz.schedule import Step, prompt_tokens
 from fuzz.stages import FixtureStages, stage_ranges
@@ -110,6 +111,7 @@ def with_seq(steps: list[Step], seq: int) -> list[Step]:
 
 class Handoff:
     def __init__(self, fixture: Path, cfg: HandoffConfig):
+        check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)

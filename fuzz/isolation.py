@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.configs import check_config
 from fuzz.schedule import prompt_tokens
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -39,6 +40,7 @@ class IsolationConfig:
 
 class Isolation:
     def __init__(self, fixture: Path, cfg: IsolationConfig):
+        check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.info = inspect_file(str(self.fixture))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.configs import check_config
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
@@ -80,6 +81,7 @@ def build_schedule(n_vocab: int, slots: int, rounds: int, seed: int) -> Schedule
 
 class PrefixCache:
     def __init__(self, fixture: Path, cfg: PrefixCacheConfig):
+        check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.info = inspect_file(str(self.fixture))

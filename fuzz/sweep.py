@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.configs import check_config
 from fuzz.parity import (
     Divergence,
     RunFailure,
@@ -234,6 +235,7 @@ class Sweep:
     def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None):
         """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
         broken ones to prove the oracle catches them."""
+        check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.slicer = slicer

@@ -4,3 +4,13 @@ class UserError(Exception):
     Every CLI catches it once and prints its message as one line, exit code 2. The message names the
     problem and what to do instead.
     """
+
+
+def read_text(path, what: str, fix: str) -> str:
+    """A text file's contents, or a UserError naming it as `what` with `fix` (not UTF-8, unreadable)."""
+    try:
+        return open(path, encoding="utf-8").read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: {what} is not UTF-8 text (byte {e.start}); {fix}") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror}); {fix}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -165,11 +166,17 @@ class _Reader:
         for _ in range(n_tensors):
             name = self._str()
             n_dims = self._u32()
+            if n_dims > 4:  # GGML_MAX_DIMS
+                raise ValueError(f"tensor {name} has {n_dims} dimensions (at most 4)")
             ne = struct.unpack_from(f"<{n_dims}Q", buf, self.pos)
             self.pos += 8 * n_dims
             qtype = gguf.GGMLQuantizationType(self._u32())
             offset = self._u64()
             infos.append((name, tuple(int(x) for x in ne), qtype, offset))
+        for what, names in (("key", [k for k, *_ in self.fields]), ("tensor name", [i[0] for i in infos])):
+            if len(set(names)) < len(names):
+                dup = next(n for n in names if names.count(n) > 1)
+                raise ValueError(f"duplicate {what} {dup!r}")
         align = next((int(v) for k, _, _, v in self.fields if k == "general.alignment"), gguf.GGUF_DEFAULT_ALIGNMENT)
         if align <= 0 or align & (align - 1):
             raise ValueError(f"alignment {align} is not a power of two")
@@ -177,7 +184,9 @@ class _Reader:
         self.tensors = []
         for name, ne, qtype, offset in infos:
             block, size = gguf.GGML_QUANT_SIZES[qtype]
-            n_bytes = int(np.prod(ne, dtype=np.int64)) // block * size
+            if (ne[0] if ne else 1) % block:
+                raise ValueError(f"tensor {name}: {qtype.name} rows hold multiples of {block} values, ne is {list(ne)}")
+            n_bytes = math.prod(ne) // block * size  # exact: a garbage shape must not wrap around
             if start + offset + n_bytes > len(buf):
                 raise ValueError(f"tensor {name} runs past the end of the file")
             self.tensors.append(ReaderTensor(name, ne, qtype, n_bytes, start + offset, self.mm))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from synth.dtype import DTYPES
-from synth.errors import UserError
+from synth.errors import UserError, read_text
 from synth.families import FAMILIES, Family, get_family
 from synth.spec import Knobs, ModelSpec
 
@@ -27,6 +27,11 @@ ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "reci
             "dtypes", "expect", "known", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
 TIER_KEYS = {"description", "lanes", "dtypes", "expect"}
+# the TOML type of every key (lanes and dtypes are checked element by element where they are read)
+KEY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "tier": int, "name": str, "arch": str, "artifact": str, "size": str, "why": str, "seed_row": str, "recipe": dict,
+    "sweep_period": int, "lanes": list, "dtypes": list, "expect": dict, "known": dict, "runnable": bool,
+    "reason": str, "description": str}
 RECIPE_KNOBS = {"layers", "period", "offset", "pattern", "kv_heads", "embd", "heads", "head_dim", "ff", "vocab",
                 "experts", "experts_used", "shared_experts", "leading_dense", "q_lora_rank", "kv_lora_rank",
                 "indexer", "indexer_top_k", "dtype", "seed"}
@@ -111,7 +116,7 @@ def load_manifest(path: str | os.PathLike | None = None) -> Manifest:
     p = Path(path) if path else default_manifest_path()
     if not p.is_file():
         raise UserError(f"{p}: no such manifest; pass the path of a {MANIFEST_NAME}")
-    text = p.read_text()
+    text = read_text(p, "manifest", f"pass a {MANIFEST_NAME}")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -135,10 +140,13 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
     for key, t in (data.get("tiers") or {}).items():
         if not str(key).isdigit() or int(key) not in TIERS:
             raise UserError(f"{p}: [tiers.{key}]: tier out of range; tiers are {', '.join(map(str, TIERS))}")
+        if not isinstance(t, dict):
+            raise UserError(f"{p}: [tiers.{key}] must be a table")
         bad = set(t) - TIER_KEYS
         if bad:
             raise UserError(f"{p}: [tiers.{key}]: unknown key {sorted(bad)[0]!r}; "
                             f"allowed: {', '.join(sorted(TIER_KEYS))}")
+        _check_types(t, f"{p}: [tiers.{key}]")
         lanes = _lanes(t.get("lanes", []), p, f"[tiers.{key}]")
         tiers[int(key)] = Tier(int(key), str(t.get("description", "")), lanes, dict(t.get("expect", {})),
                                _dtypes(t.get("dtypes", []), f"{p}: [tiers.{key}]"))
@@ -160,6 +168,7 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
         for req in REQUIRED_ROW_KEYS:
             if req not in r:
                 raise UserError(f"{where}: missing {req!r}")
+        _check_types(r, where)
         tier = r["tier"]
         if not isinstance(tier, int) or tier not in TIERS:
             raise UserError(f"{where}: tier = {tier!r} is out of range; use 1, 2 or 3")
@@ -187,6 +196,17 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
     return Manifest(p, tiers, rows)
 
 
+def _check_types(table: dict[str, Any], where: str) -> None:
+    for k, v in table.items():
+        want = KEY_TYPES.get(k)
+        if want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+            raise UserError(f"{where}: {k} = {v!r} must be {_TOML_NAMES[want]}")
+
+
+_TOML_NAMES = {int: "an integer", str: "a string", dict: "an inline table { ... }", list: "an array [ ... ]",
+               bool: "true or false"}
+
+
 def _interleaved(row: Row) -> bool:
     """A row whose layers interleave kinds (hybrids), or that names a sweep period (e.g. SWA patterns)."""
     fam = row.family
@@ -210,7 +230,7 @@ def _lanes(lanes: Any, p: Path, where: str) -> list[str]:
 
 def _check_recipe(recipe: dict[str, Any], arch: str, where: str) -> None:
     fam_name = recipe.get("family")
-    if not fam_name:
+    if not fam_name or not isinstance(fam_name, str):
         raise UserError(f"{where}: recipe needs a family (one of `synth list`), e.g. recipe = {{ family = \"qwen3\" }}")
     if fam_name not in FAMILIES:
         raise UserError(f"{where}: unknown family {fam_name!r} in recipe; `synth list` shows the families "
