@@ -283,5 +283,34 @@ def prefix_cache_cmd(
     return 1 if rep["findings"] else 0
 
 
+@app.command("inputs")
+def inputs_cmd(
+    kind: Annotated[str, typer.Argument(help="gguf, manifest or bundle: which input of this toolkit to fuzz")],
+    runs: Annotated[int, Opt(help="inputs to try")] = 20000,
+    seed: Annotated[int, Opt(help="libFuzzer seed (same seed, same inputs)")] = 1,
+    out: Annotated[Path, Opt(help="where inputs that raise something other than a one-line error go")] =
+        Path("fuzz-inputs"),
+) -> int:
+    """Coverage-guided fuzzing (atheris) of what this toolkit reads: whatever the bytes of a GGUF file, a manifest
+    or a repro bundle, reading them must work or end as one line and exit 2 — anything else is a finding."""
+    from fuzz import inputs
+
+    if kind not in inputs.KINDS:
+        raise UserError(f"input kind {kind!r}: use one of {', '.join(inputs.KINDS)}")
+    if runs < 1 or seed < 0:
+        raise UserError(f"--runs {runs} / --seed {seed}: runs must be at least 1 and the seed at least 0")
+    rc, crashes, log = inputs.fuzz_inputs(kind, runs=runs, seed=seed, out=out)
+    done = next((ln for ln in reversed(log.splitlines()) if ln.startswith("Done ")), "")
+    if crashes:
+        exc = next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
+                    and ("Error" in ln or "Exception" in ln)), "an exception")
+        print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.inputs {kind} {crashes[0]})")
+        return 1
+    if rc != 0:
+        raise UserError(f"the fuzzer stopped with exit code {rc} and no saved input: {log.strip().splitlines()[-1:]}")
+    print(f"pass: {kind}: {done or f'{runs} runs'}; every input read or refused in one line")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run(app, "fuzz", argv))

@@ -23,3 +23,21 @@ def aborting_at_decode(src: Path, dst: Path) -> Path:
 def segfaulting_at_load(src_mamba2_hybrid: Path, dst: Path) -> Path:
     """A Mamba-2 hybrid without its (loader-optional, graph-required) conv bias (notes §7.1)."""
     return rewrite(src_mamba2_hybrid, dst, drop=lambda n: n.endswith("ssm_conv1d.bias"))
+
+
+def fragile_reader(data: bytes, tmp: Path) -> None:
+    """An input check with a planted bug (fuzz inputs must find it): any GGUF version but 3 is a KeyError instead
+    of a one-line error."""
+    from synth.errors import UserError
+
+    if data[:4] != b"GGUF":
+        raise UserError("no GGUF magic")
+    if data[4:8] != (3).to_bytes(4, "little"):
+        raise KeyError(f"version {int.from_bytes(data[4:8], 'little')}")
+
+
+def refusing_reader(data: bytes, tmp: Path) -> None:
+    """An input check that refuses everything in one line: never a finding."""
+    from synth.errors import UserError
+
+    raise UserError("refused")

@@ -1,0 +1,161 @@
+"""`fuzz inputs KIND`: coverage-guided fuzzing (atheris: libFuzzer over Python coverage) of this toolkit's own
+input boundary. Whatever the bytes of a GGUF file, a manifest or a repro bundle, reading them must either work or
+raise UserError — which every command turns into exit code 2 and one line. Any other exception is a finding: the
+input that raised it is saved, and the command exits 1.
+
+Run `python -m fuzz.inputs KIND [libFuzzer flags] CORPUS_DIR` to drive atheris directly; `fuzz inputs` builds a
+seed corpus (fixtures synth makes, the manifest, the committed bundles), runs it in a child process for a fixed
+number of runs and seed (same seed, same inputs) and reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from synth.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("gguf", "manifest", "bundle")
+
+
+# ---- the checks: one input in, UserError or nothing out -----------------------------------------------------
+
+def check_gguf(data: bytes, tmp: Path) -> None:
+    """What `synth inspect` and `synth slice` do with a file: read it, inspect it, cut a stage from it."""
+    from synth.inspect import inspect_file
+    from synth.stage import SourceModel, Unsupported
+
+    path = tmp / "in.gguf"
+    path.write_bytes(data)
+    info = inspect_file(str(path))
+    try:
+        SourceModel(path).slice(tmp / "stage.gguf", 0, max(1, info.n_layer // 2))
+    except Unsupported:
+        pass  # a stage llama.cpp cannot express: reported as unsupported, not an error
+
+
+def check_manifest(data: bytes, tmp: Path) -> None:
+    """What `family-certify check` does: parse and validate every row, recipes included."""
+    from synth.manifest import load_manifest
+
+    path = tmp / "family_tiers.toml"
+    path.write_bytes(data)
+    for row in load_manifest(path).rows.values():
+        row.spec()
+
+
+def check_bundle(data: bytes, tmp: Path) -> None:
+    """What `fuzz replay` does before it runs anything: read and check bundle.json next to its fixture."""
+    from fuzz.bundle import load_case
+
+    d = tmp / "bundle"
+    d.mkdir(exist_ok=True)
+    fixture = tmp / "fixture.gguf"
+    if fixture.exists():
+        shutil.copyfile(fixture, d / "fixture.gguf")
+    (d / "bundle.json").write_bytes(data)
+    load_case(d)
+
+
+CHECKS: dict[str, Callable[[bytes, Path], None]] = {"gguf": check_gguf, "manifest": check_manifest,
+                                                    "bundle": check_bundle}
+
+
+def resolve_check(kind: str) -> Callable[[bytes, Path], None]:
+    """A kind, or module:function (a check of your own, e.g. to test this harness)."""
+    if kind in CHECKS:
+        return CHECKS[kind]
+    mod, _, fn = kind.partition(":")
+    if not fn:
+        raise UserError(f"unknown input kind {kind!r}; kinds: {', '.join(KINDS)} (or module:function)")
+    try:
+        return getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"input check {kind!r} not found ({e})") from None
+
+
+# ---- seeds ----------------------------------------------------------------------------------------------------
+
+def seed_corpus(kind: str, out: Path, work: Path) -> None:
+    """Valid inputs of the kind to start from; for bundles also the fixture each mutated bundle.json sits beside."""
+    from synth.make import resolve, write_fixture
+    from synth.spec import Knobs
+
+    out.mkdir(parents=True, exist_ok=True)
+    small = [("llama", Knobs(layers=2)), ("jamba", Knobs(layers=4, period=2)), ("qwen3", Knobs(layers=2, dtype="q8_0"))]
+    if kind == "gguf" or kind not in CHECKS:
+        for fam, knobs in small:
+            write_fixture(resolve(fam, knobs), out / f"{fam}.gguf")
+    elif kind == "manifest":
+        shutil.copyfile(ROOT / "family_tiers.toml", out / "family_tiers.toml")
+    elif kind == "bundle":
+        fixture = work / "fixture.gguf"
+        write_fixture(resolve(*small[0]), fixture)
+        sha = hashlib.sha256(fixture.read_bytes()).hexdigest()
+        for i, b in enumerate(sorted((ROOT / "corpora" / "repros").glob("*/bundle.json"))):
+            data = json.loads(b.read_text())
+            data.update(fixture="fixture.gguf", fixture_sha256=sha)
+            (out / f"bundle-{i}.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+# ---- running atheris ------------------------------------------------------------------------------------------
+
+def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65536,
+                timeout: float = 3600) -> tuple[int, list[Path], str]:
+    """Run atheris over the kind's seed corpus in a child process: (exit code, crash inputs saved, its output)."""
+    resolve_check(kind)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fuzz-inputs-") as d:
+        work, corpus = Path(d), Path(d) / "corpus"
+        seed_corpus(kind, corpus, work)
+        cmd = [sys.executable, "-m", "fuzz.inputs", kind, f"-runs={runs}", f"-seed={seed}", f"-max_len={max_len}",
+               f"-artifact_prefix={out}/", "-print_final_stats=1", str(corpus)]
+        p = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout,
+                           env={**_env(), "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
+    crashes = sorted(out.glob("crash-*"))
+    return p.returncode, crashes, p.stdout + p.stderr
+
+
+def _env() -> dict[str, str]:
+    import os
+    return {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+
+
+def main(argv: list[str]) -> None:
+    """The atheris entry: argv[1] is the kind, the rest goes to libFuzzer."""
+    import os
+    import warnings
+
+    import atheris
+
+    kind = argv[1]
+    work = Path(os.environ.get("FAMILY_CERTIFY_INPUTS_WORK") or tempfile.mkdtemp(prefix="fuzz-inputs-"))
+    custom = [] if kind in CHECKS else [kind.partition(":")[0].split(".")[0]]
+    with atheris.instrument_imports(include=["synth", "fuzz", *custom]):  # coverage guides the search
+        import fuzz.bundle  # noqa: F401
+        import synth.inspect  # noqa: F401
+        import synth.manifest  # noqa: F401
+        import synth.stage  # noqa: F401
+        check = resolve_check(kind)
+    warnings.simplefilter("ignore")  # numpy's overflow warnings on garbage values are not findings
+
+    def one(data: bytes) -> None:
+        try:
+            check(data, work)
+        except UserError:
+            pass
+
+    atheris.Setup([argv[0], *argv[2:]], one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
