@@ -60,7 +60,7 @@ class StageBytes:
     swa_layers: int = 0  # sliding-window layers: their KV travels with the partial state, like recurrent state
     recurrent_bytes: int = 0  # partial-state payload at the last offset (recurrent and SWA)
     kv_bytes_per_token: float | None = None
-    kv_row_bytes: int = 0  # Σ K+V cache row bytes of the stage's full attention layers (synth inspect)
+    kv_row_bytes: int = 0  # Σ K+V (+ DSA indexer k_idx) cache row bytes of its full attention layers (synth inspect)
     pads: list[int] = field(default_factory=list)
 
 
@@ -259,7 +259,8 @@ class Handoff:
         att = [x for x in layers if x.kind in ("attention", "both") and not x.swa]
         return StageBytes(range=[st.first, st.last], first_layer=layers[0].kind, recurrent_layers=rec,
                           attention_layers=len(att), swa_layers=sum(x.swa for x in layers),
-                          kv_row_bytes=sum(x.k_row_bytes + x.v_row_bytes for x in att), pads=st.pads)
+                          kv_row_bytes=sum(x.k_row_bytes + x.v_row_bytes + x.indexer_row_bytes for x in att),
+                          pads=st.pads)
 
     def _check_bytes(self, res: HandoffResult, blobs, empties, t: int, kv_first: dict[int, tuple[int, int]]) -> str:
         """The exported state must hold what the stage holds."""
@@ -289,7 +290,7 @@ class Handoff:
                 sb.kv_bytes_per_token = per
                 if per < sb.kv_row_bytes:
                     return (f"stage {s} exports {per:g} KV bytes per position, less than the {sb.kv_row_bytes} bytes "
-                            "its attention layers' K/V rows need")
+                            "its attention layers' K/V (and indexer) rows need")
             elif kv != 0:
                 return f"stage {s} has no attention layer but exported {kv} KV bytes at t={t}"
             if sb.attention_layers and sb.kv_bytes_per_token is None and t == self._offsets()[-1]:

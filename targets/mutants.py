@@ -6,6 +6,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          `shortconv`). When the probe says "attention", a full-state import restores the KV but the
                          recurrent state never crosses: its data arrives zeroed (positions intact), so decoding goes
                          on silently wrong — the seed's ResidentKv misresolution.
+  b4-kidx-not-exported   B4: a stage's exported KV carries the MLA rows but not the DSA indexer's k_idx rows — zeros
+                         stand where they belong (the sizes stay right), so the importing stage's indexer scores every
+                         restored key from a zero key and keeps other keys than the exporter would: silently wrong.
   batched-rows-swapped   A stage fed hidden states for several sequences in one batch swaps the first rows of
                          the first two sequences: single-sequence prefill and decode stay exact, batched decode
                          breaks (how the public layer-split anchor failed).
@@ -72,6 +75,62 @@ def zero_recurrent_data(partial: bytes, n_recurrent_layers: int) -> bytes:
         b[off:off + cells * row] = bytes(cells * row)
         off += cells * row
     return bytes(b)
+
+
+def kv_cache_k_rows(b: bytes, off: int) -> tuple[list[tuple[int, int]], int]:
+    """(offset, length) of every K row block of one llama_kv_cache::state_write (a cache without V, as MLA and the
+    DSA indexer caches are), and where it ends. Layout: u32 n_stream; per stream u32 cell count, then per cell
+    i32 pos, u32 n_seq_id, the seq ids; u32 v_trans, u32 n_layer; per layer i32 type, u64 row size, the rows."""
+    (n_stream,) = struct.unpack_from("<I", b, off)
+    off += 4
+    rows = []
+    for _ in range(n_stream):
+        (cells,) = struct.unpack_from("<I", b, off)
+        off += 4
+        if not cells:
+            continue
+        for _ in range(cells):
+            (n_seq,) = struct.unpack_from("<I", b, off + 4)
+            off += 8 + 4 * n_seq
+        (_v_trans, n_layer) = struct.unpack_from("<II", b, off)
+        off += 8
+        for _ in range(n_layer):
+            (row,) = struct.unpack_from("<Q", b, off + 4)
+            off += 12
+            rows.append((off, cells * row))
+            off += cells * row
+    return rows, off
+
+
+def zero_indexer_rows(full: bytes) -> bytes:
+    """A DSA sequence state (state_seq_get_data's magic and seq id, then the MLA cache, then the indexer cache)
+    with the indexer cache's k_idx rows zeroed; unchanged if the layout is not that."""
+    try:
+        _, mla_end = kv_cache_k_rows(full, 8)
+        lid_rows, end = kv_cache_k_rows(full, mla_end)
+    except struct.error:
+        return full
+    if end != len(full):
+        return full
+    b = bytearray(full)
+    for off, n in lid_rows:
+        b[off:off + n] = bytes(n)
+    return bytes(b)
+
+
+class B4KidxNotExported(LlamaWorker):
+    def op_load(self, req: dict) -> dict:
+        info = super().op_load(req)
+        from synth.inspect import inspect_file
+
+        self.has_indexer = any(x.indexer for x in inspect_file(req["path"]).layers)
+        return info
+
+    def op_state_get(self, req: dict) -> dict:
+        out = super().op_state_get(req)
+        if self.has_indexer and not req.get("partial") and "data" in out:
+            out["data"] = base64.b64encode(zero_indexer_rows(base64.b64decode(out["data"]))).decode()
+        return out
 
 
 class B1FirstLayerProbe(LlamaWorker):
@@ -156,7 +215,8 @@ class ServerDuplicateLeak(ServerWorker):
         return super().op_complete(req)
 
 
-MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "batched-rows-swapped": BatchedRowsSwapped,
+MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
+                           "batched-rows-swapped": BatchedRowsSwapped,
                            "perturb-2-threads": Perturb2Threads, "seq-leak": SeqLeak,
                            "server-dup-leak": ServerDuplicateLeak}
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from fuzz.handoff import Handoff, HandoffConfig, split_schedule
+from synth.inspect import inspect_file
 
 from conftest import run_cli
 
@@ -56,6 +57,26 @@ def test_b1_mutant_is_caught_at_the_right_cuts(fixtures, family):
         if r["status"] == "diverged":
             assert r["reproduced"] is True and r["mode"] == "full"
             assert r["stage"] == (0 if family == "lfm2" else 1)
+
+
+@pytest.mark.parametrize("family", ["deepseek32", "glm-dsa"])
+def test_dsa_exports_carry_the_indexer_rows_and_b4_is_caught(fixtures, family):
+    """DSA stages export their k_idx rows too: KV bytes per position cover K and indexer rows. The B4 mutant
+    (k_idx rows zeroed in the export, sizes intact) passes the byte check and is caught by the continuation, at
+    every cut, once a query's top-k is sparse (more keys than indexer_top_k). (glm-dsa's layer 3 shares layer 2's
+    top-k: no cut there.)"""
+    path = fixtures(family, layers=4, indexer_top_k=4)
+    rep = handoff(path, cuts="1;2")
+    assert rep["summary"]["pass"] == len(rep["results"]) == 2, rep["results"]
+    for r in rep["results"]:
+        for b in r["bytes"]:
+            assert b["kv_bytes_per_token"] >= b["kv_row_bytes"] > 0
+    info = inspect_file(str(path))
+    k_only = sum(x.k_row_bytes + x.v_row_bytes for x in info.layers[:2])
+    assert rep["results"][1]["bytes"][0]["kv_row_bytes"] > k_only  # the indexer rows are required, too
+    bad = handoff(path, cuts="1;2", target="mutant:b4-kidx-not-exported", modes=("full",))
+    assert [r["status"] for r in bad["results"]] == ["diverged"] * 2, bad["results"]
+    assert all(r["reproduced"] and r["position"] >= 4 for r in bad["results"]), bad["results"]  # 5+ keys
 
 
 def test_split_schedule_splits_chunks_at_the_offset():
