@@ -14,6 +14,7 @@ with attention layers must carry KV bytes for exactly its positions.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.configs import check_config
-from fuzz.parity import Trace, compare, pos_per_token, run_chain, run_script, script_steps
+from fuzz.parity import (
+    Trace,
+    compare,
+    first_differing_graph_node,
+    pos_per_token,
+    run_chain,
+    run_script,
+    script_steps,
+)
 from fuzz.schedule import Step, prompt_tokens
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
@@ -29,6 +38,7 @@ from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target, close_all, open_target
+from targets.target import script_request
 
 MODES = ("full", "partial")
 
@@ -77,6 +87,7 @@ class HandoffResult:
     max_abs: float = 0.0
     reproduced: bool | None = None
     reason: str | None = None
+    node: dict[str, Any] | None = None  # in the stage that differs: first differing layer and graph node
     offsets: int = 0
     bytes: list[StageBytes] = field(default_factory=list)
 
@@ -200,6 +211,9 @@ class Handoff:
                     res.stage, res.where, res.position = div.stage, div.where, div.position
                     res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
                                  f"uninterrupted run at position {div.position}"
+                    if res.reproduced and mode == "full":
+                        res.node = self._localize_node(stages[div.stage], div.stage, cuts, steps, k, k + div.step,
+                                                       tokens, base, dst[div.stage])
                     return res
                 if mode == "full":
                     bad = self._check_bytes(res, blobs, empties, t, kv_first)
@@ -247,6 +261,46 @@ class Handoff:
             return fail.failure
         self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
         return chain, blobs
+
+    def _localize_node(self, stage, s: int, cuts: list[int], steps: list[Step], k: int, at: int,
+                       tokens: list[list[int]], base: Trace, t: Target) -> dict[str, Any]:
+        """Stage s alone, fed the uninterrupted run's inputs, once straight through and once handed off at step k
+        (state exported from seq 0, imported into a fresh context as seq 1), every graph node traced at step `at`:
+        the same graph both times, so the first node whose bits differ is where the imported state goes wrong
+        (e.g. the cache view it is read through)."""
+        path, st = stage
+        loaded = {"path": str(path), **self.params, "trace": True}
+
+        def reqs(lo: int, hi: int, seq: int, *, trace: bool = True) -> list[dict[str, Any]]:
+            part = with_seq(steps[lo:hi], seq)
+            if s == 0:
+                out = script_steps(part, tokens=tokens[lo:hi])
+            else:
+                out = script_steps(part, embd=[base.steps[i].captures[cuts[s - 1] - 1] for i in range(lo, hi)],
+                                   n_pos_per_token=self.n_pos)
+            if trace:
+                out[-1]["trace"] = "all"
+            return out
+
+        straight = t.pipeline([("load", loaded), script_request(reqs(0, at + 1, 0), reset=True)])
+        if len(straight) < 2 or not straight[-1].ok:
+            return {"kind": "untraced", "detail": "the straight run failed"}
+        r = t.pipeline([("load", loaded), script_request(reqs(0, k, 0, trace=False), reset=True)])
+        blob = t.state_get(0) if len(r) == 2 and r[-1].ok else None
+        if blob is None or not blob.ok:
+            return {"kind": "untraced", "detail": "the export failed"}
+        handed = t.pipeline([("load", loaded),
+                             ("state_set", {"seq": 1, "data": base64.b64encode(blob.data["blob"]).decode()}),
+                             script_request(reqs(k, at + 1, 1))])
+        if len(handed) < 3 or not handed[-1].ok:
+            return {"kind": "untraced", "detail": "the handed-off run failed"}
+        a, b = straight[-1].data["results"][-1].get("nodes"), handed[-1].data["results"][-1].get("nodes")
+        if not a or not b:
+            return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
+        found = first_differing_graph_node(a, b, unset=("inp_embd",) if s == 0 else ("inp_tokens",))
+        if found is None:
+            return {"kind": "none", "detail": f"all {len(b)} graph nodes of stage {s} are bit-identical at step {at}"}
+        return found | {"step": at}
 
     def _empty_state(self, t: Target) -> tuple[int, int]:
         t.reset()
@@ -315,6 +369,10 @@ def format_handoff(rep: dict[str, Any]) -> str:
         lines.append(f"{','.join(map(str, r['cuts'])):<10} {r['status']:<11} {r.get('offsets', 0):>7}  {by}")
         if r.get("reason"):
             lines.append(f"{'':<10} {r['reason']}" + (f" (reproduced={r['reproduced']})" if "reproduced" in r else ""))
+        node = r.get("node") or {}
+        if node.get("name"):
+            lines.append(f"{'':<10} first differing graph node of that stage: {node['name']} = {node['ggml_op']}"
+                         f"({', '.join(node['srcs'])}) {node['ne']}")
     s = rep["summary"]
     lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
                  + f"; wall {rep['timing']['wall_s']:.2f}s")

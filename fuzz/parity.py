@@ -204,8 +204,8 @@ def node_key(name: str) -> str | None:
 
 
 def first_differing_node(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first node of got (in execution order) that differs from the same-named node of want (paired by name
-    without the layer index and by occurrence), or None if every node is bit-identical. Nodes are
+    """The first node of got (in execution order) that differs from the same-named node of want, the reference
+    (paired by name without the layer index and by occurrence), or None if every node is bit-identical. Nodes are
     {"name", "op", "type", "ne", "data" (bytes)} as the worker traces them (op: the ggml operation)."""
     def keyed(nodes):
         seen: dict[str, int] = {}
@@ -222,20 +222,48 @@ def first_differing_node(want: list[dict[str, Any]], got: list[dict[str, Any]]) 
     same = 0
     for key, n in keyed(got).items():
         r = ref.get(key)
-        base = {"name": key[0], "ggml_op": n.get("op"), "stage_node": n["name"], "same_before": same}
+        base = {"name": key[0], "ggml_op": n.get("op"), "node": n["name"], "same_before": same}
         if r is None:
-            return base | {"kind": "extra", "detail": "the full model's layer computes no such node"}
+            return base | {"kind": "extra", "detail": "the reference run's layer computes no such node"}
         if r["type"] != n["type"] or list(r["ne"]) != list(n["ne"]):
             return base | {"kind": "shape", "detail": f"type {n['type']} ne {list(n['ne'])} where the full "
                                                       f"model has type {r['type']} ne {list(r['ne'])}"}
         if r["data"] != n["data"]:
-            out = base | {"kind": "values", "full_node": r["name"]}
-            if n["type"] == GGML_TYPE_F32 and len(r["data"]) == len(n["data"]):
-                a = np.frombuffer(r["data"], "<f4").astype(np.float64)
-                b = np.frombuffer(n["data"], "<f4").astype(np.float64)
-                with np.errstate(invalid="ignore"):
-                    d = np.abs(a - b)
-                out["max_abs"] = float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")
-            return out
+            return base | {"kind": "values", "reference_node": r["name"]} | _max_abs(r, n)
         same += 1
     return None
+
+
+def first_differing_graph_node(want: list[dict[str, Any]], got: list[dict[str, Any]],
+                               unset: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """Two traces of the same graph (same model file, same batch): the first node, by execution index, whose op,
+    shape or bits differ; None if all are identical. unset: inputs these runs did not fill (llama.cpp builds the
+    token and the embedding input path and selects one: the other computes on whatever memory holds) — nodes
+    computed from them are not compared."""
+    dead = set(unset)
+    for i, (r, n) in enumerate(zip(want, got, strict=False)):
+        if dead.intersection(n.get("srcs", ())):
+            dead.add(n["name"])
+            continue
+        base = {"name": n["name"], "ggml_op": n.get("op"), "srcs": n.get("srcs", []), "ne": n["ne"], "index": i,
+                "same_before": i}
+        if (r["name"], r.get("op")) != (n["name"], n.get("op")) or r["type"] != n["type"] or r["ne"] != n["ne"]:
+            return base | {"kind": "graph", "detail": f"the graphs part here: {r['name']} ({r.get('op')}) in the "
+                                                      f"reference run"}
+        if r["data"] != n["data"]:
+            return base | {"kind": "values"} | _max_abs(r, n)
+    if len(want) != len(got):
+        i = min(len(want), len(got))
+        return {"name": None, "kind": "graph", "index": i, "same_before": i,
+                "detail": f"{len(got)} nodes where the reference run has {len(want)}"}
+    return None
+
+
+def _max_abs(r: dict[str, Any], n: dict[str, Any]) -> dict[str, float]:
+    if n["type"] != GGML_TYPE_F32 or len(r["data"]) != len(n["data"]):
+        return {}
+    a = np.frombuffer(r["data"], "<f4").astype(np.float64)
+    b = np.frombuffer(n["data"], "<f4").astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+    return {"max_abs": float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")}

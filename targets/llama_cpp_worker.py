@@ -210,8 +210,10 @@ class LlamaWorker:
         trace = req.get("trace")
         if trace is not None and not self.params["trace"]:
             raise RequestError("bad_request", "decode: trace needs a context loaded with trace=true")
+        if trace is not None and trace != "all" and not isinstance(trace, int):
+            raise RequestError("bad_request", f"decode: trace {trace!r}: a layer index or \"all\"")
         if trace is not None:
-            self.capturer.begin(capture, trace=int(trace))
+            self.capturer.begin(capture, trace=trace)
         else:
             self.capturer.begin(capture)
         captured: dict[int, tuple[bytes, int]] = {}

@@ -63,6 +63,12 @@ def _address(fn: Any) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+class _TensorSrc(ctypes.Structure):  # struct ggml_tensor up to its sources (ggml.h, pinned build)
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10)]
+
+
 class Native:
     kind = "native"
 
@@ -127,16 +133,17 @@ class Python:
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self.seconds = 0.0  # time spent in this callback (subtract it from llama_decode's)
         self.want: dict[bytes, int] = {}
-        self.trace_layer: bytes | None = None  # "-k": trace every node of layer k
+        self.trace_layer: bytes | None = None  # "-k": trace every node of layer k; b"": every node of the graph
         self.nodes: list[dict[str, Any]] = []
         self.got: dict[int, list[bytes]] = {}
         self.width: dict[int, int] = {}
 
-    def begin(self, layers: list[int], trace: int | None = None) -> None:
-        """Capture these layers' residuals during the next decode; trace: also every node of that layer."""
+    def begin(self, layers: list[int], trace: int | str | None = None) -> None:
+        """Capture these layers' residuals during the next decode; trace: also every node of that layer (named
+        `<name>-k`), or with "all" every node of the graph."""
         self.want = {f"l_out-{k}".encode(): k for k in layers}
         self.got, self.width = {}, {}
-        self.trace_layer = None if trace is None else f"-{trace}".encode()
+        self.trace_layer = None if trace is None else b"" if trace == "all" else f"-{trace}".encode()
         self.nodes = []
 
     def end(self) -> dict[int, tuple[bytes, int]]:
@@ -197,12 +204,13 @@ class Python:
 
 
     def _trace(self, t: int, name: bytes) -> None:
-        head = ctypes.cast(t, ctypes.POINTER(_TensorHead)).contents
+        head = ctypes.cast(t, ctypes.POINTER(_TensorSrc)).contents
         n = self.ggml.ggml_nbytes(t)
         buf = ctypes.create_string_buffer(n)
         self.ggml.ggml_backend_tensor_get(t, buf, 0, n)
+        srcs = [self.ggml.ggml_get_name(p).decode(errors="replace") for p in head.src if p]
         self.nodes.append({"name": name.decode(errors="replace"), "op": self.ggml.ggml_op_desc(t).decode(),
-                           "type": int(head.type), "ne": list(head.ne), "data": buf.raw})
+                           "srcs": srcs, "type": int(head.type), "ne": list(head.ne), "data": buf.raw})
 
 
 def load(ggml: ctypes.CDLL, L: Any, *, echo: bool = False) -> Native | Python:

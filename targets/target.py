@@ -21,7 +21,7 @@ def _b64(a: np.ndarray) -> str:
 
 def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | None = None,
               seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None, logits: str | Sequence[bool] = "last",
-              capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | None = None) -> dict[str, Any]:
+              capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | str | None = None) -> dict[str, Any]:
     """A decode request in protocol form."""
     args: dict[str, Any] = {"seq": seq if isinstance(seq, int) else [int(x) for x in seq],
                             "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
@@ -36,7 +36,7 @@ def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | N
     if n_pos_per_token != 1:
         args["n_pos_per_token"] = n_pos_per_token
     if trace is not None:
-        args["trace"] = int(trace)
+        args["trace"] = trace if trace == "all" else int(trace)
     return args
 
 
@@ -106,9 +106,10 @@ class Target:
     def decode(self, tokens: Sequence[int] | None = None, *, embd: np.ndarray | None = None,
                seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None,
                logits: str | Sequence[bool] = "last", capture: Sequence[int] = (),
-               n_pos_per_token: int = 1, trace: int | None = None, timeout: float | None = None) -> Reply:
+               n_pos_per_token: int = 1, trace: int | str | None = None, timeout: float | None = None) -> Reply:
         """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}; with
-        trace k (a context loaded with trace=True), nodes: every graph node of layer k in execution order."""
+        trace k (a context loaded with trace=True), nodes: every graph node of layer k in execution order (trace
+        "all": every node of the graph)."""
         r = self.client.call("decode", timeout=timeout, **step_args(tokens, embd=embd, seq=seq, pos=pos,
                                                                      logits=logits, capture=capture,
                                                                      n_pos_per_token=n_pos_per_token, trace=trace))

@@ -57,6 +57,9 @@ def test_b1_mutant_is_caught_at_the_right_cuts(fixtures, family):
         if r["status"] == "diverged":
             assert r["reproduced"] is True and r["mode"] == "full"
             assert r["stage"] == (0 if family == "lfm2" else 1)
+            # traced node by node, the first difference is the recurrent (conv) state as the stage reads it
+            name = r["node"]["name"]
+            assert r["node"]["kind"] == "values" and ("cache_r_l" in name or "conv_states" in name), r["node"]
 
 
 @pytest.mark.parametrize("family", ["deepseek32", "glm-dsa"])
@@ -77,6 +80,9 @@ def test_dsa_exports_carry_the_indexer_rows_and_b4_is_caught(fixtures, family):
     bad = handoff(path, cuts="1;2", target="mutant:b4-kidx-not-exported", modes=("full",))
     assert [r["status"] for r in bad["results"]] == ["diverged"] * 2, bad["results"]
     assert all(r["reproduced"] and r["position"] >= 4 for r in bad["results"]), bad["results"]  # 5+ keys
+    for r in bad["results"]:  # the first difference: the indexer's key cache (64 wide), as the new key lands in it
+        node = r["node"]
+        assert node["name"].startswith("cache_k_l") and node["ne"][0] == 64 and "attn_inp_k_idxs" in node["srcs"]
 
 
 def test_split_schedule_splits_chunks_at_the_offset():

@@ -97,7 +97,7 @@ def test_the_first_differing_node_pairs_nodes_by_name_and_occurrence():
     d = first_differing_node(full, [node("attn_norm-2", [1, 2]), node("Qcur-2", [3, 4]),
                                     node("Qcur-2", [5, 6.5], "ROPE")])
     assert (d["name"], d["ggml_op"], d["kind"], d["same_before"], d["max_abs"]) == ("Qcur", "ROPE", "values", 2, 0.5)
-    assert d["full_node"] == "Qcur-5" and d["stage_node"] == "Qcur-2"
+    assert d["reference_node"] == "Qcur-5" and d["node"] == "Qcur-2"
     d = first_differing_node(full, [node("attn_norm-2", [1, 2], ne=(1, 2, 1, 1))])
     assert d["kind"] == "shape" and d["same_before"] == 0
     d = first_differing_node(full[:2], full)

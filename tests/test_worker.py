@@ -157,6 +157,13 @@ def test_trace_returns_every_node_of_one_layer_in_execution_order(llama, fixture
     out = np.frombuffer(nodes[-1]["data"], "<f4").reshape(3, -1)
     assert nodes[-1]["ne"][:2] == [out.shape[1], 3]
     assert np.array_equal(out, r.data["captures"][1])
+    whole = llama.decode([1, 2, 3], logits="all", trace="all")
+    names = [n["name"] for n in whole.data["nodes"]]
+    assert {"l_out-0", "l_out-1", "l_out-2"} <= set(names) and names.index("l_out-0") < names.index("l_out-2")
+    soft = next(n for n in whole.data["nodes"] if n["name"] == "kq_soft_max-0")
+    assert "kq-0" in soft["srcs"]  # each node names its sources
+    bad = llama.call("decode", tokens=[1, 2, 3], trace="some")
+    assert not bad.ok and "layer index" in bad.failure.message
     assert llama.load(str(fixtures("llama", layers=3))).ok
     refused = llama.decode([1, 2, 3], trace=1)
     assert not refused.ok and "trace=true" in refused.failure.message
