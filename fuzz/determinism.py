@@ -27,13 +27,23 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.parity import Trace, compare, max_abs, pos_per_token, run_chain, run_script, script_steps
+from fuzz.parity import (
+    Trace,
+    compare,
+    first_differing_graph_node,
+    max_abs,
+    pos_per_token,
+    run_chain,
+    run_script,
+    script_steps,
+)
 from fuzz.schedule import Step, prompt_tokens
 from fuzz.stages import FixtureStages
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
 from synth.stage import Unsupported
 from targets import Failure, close_all, open_target
+from targets.target import script_request
 
 POLICY = {
     "same-schedule": "must be bit-exact",
@@ -144,6 +154,11 @@ class Determinism:
             finally:
                 close_all([full, *stage_targets])
         report = self._classify(runs, findings)
+        for f in report["findings"]:
+            pair = [f["schedule"]] * 2 if f["class"] == "same-schedule" else f.get("pair") \
+                if f["class"] == "threads-only" else None
+            if pair:
+                f["node"] = self._localize([next(x for x in runs if x.name == n) for n in pair], runs, prompt)
         report.update({"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
                        "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds,
                        "target": cfg.target, "llama_cpp_commit": commit, "policy": POLICY, "chains": chains,
@@ -152,6 +167,40 @@ class Determinism:
                                   "prompt_len": cfg.prompt_len, "tokens": cfg.tokens, "seed": cfg.seed},
                        "timing": {"wall_s": round(time.perf_counter() - t0, 3)}})
         return report
+
+    def _localize(self, pair: list[Schedule], runs: dict[Schedule, list], prompt: list[int]) -> dict[str, Any]:
+        """Where two runs that should be bit-exact first part: the first output row that differs gives the step;
+        both schedules run again to it with every graph node traced (the same graph both times), and the first
+        node whose bits differ is named. All nodes equal while the logits still differ: the difference comes
+        after the graph; the logits equal too: it did not recur under tracing (timing-dependent)."""
+        a_sch, b_sch = pair
+        (_, a), (_, b) = runs[a_sch][0], runs[b_sch][-1]
+        row = next((i for i in range(min(len(a), len(b))) if not np.array_equal(a[i], b[i])), 0)
+        steps = steps_for(prompt, a_sch.chunk, self.cfg.tokens)
+        n_prefill = len(steps) - self.cfg.tokens
+        k = n_prefill - 1 + row
+        traced = []
+        with open_target(self.cfg.target, timeout=self.cfg.timeout) as t:
+            for sch in pair:
+                params = {"n_ctx": 256, "n_batch": 64, "n_ubatch": sch.ubatch, "n_threads": sch.threads,
+                          "flash_attn": sch.flash_attn, "trace": True}
+                reqs = script_steps(steps[:k + 1], logits_mode="last")
+                reqs[-1]["trace"] = "all"
+                r = t.pipeline([("load", {"path": str(self.fixture), **params}), script_request(reqs, reset=True)])
+                if len(r) < 2 or not r[-1].ok:
+                    return {"kind": "untraced", "detail": "a traced run failed"}
+                traced.append(r[-1].data["results"][-1])
+        x, y = traced
+        if not x.get("nodes") or not y.get("nodes"):
+            return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
+        found = first_differing_graph_node(x["nodes"], y["nodes"], unset=("inp_embd",))
+        if found is not None:
+            return found | {"step": k}
+        if not np.array_equal(x["logits"], y["logits"]):
+            return {"kind": "after-graph", "step": k, "detail": f"all {len(y['nodes'])} graph nodes are bit-identical "
+                    f"at step {k} but the logits differ: the difference comes after llama.cpp's graph"}
+        return {"kind": "not-recurring", "step": k, "detail": "the traced runs agree: the difference did not recur "
+                "under node-by-node tracing (timing-dependent)"}
 
     def _chains(self, sch: Schedule, sets, steps, ref: Trace, targets, params, findings) -> list[dict[str, Any]]:
         out = []
@@ -250,6 +299,12 @@ def format_determinism(rep: dict[str, Any]) -> str:
             lines.append(f"chain {c['cuts']} under {c['schedule']}: {c['status']} {c.get('reason', '')}")
     for f in rep["findings"]:
         lines.append(f"FINDING [{f['class']}] {f['message']}")
+        node = f.get("node") or {}
+        if node.get("name"):
+            lines.append(f"  first differing graph node at step {node['step']}: {node['name']} = {node['ggml_op']}"
+                         f"({', '.join(node['srcs'])}) {node['ne']}")
+        elif node:
+            lines.append(f"  {node['kind']}: {node['detail']}")
     lines.append(f"{len(rep['findings'])} findings; wall {rep['timing']['wall_s']:.2f}s")
     return "\n".join(lines)
 

@@ -37,6 +37,8 @@ def test_thread_dependent_mutant_is_a_finding(fixtures):
     classes = {f["class"] for f in rep["findings"]}
     assert classes == {"threads-only"}, rep["findings"]
     assert len(rep["findings"]) == 12  # every 2-thread schedule (3 ubatch x 2 chunk x 2 fa) vs its 1-thread sibling
+    # traced node by node, both runs compute the same graph bit for bit: the mutant acts on what comes back
+    assert {f["node"]["kind"] for f in rep["findings"]} == {"after-graph"}, [f["node"] for f in rep["findings"]]
 
 
 def test_cli_exit_codes(fixtures, tmp_path):
