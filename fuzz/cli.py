@@ -290,6 +290,7 @@ def inputs_cmd(
     seed: Annotated[int, Opt(help="libFuzzer seed (same seed, same inputs)")] = 1,
     out: Annotated[Path, Opt(help="where inputs that raise something other than a one-line error go")] =
         Path("fuzz-inputs"),
+    seconds: Annotated[int | None, Opt(help="stop after this long, even before --runs")] = None,
 ) -> int:
     """Coverage-guided fuzzing (atheris) of what this toolkit reads: whatever the bytes of a GGUF file, a manifest
     or a repro bundle, reading them must work or end as one line and exit 2 — anything else is a finding."""
@@ -297,9 +298,10 @@ def inputs_cmd(
 
     if kind not in inputs.KINDS:
         raise UserError(f"input kind {kind!r}: use one of {', '.join(inputs.KINDS)}")
-    if runs < 1 or seed < 0:
-        raise UserError(f"--runs {runs} / --seed {seed}: runs must be at least 1 and the seed at least 0")
-    rc, crashes, log = inputs.fuzz_inputs(kind, runs=runs, seed=seed, out=out)
+    if runs < 1 or seed < 0 or (seconds is not None and seconds < 1):
+        raise UserError(f"--runs {runs} / --seed {seed} / --seconds {seconds}: runs and seconds must be at least 1, "
+                        "the seed at least 0")
+    rc, crashes, log = inputs.fuzz_inputs(kind, runs=runs, seed=seed, out=out, seconds=seconds)
     done = next((ln for ln in reversed(log.splitlines()) if ln.startswith("Done ")), "")
     if crashes:
         exc = next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))

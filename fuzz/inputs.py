@@ -108,9 +108,10 @@ def seed_corpus(kind: str, out: Path, work: Path) -> None:
 
 # ---- running atheris ------------------------------------------------------------------------------------------
 
-def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65536,
+def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65536, seconds: int | None = None,
                 timeout: float = 3600) -> tuple[int, list[Path], str]:
-    """Run atheris over the kind's seed corpus in a child process: (exit code, crash inputs saved, its output)."""
+    """Run atheris over the kind's seed corpus in a child process, for `runs` inputs or `seconds` (whichever ends
+    first): (exit code, crash inputs saved, its output)."""
     resolve_check(kind)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fuzz-inputs-") as d:
@@ -118,7 +119,9 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
         seed_corpus(kind, corpus, work)
         cmd = [sys.executable, "-m", "fuzz.inputs", kind, f"-runs={runs}", f"-seed={seed}", f"-max_len={max_len}",
                f"-artifact_prefix={out}/", "-print_final_stats=1", str(corpus)]
-        p = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout,
+        if seconds:
+            cmd.insert(-1, f"-max_total_time={seconds}")
+        p = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=max(timeout, 2 * (seconds or 0)),
                            env={**_env(), "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
     crashes = sorted(out.glob("crash-*"))
     return p.returncode, crashes, p.stdout + p.stderr
