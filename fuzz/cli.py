@@ -285,15 +285,16 @@ def prefix_cache_cmd(
 
 @app.command("inputs")
 def inputs_cmd(
-    kind: Annotated[str, typer.Argument(help="gguf, manifest or bundle: which input of this toolkit to fuzz")],
+    kind: Annotated[str, typer.Argument(help="gguf, manifest, bundle or package: which input of this toolkit to fuzz")],
     runs: Annotated[int, Opt(help="inputs to try")] = 20000,
     seed: Annotated[int, Opt(help="libFuzzer seed (same seed, same inputs)")] = 1,
     out: Annotated[Path, Opt(help="where inputs that raise something other than a one-line error go")] =
         Path("fuzz-inputs"),
     seconds: Annotated[int | None, Opt(help="stop after this long, even before --runs")] = None,
 ) -> int:
-    """Coverage-guided fuzzing (atheris) of what this toolkit reads: whatever the bytes of a GGUF file, a manifest
-    or a repro bundle, reading them must work or end as one line and exit 2 — anything else is a finding."""
+    """Coverage-guided fuzzing (atheris) of what this toolkit reads: whatever the bytes of a GGUF file, a manifest,
+    a repro bundle or a layer package's manifest, reading them must work or end as one line and exit 2 — anything
+    else is a finding."""
     from fuzz import inputs
 
     if kind not in inputs.KINDS:

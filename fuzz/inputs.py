@@ -1,11 +1,12 @@
 """`fuzz inputs KIND`: coverage-guided fuzzing (atheris: libFuzzer over Python coverage) of this toolkit's own
-input boundary. Whatever the bytes of a GGUF file, a manifest or a repro bundle, reading them must either work or
+input boundary. Whatever the bytes of a GGUF file, a manifest, a repro bundle or a layer package's manifest,
+reading them must either work or
 raise UserError — which every command turns into exit code 2 and one line. Any other exception is a finding: the
 input that raised it is saved, and the command exits 1.
 
 Run `python -m fuzz.inputs KIND [libFuzzer flags] CORPUS_DIR` to drive atheris directly; `fuzz inputs` builds a
-seed corpus (fixtures synth makes, the manifest, the committed bundles), runs it in a child process for a fixed
-number of runs and seed (same seed, same inputs) and reports.
+seed corpus (fixtures synth makes, the manifest, the committed bundles, a package), runs it in a child process
+for a fixed number of runs and seed (same seed, same inputs) or a time budget, and reports.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from synth.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("gguf", "manifest", "bundle")
+KINDS = ("gguf", "manifest", "bundle", "package")
 
 
 # ---- the checks: one input in, UserError or nothing out -----------------------------------------------------
@@ -65,8 +66,23 @@ def check_bundle(data: bytes, tmp: Path) -> None:
     load_case(d)
 
 
+def check_package(data: bytes, tmp: Path) -> None:
+    """What `synth materialize` does: read model-package.json (beside the package's real files) and assemble the
+    stage of its first layers."""
+    from synth.package import materialize_stage, read_manifest
+    from synth.stage import Unsupported, parse_range
+
+    pkg = tmp / "package"
+    (pkg / "model-package.json").write_bytes(data)
+    a, b = parse_range("0:1", read_manifest(pkg)["layer_count"])
+    try:
+        materialize_stage(pkg, a, b, tmp / "stage.gguf")
+    except Unsupported:
+        pass
+
+
 CHECKS: dict[str, Callable[[bytes, Path], None]] = {"gguf": check_gguf, "manifest": check_manifest,
-                                                    "bundle": check_bundle}
+                                                    "bundle": check_bundle, "package": check_package}
 
 
 def resolve_check(kind: str) -> Callable[[bytes, Path], None]:
@@ -96,6 +112,12 @@ def seed_corpus(kind: str, out: Path, work: Path) -> None:
             write_fixture(resolve(fam, knobs), out / f"{fam}.gguf")
     elif kind == "manifest":
         shutil.copyfile(ROOT / "family_tiers.toml", out / "family_tiers.toml")
+    elif kind == "package":
+        from synth.package import write_package
+
+        write_fixture(resolve(*small[1]), work / "model.gguf")
+        write_package(work / "model.gguf", work / "package")
+        shutil.copyfile(work / "package" / "model-package.json", out / "model-package.json")
     elif kind == "bundle":
         fixture = work / "fixture.gguf"
         write_fixture(resolve(*small[0]), fixture)
@@ -146,6 +168,7 @@ def main(argv: list[str]) -> None:
         import fuzz.bundle  # noqa: F401
         import synth.inspect  # noqa: F401
         import synth.manifest  # noqa: F401
+        import synth.package  # noqa: F401
         import synth.stage  # noqa: F401
         check = resolve_check(kind)
     warnings.simplefilter("ignore")  # numpy's overflow warnings on garbage values are not findings

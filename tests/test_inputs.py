@@ -1,6 +1,7 @@
-"""`fuzz inputs`: atheris drives what the toolkit reads (GGUF files, the manifest, repro bundles) with mutated
-bytes; every input must be read or refused as a UserError (exit 2, one line). A fixed seed and run count keep
-the default suite deterministic; the harness itself is shown to catch a planted bug and to let refusals pass."""
+"""`fuzz inputs`: atheris drives what the toolkit reads (GGUF files, the manifest, repro bundles, layer packages)
+with mutated bytes; every input must be read or refused as a UserError (exit 2, one line). A fixed seed and run
+count keep the default suite deterministic; the harness itself is shown to catch a planted bug and to let refusals
+pass."""
 
 import pytest
 
@@ -9,7 +10,7 @@ from fuzz.inputs import KINDS, fuzz_inputs
 from conftest import run_cli
 
 
-@pytest.mark.parametrize("kind,runs", [("gguf", 6000), ("manifest", 1500), ("bundle", 6000)])
+@pytest.mark.parametrize("kind,runs", [("gguf", 6000), ("manifest", 1500), ("bundle", 6000), ("package", 4000)])
 def test_what_the_toolkit_reads_is_read_or_refused_in_one_line(tmp_path, kind, runs):
     rc, crashes, log = fuzz_inputs(kind, runs=runs, seed=1, out=tmp_path)
     assert rc == 0 and not crashes, log[-3000:]
@@ -34,4 +35,4 @@ def test_cli(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("pass: bundle"), r.stdout + r.stderr
     bad = run_cli("fuzz", "inputs", "elf")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-    assert set(KINDS) == {"gguf", "manifest", "bundle"}
+    assert set(KINDS) == {"gguf", "manifest", "bundle", "package"}
