@@ -87,7 +87,7 @@ class HandoffResult:
     max_abs: float = 0.0
     reproduced: bool | None = None
     reason: str | None = None
-    node: dict[str, Any] | None = None  # in the stage that differs: first differing layer and graph node
+    node: dict[str, Any] | None = None  # in the stage that differs, straight vs handed off: the first differing node
     offsets: int = 0
     bytes: list[StageBytes] = field(default_factory=list)
 
