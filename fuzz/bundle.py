@@ -222,8 +222,27 @@ def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case, llama_cpp_commit:
         f"Target `{sh.case.target}`, llama.cpp {llama_cpp_commit}. Cuts {sh.case.cuts} of the fixture in this "
         f"directory (sha256 {sha[:16]}), {sh.case.oracle} config `{json.dumps(sh.case.config, sort_keys=True)}`.\n\n"
         f"Replay (exit 1 while the finding reproduces, 0 once fixed):\n\n    fuzz replay {out_dir}\n\n"
-        f"Shrunk in {sh.runs} oracle runs: " + ("; ".join(sh.log) or "nothing smaller reproduced") + ".\n")
+        f"Shrunk in {sh.runs} oracle runs: " + ("; ".join(sh.log) or "nothing smaller reproduced") + ".\n"
+        + (f"\n## Where it first differs\n\n{where}\n" if (where := localized(sh.case.oracle, sh.report)) else ""))
     return out_dir
+
+
+def localized(oracle: str, report: dict[str, Any]) -> str | None:
+    """What the oracle's report says about where the finding starts: the first differing layer and graph node
+    (sweep, hand-off) or the cause (isolation)."""
+    if oracle == "isolation":
+        cause = next((f.get("cause") for f in report.get("findings", ()) if f.get("cause")), None)
+        return f"Cause: {cause['kind']}: {cause['detail']}." if cause else None
+    r = next((r for r in report.get("results", ()) if r.get("status") == "diverged"), None)
+    node = (r or {}).get("node") or {}
+    if not node.get("name"):
+        return f"Layer {r['layer']} (source index) is the first whose output differs." \
+            if r and isinstance(r.get("layer"), int) else None
+    srcs = f"({', '.join(node['srcs'])})" if node.get("srcs") else ""
+    layer = f"layer {r['layer']} (source index), " if isinstance(r.get("layer"), int) else ""
+    return (f"{layer}first graph node whose bits differ: `{node.get('node') or node['name']}` = "
+            f"{node.get('ggml_op')}{srcs}, {node['kind']}" + (f", max |Δ| {node['max_abs']:.3g}"
+                                                             if "max_abs" in node else "") + ".")
 
 
 def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path | None:

@@ -23,6 +23,9 @@ def test_sweep_finding_shrinks_and_replays(fixtures, tmp_path):
     assert data["spec"]["pattern"] != "RRRARRRA" and len(data["spec"]["pattern"]) < 8
     assert data["config"]["phases"] == ["batched"] and data["config"]["tokens"] == 1
     assert data["original"]["cuts"] == [3]
+    # the README says where it starts: the stage's first layer, from its very first node (its input rows)
+    readme = (bundle / "README.md").read_text()
+    assert "## Where it first differs" in readme and "first graph node whose bits differ" in readme, readme
     replay = run_cli("fuzz", "replay", str(bundle))
     assert replay.returncode == 1 and "REPRODUCED" in replay.stdout
     fixed = run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp")
@@ -38,6 +41,8 @@ def test_handoff_finding_bundle(fixtures, tmp_path):
     (bundle,) = list(out.iterdir())
     data = json.loads((bundle / "bundle.json").read_text())
     assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
+    readme = (bundle / "README.md").read_text()
+    assert "first graph node whose bits differ: `cache_r_l" in readme, readme  # the recurrent state cache
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
     assert run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp").returncode == 0
 

@@ -103,7 +103,7 @@ def test_an_isolation_finding_is_bundled_shrunk_and_replays(fixtures, tmp_path):
     assert "cause: batch" in r.stdout  # in the same cells but alone in its batches, the mutant does not leak
     (bundle,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     readme = (bundle / "README.md").read_text()
-    assert "n_seq → 2" in readme and "dropped the" in readme
+    assert "n_seq → 2" in readme and "dropped the" in readme and "Cause: batch" in readme
     types = {t.type for t in GGUFFile(bundle / "fixture.gguf").tensors.values()}
     assert "Q8_0" in types
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1  # still reproduces
