@@ -222,7 +222,8 @@ def first_differing_node(want: list[dict[str, Any]], got: list[dict[str, Any]]) 
     same = 0
     for key, n in keyed(got).items():
         r = ref.get(key)
-        base = {"name": key[0], "ggml_op": n.get("op"), "node": n["name"], "same_before": same}
+        base = {"name": key[0], "ggml_op": n.get("op"), "node": n["name"], "srcs": n.get("srcs", []), "ne": n["ne"],
+                "same_before": same}
         if r is None:
             return base | {"kind": "extra", "detail": "the reference run's layer computes no such node"}
         if r["type"] != n["type"] or list(r["ne"]) != list(n["ne"]):
