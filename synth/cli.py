@@ -52,8 +52,8 @@ def make(
     indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help="DSA indexer tensors")] = None,
     indexer_top_k: Annotated[int | None, Opt(help="DSA indexer top-k")] = None,
     dtype: Annotated[str | None, Opt(help="weight type of the matmul tensors: f32 (default), f16, bf16, q8_0, "
-                                          "q4_0, q4_1, q5_0, q5_1, mxfp4; q2_k … q6_k, iq2_xxs, iq2_xs with "
-                                          "--embd 256")] = None,
+                                          "q4_0, q4_1, q5_0, q5_1, mxfp4, iq4_nl; q2_k … q6_k, iq1_s, iq1_m, "
+                                          "iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs with --embd 256")] = None,
     seed: Annotated[int, Opt(help="weight seed")] = 0,
     as_json: Annotated[bool, Opt("--json", help="print the resolved spec and file facts as JSON")] = False,
 ) -> None:

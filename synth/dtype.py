@@ -6,10 +6,10 @@ The rule mirrors llama-quantize's (llama.cpp src/llama-quant.cpp, tensor_allows_
 llama.cpp keeps in float. A tensor whose rows are not a whole number of blocks stays F32 (llama-quantize falls
 back to another type there).
 
-K-quants (q2_k … q6_k) and the 2-bit i-quants (iq2_xxs, iq2_xs: the Kimi-Linear and Qwen3-Coder-Next
-artifacts' type) have no quantizer in gguf-py; their 256-wide blocks are made directly — seeded random bytes (every
-grid index and sign code is valid) with each block's f16 super-scale(s) set small, so every weight is finite and
-O(0.1) — and they need rows of 256: `--embd 256` (and `--ff` a multiple of 256).
+K-quants (q2_k … q6_k) and the i-quants (iq1_s … iq4_xs; iq2_xxs and iq2_xs are the Kimi-Linear and
+Qwen3-Coder-Next artifacts' types) have no quantizer in gguf-py; their blocks are made directly — seeded random
+bytes (every grid index and sign code is valid) with each block's f16 super-scale(s) set small, so every weight is
+finite and O(0.1). All but iq4_nl (32-wide) need rows of 256: `--embd 256` (and `--ff` a multiple of 256).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ Q = gguf.GGMLQuantizationType
 DTYPES: dict[str, Q | None] = {"f32": None, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0,
                                "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "mxfp4": Q.MXFP4, "q2_k": Q.Q2_K,
                                "q3_k": Q.Q3_K, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K, "q6_k": Q.Q6_K,
-                               "iq2_xxs": Q.IQ2_XXS, "iq2_xs": Q.IQ2_XS}
+                               "iq1_s": Q.IQ1_S, "iq1_m": Q.IQ1_M, "iq2_xxs": Q.IQ2_XXS, "iq2_xs": Q.IQ2_XS,
+                               "iq2_s": Q.IQ2_S, "iq3_xxs": Q.IQ3_XXS, "iq3_s": Q.IQ3_S, "iq4_nl": Q.IQ4_NL,
+                               "iq4_xs": Q.IQ4_XS}
+NIBBLES = -1  # iq1_m has no d field: its f16 scale is the top nibbles of the four u16 words of scales[8] (at 48)
 # Blocks made directly (ggml-common.h layouts): byte offset of each f16 super-scale in a block, and its value:
 # d sets the weights' spread (std ≈ 0.05–0.08, like the F32 fixtures' E^-1/2), dmin cancels the mean the unsigned
 # codes and mins give (d × mean code; else every weight leans one way and the model emits one token)
@@ -37,6 +40,13 @@ MADE_SCALES: dict[Q, tuple[tuple[int, float], ...]] = {
     Q.Q6_K: ((208, 5e-5),),  # ql[128], qh[64], scales[16] (int8), d (signed codes)
     Q.IQ2_XXS: ((0, 1e-3),),  # d, qs[32] (u16: grid indices, sign indices and 4-bit scales; all values valid)
     Q.IQ2_XS: ((0, 1e-3),),  # d, qs[32] (u16: 9-bit grid index, 7-bit sign index), scales[8]
+    Q.IQ2_S: ((0, 1e-3),),  # d, qs[64] (grid indices, then signs), qh[8], scales[8]
+    Q.IQ1_S: ((0, 8.3e-3),),  # d, qs[32], qh[8] (u16: grid bits, 3-bit scale, delta sign)
+    Q.IQ1_M: ((NIBBLES, 8.4e-3),),  # qs[32], qh[16], scales[8] (3-bit scales; the f16 scale in the top nibbles)
+    Q.IQ3_XXS: ((0, 4.2e-4),),  # d, qs[96] (grid indices, then u32 sign indices and 4-bit scales)
+    Q.IQ3_S: ((0, 4.2e-4),),  # d, qs[64], qh[8], signs[32], scales[4]
+    Q.IQ4_NL: ((0, 8.9e-4),),  # d, qs[16] (4-bit indices into the non-linear table kvalues_iq4nl)
+    Q.IQ4_XS: ((0, 4.9e-5),),  # d, scales_h, scales_l[4] (6-bit scales - 32), qs[128]
 }
 
 # name fragments llama-quantize never quantizes (llama-quant.cpp); matched anywhere in the tensor name
@@ -56,12 +66,14 @@ def check_dtype(dtype: str) -> str:
 
 
 def check_rows(dtype: str, n_embd: int) -> None:
-    """Made blocks on rows that are not whole 256-wide blocks would quantize (almost) nothing: refuse them. (Other
+    """Made 256-wide blocks on rows that are not whole blocks would quantize (almost) nothing: refuse them. (Other
     types keep llama-quantize's rule: a tensor whose rows do not fit stays F32, the rest is quantized.)"""
     qtype = DTYPES[dtype]
     if qtype not in MADE_SCALES:
         return
     block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    if block < 256:  # iq4_nl: 32-wide, like q4_0 — a tensor whose rows do not fit stays F32
+        return
     if n_embd % block:
         raise UserError(f"--dtype {dtype}: its blocks hold {block} values, but rows of --embd {n_embd} are not a whole "
                         f"number of blocks; give --embd {block} (or a multiple)")
@@ -99,5 +111,11 @@ def made_blocks(name: str, shape: tuple[int, ...], qtype: Q, seed: int) -> np.nd
     n_blocks = int(np.prod(shape)) // block
     data = byte_stream(seed, name, n_blocks * size).reshape(n_blocks, size)
     for offset, value in MADE_SCALES[qtype]:
+        if offset == NIBBLES:
+            bits = int(np.float16(value).view(np.uint16))
+            for i in range(4):  # the high nibble of byte 49, 51, 53, 55
+                hi = 48 + 2 * i + 1
+                data[:, hi] = (data[:, hi] & 0x0F) | (((bits >> (4 * i)) & 0xF) << 4)
+            continue
         data[:, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
     return data.reshape(*shape[:-1], shape[-1] // block * size)

@@ -63,10 +63,11 @@ def test_slices_keep_the_quantized_bytes(tmp_path):
     assert any(isinstance(v, Raw) and v.qtype == gguf.GGMLQuantizationType.Q4_1 for v in stage.values())
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "f32" and d not in ("q2_k", "q3_k", "q5_k", "q6_k",
-                                                                                 "iq2_xxs", "iq2_xs")])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "f32" and (d == "q4_k" or
+                                                                         gguf.GGML_QUANT_SIZES[DTYPES[d]][0] < 256)])
 def test_every_family_runs_in_every_dtype(tmp_path, llama, dtype):
-    """Block-32 types at the families' own widths; K-quants (q4_k for all, the rest below) at --embd 256."""
+    """Block-32 types (iq4_nl too) at the families' own widths; 256-wide types (q4_k for all, the rest below) at
+    --embd 256."""
     bad = []
     for family in sorted(FAMILIES):
         path = tmp_path / f"{family}.gguf"
@@ -129,9 +130,10 @@ def _make(tmp_path, family, **knobs):
     return path
 
 
-@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs", "iq2_xs"])
+@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs",
+                                   "iq2_s", "iq3_xxs", "iq3_s", "iq4_xs"])
 def test_made_blocks_are_seeded_centered_and_split_exactly(tmp_path, dtype):
-    """K-quant and 2-bit i-quant blocks are made directly (gguf-py cannot quantize to them): same seed → same bytes;
+    """K-quant and i-quant blocks are made directly (gguf-py cannot quantize to them): same seed → same bytes;
     dequantized weights are centered with a fixture-like spread (the models emit varied tokens); every cut is
     bit-exact."""
     from synth.dtype import DTYPES as TYPES

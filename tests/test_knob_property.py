@@ -22,7 +22,8 @@ VALUES = {
     "--shared-experts": st.integers(0, 2), "--leading-dense": st.integers(0, 4),
     "--q-lora-rank": st.sampled_from([0, 8, 16]), "--kv-lora-rank": st.sampled_from([0, 8, 16]),
     "--indexer-top-k": st.integers(0, 8),
-    "--dtype": st.sampled_from(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "q4_k", "x"]),
+    "--dtype": st.sampled_from(["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "q4_k", "iq4_nl",
+                                "iq1_m", "x"]),
     "--pattern": st.text(alphabet="ARX ", min_size=1, max_size=8),
     "--kv-heads": st.lists(st.integers(0, 4), min_size=1, max_size=8).map(lambda v: ",".join(map(str, v))),
 }
