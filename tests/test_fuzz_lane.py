@@ -74,10 +74,13 @@ def check(spec: ModelSpec, tmp: Path) -> None:
     assert not bad, (spec.to_json(), bad)
     assert rep.control.get("status") in ("pass", "unsupported"), (spec.to_json(), rep.control)
     iso = Isolation(path, IsolationConfig(tokens=3)).run()
-    # an upstream finding of this kind excuses the same status, unless the cause is the batch itself (leaking
-    # neighbours: not what the recorded findings are — a cell-position tie order and a context that aborts)
-    new = [f for f in iso["findings"] if (kind_of(path), f["status"], f["kv_unified"]) not in KNOWN_UPSTREAM
-           or f.get("cause", {}).get("kind") == "batch"]
+    # Random specs are sharper than the manifest's fixtures: where a sequence sits in the cache changes the
+    # summation order, and a near-tie discrete choice downstream (MoE routing, q8_1 activation rounding, top-k)
+    # can turn that into more than the tolerance — placement, not a leak: the cause says which. A leak (cause
+    # "batch") always fails; an upstream finding of this kind excuses the same status otherwise.
+    new = [f for f in iso["findings"] if f.get("cause", {}).get("kind") == "batch"
+           or (f.get("cause", {}).get("kind") != "cell position"
+               and (kind_of(path), f["status"], f["kv_unified"]) not in KNOWN_UPSTREAM)]
     if new:
         f = new[0]
         bundle_one(Case("isolation", path, [], {"n_seq": 4, "prompt_len": 12, "tokens": 3, "tol": 0.1, "seed": 0,
