@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
+from fuzz.parity import GGML_TYPE_I32
 from fuzz.schedule import prompt_tokens
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target
+from targets.target import script_request
 
 
 @dataclass
@@ -74,18 +76,21 @@ class Isolation:
                         twin = next(a for a in again if a["seq"] == r["seq"])
                         f = {**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]}
                         if kvu and not isinstance(together, str):
-                            f["cause"] = self._cause(t, r["seq"], alone, together)
+                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together)
                         findings.append(f)
         return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
                 "llama_cpp_commit": self.commit,
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
                 "results": results, "findings": findings, "status": "fail" if findings else "pass"}
 
+    def _params(self, kv_unified: bool) -> dict[str, Any]:
+        n = max(64, sum(len(p) for p in self.prompts))
+        return {"n_ctx": 512, "n_batch": n, "n_ubatch": n, "n_seq_max": self.cfg.n_seq, "kv_unified": kv_unified}
+
     def _load(self, t: Target, kv_unified: bool) -> str | None:
         """None, or why a context for n_seq sequences cannot be made (after checking one sequence can)."""
         n = max(64, sum(len(p) for p in self.prompts))
-        r = t.load(str(self.fixture), n_ctx=512, n_batch=n, n_ubatch=n, n_seq_max=self.cfg.n_seq,
-                   kv_unified=kv_unified)
+        r = t.load(str(self.fixture), **self._params(kv_unified))
         if r.ok:
             self.commit = r.data.get("llama_cpp_commit")
             return None
@@ -132,10 +137,9 @@ class Isolation:
         n = len(lens)
         return [sum(lens[:i]), sum(lens[i + 1:])], [i, n - 1 - i]
 
-    def _cause(self, t: Target, i: int, alone, together) -> dict[str, Any]:
-        """Tell "depends on its neighbours" from "depends on where it sits": sequence i alone in every batch
-        again, but in the cells it has when batched (a filler sequence takes the others' cells in batches of its
-        own). Equal to the batched logits: the cell position decides; equal to the solo run: the batch does."""
+    def _placed_steps(self, i: int, alone) -> tuple[list[dict[str, Any]], list[int]]:
+        """Sequence i alone in every batch, teacher-forced, in the cells batching gives it (a filler sequence takes
+        the others' cells in batches of its own); and which steps are sequence i's."""
         (pre, post), (pre_k, post_k) = self._cells(i)
         filler = 0 if i else 1
         fill = iter(prompt_tokens(self.cfg.seed + 99, pre + post + self.cfg.tokens * (pre_k + post_k) + 1,
@@ -159,6 +163,13 @@ class Isolation:
             mine.append(len(steps))
             steps.append({"tokens": [alone[i][0][k]], "seq": i, "pos": [len(p) + k], "logits": "last"})
             filled(post_k)
+        return steps, mine
+
+    def _cause(self, t: Target, i: int, step: int, alone, together) -> dict[str, Any]:
+        """Tell "depends on its neighbours" from "depends on where it sits": sequence i alone in every batch
+        again, but in the cells it has when batched. Equal to the batched logits: the cell position decides (and
+        a MoE routing choice that differs from the solo run is named); equal to the solo run: the batch."""
+        steps, mine = self._placed_steps(i, alone)
         r = t.script(steps, reset=True)
         if not r.ok:
             return {"kind": "unknown", "detail": f"the placed run failed: {r.failure.message}"}
@@ -169,15 +180,48 @@ class Isolation:
 
         vs_batched, vs_alone = dist(together[i]), dist(alone[i][1])
         tol = self.cfg.tol
+        pre = self._cells(i)[0][0]
         out = {"placed_vs_batched": vs_batched, "placed_vs_alone": vs_alone, "cells_before": pre}
         if vs_batched <= tol < vs_alone:
-            return out | {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when "
-                          f"batched, it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence "
-                          "sits in the cache changes its result, not what it shares a batch with"}
+            out |= {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when batched, "
+                    f"it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence sits in the cache "
+                    "changes its result, not what it shares a batch with"}
+            flip = self._first_flip(t, i, step, alone, steps[:mine[step] + 1])
+            return out | ({"flip": flip} if flip else {})
         if vs_alone <= tol < vs_batched:
             return out | {"kind": "batch", "detail": "in the same cells but alone in its batches it gives its solo "
                           "logits: the other sequences in its batch change it"}
         return out | {"kind": "unclear", "detail": "neither the cells nor the batch alone explain it"}
+
+    def _first_flip(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Solo at cells 0.. and placed, traced node by node at `step`: the first MoE routing choice (llama.cpp's
+        integer `ffn_moe_*` nodes: expert argsort / top-k) whose values differ — what turns the cells' summation
+        order into a different result. (Integer nodes over KV cells, like DSA's top-k, hold cell indices that
+        differ between the two placements anyway: not compared.) None if the target cannot trace or no routing
+        choice differs."""
+        p = self.prompts[i]
+        solo = [{"tokens": p, "seq": i, "pos": list(range(len(p))), "logits": "last"}]
+        solo += [{"tokens": [alone[i][0][k]], "seq": i, "pos": [len(p) + k], "logits": "last"} for k in range(step)]
+        runs = []
+        for steps in (solo, placed):
+            steps = [dict(x) for x in steps]
+            steps[-1]["trace"] = "all"
+            r = t.pipeline([("load", {"path": str(self.fixture), **self._params(True), "trace": True}),
+                            script_request(steps, reset=True)])
+            if len(r) < 2 or not r[-1].ok:
+                return None
+            runs.append(r[-1].data["results"][-1].get("nodes") or [])
+        for x, y in zip(*runs, strict=False):
+            if (x["name"], x["op"], x["ne"], x["type"]) != (y["name"], y["op"], y["ne"], y["type"]):
+                return None  # the graphs part: nothing to pair
+            if x["type"] == GGML_TYPE_I32 and x["name"].startswith("ffn_moe") and x["data"] != y["data"]:
+                a, b = np.frombuffer(x["data"], "<i4"), np.frombuffer(y["data"], "<i4")
+                rows = a.reshape(-1, x["ne"][0]) if x["ne"][0] else a[None]
+                other = b.reshape(rows.shape)
+                row = int(np.nonzero((rows != other).any(axis=1))[0][0])
+                return {"node": x["name"], "ggml_op": x["op"], "row": row, "alone": rows[row].tolist(),
+                        "placed": other[row].tolist()}
+        return None
 
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []
@@ -213,5 +257,9 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"(step {f['step']}, max|Δlogit| {f['max_abs_dlogit']:.3g}); reproduced={f['reproduced']}")
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['kind']}: {f['cause']['detail']}")
+            if f["cause"].get("flip"):
+                x = f["cause"]["flip"]
+                lines.append(f"    first MoE routing choice that differs: {x['node']} ({x['ggml_op']}) token row "
+                             f"{x['row']}: experts {x['alone']} alone, {x['placed']} placed")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from targets import Failure, Reply, Target
 
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE
 GGML_TYPE_F32 = 0
+GGML_TYPE_I32 = 26
 
 
 def pos_per_token(info: dict[str, Any]) -> int:

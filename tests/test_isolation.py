@@ -43,6 +43,19 @@ def test_dsa_top_k_ties_break_by_cell_position(fixtures):
     assert all(r["status"] == "pass" for r in clean)
 
 
+def test_placement_through_a_moe_routing_flip_is_named(fixtures):
+    """Found by the fuzz lane: a deepseek2 spec (MLA + MoE, seed 7) whose fourth sequence, in cells 27.. instead of
+    0.., gets logits 0.17 off. Not a leak — alone but placed there it gives the batched logits — and traced node by
+    node, the cells' summation order flips a near-tie expert choice in layer 3."""
+    rep = Isolation(fixtures("deepseek2", layers=5, seed=7), IsolationConfig(prompt_len=6, tokens=1,
+                                                                              kv_unified=(True,))).run()
+    (f,) = rep["findings"]
+    assert f["seq"] == 3 and f["cause"]["kind"] == "cell position" and f["cause"]["cells_before"] == 27
+    flip = f["cause"]["flip"]
+    assert flip["node"] == "ffn_moe_argsort-3" and flip["ggml_op"] == "ARGSORT"
+    assert sorted(flip["alone"]) == sorted(flip["placed"]) and flip["alone"] != flip["placed"]
+
+
 @pytest.mark.parametrize("family", ["deepseek32", "glm-dsa"])
 def test_dsa_fixtures_keep_their_sequences_apart(fixtures, family):
     """With 12 indexer heads exact score ties are rare enough that the lane tests DSA itself: the top-k really is
