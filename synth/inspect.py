@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.spec import STAGE_KEYS
 
@@ -34,6 +35,7 @@ KV_FROM_START_FIXED = {"gemma3n": 20}
 KV_SHARING_KEY_ARCHS = frozenset({"gemma4", "gemma4-assistant"})
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+MAX_LAYERS = 4096  # a bound for garbage block counts; real models have a few hundred at most
 _REC_MARKERS = ("ssm_", "time_mix_", "shortconv.")
 _ATTN_MARKERS = ("attn_q.", "attn_k.", "attn_v.", "attn_qkv.", "attn_kv_a_mqa.", "attn_q_a.", "attn_kv.")
 
@@ -114,6 +116,9 @@ def inspect_file(path: str) -> ModelInfo:
 def inspect_gguf(g: GGUFFile) -> ModelInfo:
     arch = g.arch
     n_layer = int(g.get("block_count", 0))
+    if not 0 <= n_layer <= MAX_LAYERS:
+        raise UserError(f"{g.path}: {arch}.block_count = {n_layer} is not a layer count (0..{MAX_LAYERS}); "
+                        "regenerate the file or check the download")
     n_embd = int(g.get("embedding_length", 0))
     tokens = g.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens) if isinstance(tokens, list) else int(g.get("vocab_size", 0))

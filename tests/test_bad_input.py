@@ -9,7 +9,7 @@ import pytest
 
 from fuzz.bundle import load_case
 from synth.errors import UserError
-from synth.gguf_io import GGUFFile
+from synth.inspect import inspect_file
 from synth.make import resolve, write_fixture
 from synth.manifest import load_manifest
 from synth.spec import Knobs
@@ -36,6 +36,12 @@ def _same_key(data: bytes) -> bytes:
     return data.replace(struct.pack("<Q", len(a)) + a, struct.pack("<Q", len(b)) + b, 1)
 
 
+def _block_count(data: bytes, n: int) -> bytes:
+    key = b"llama.block_count"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4  # past the key and its u32 type
+    return data[:at] + struct.pack("<I", n) + data[at + 4:]
+
+
 def patched(data: bytes, name: str, *, n_dims=None, ne1=None, qtype=None) -> bytes:
     b = bytearray(data)
     at = tensor_info(data, name)
@@ -55,12 +61,13 @@ def patched(data: bytes, name: str, *, n_dims=None, ne1=None, qtype=None) -> byt
     (lambda d: patched(d, "token_embd.weight", ne1=1 << 62), "past the end"),  # would wrap an int64 product
     (lambda d: d.replace(b"blk.1.attn_norm.weight", b"blk.0.attn_norm.weight", 1), "duplicate tensor name"),
     (lambda d: _same_key(d), "duplicate key"),
+    (lambda d: _block_count(d, 131072), "not a layer count"),  # atheris: 131072 layers of nothing, slowly
 ])
 def test_a_corrupt_gguf_is_refused_in_one_line(gguf, tmp_path, how, words):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(how(gguf))
     with pytest.raises(UserError, match=words):
-        GGUFFile(bad)
+        inspect_file(str(bad))  # reads it (GGUFFile), then what it says
     for argv in (["inspect", str(bad)], ["slice", str(bad), "--layers", "0:1", "-o", str(tmp_path / "s.gguf")]):
         r = run_cli("synth", *argv)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
