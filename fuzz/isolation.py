@@ -8,7 +8,9 @@ tolerance far above that noise (at most 6e-3 over all 70 families' fixtures on t
 what a leak or a different attention choice does (1.3–7 in the cases found). A context that cannot be created or run for
 N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not), and,
 with a unified cache, given a cause: the sequence runs alone once more but in the cells batching gave it, which
-tells "its neighbours change it" (batch) from "where it sits in the cache changes it" (cell position).
+tells "where it sits in the cache changes it" (cell position) from "the batch changes it"; the batch runs once more
+with other neighbours (other tokens, same lengths), which tells "its shape changes the numerics" (batch shape: the
+same bits again) from "its neighbours' data reaches it" (batch: a leak).
 """
 
 from __future__ import annotations
@@ -112,10 +114,15 @@ class Isolation:
         res = r.data["results"]
         return [int(x["argmax"][-1]) for x in res], [x["logits"][-1] for x in res]
 
-    def _together(self, t: Target, alone) -> list[list[np.ndarray]] | str:
-        """Every sequence in the same batches, fed the tokens it chose alone; per sequence, logits per step."""
+    def _together(self, t: Target, alone, keep: int | None = None) -> list[list[np.ndarray]] | str:
+        """Every sequence in the same batches, fed the tokens it chose alone; per sequence, logits per step.
+        keep: only that sequence keeps its tokens; the others get other tokens of the same lengths (the same
+        batches, other neighbours)."""
         toks, seqs, pos, out = [], [], [], []
+        n_vocab = self.info.n_vocab
         for i, p in enumerate(self.prompts):
+            if keep is not None and i != keep:
+                p = prompt_tokens(self.cfg.seed + 1000 + i, len(p), n_vocab)
             toks += p
             seqs += [i] * len(p)
             pos += list(range(len(p)))
@@ -123,7 +130,8 @@ class Isolation:
         steps = [{"tokens": toks, "seq": seqs, "pos": pos, "logits": [j in out for j in range(len(toks))]}]
         n = len(self.prompts)
         for k in range(self.cfg.tokens):
-            steps.append({"tokens": [alone[i][0][k] for i in range(n)], "seq": list(range(n)),
+            steps.append({"tokens": [alone[i][0][k] if keep is None or i == keep else (alone[i][0][k] + 1) % n_vocab
+                                     for i in range(n)], "seq": list(range(n)),
                           "pos": [len(self.prompts[i]) + k for i in range(n)], "logits": "all"})
         r = t.script(steps, reset=True)
         if not r.ok:
@@ -189,8 +197,16 @@ class Isolation:
             flip = self._first_flip(t, i, step, alone, steps[:mine[step] + 1])
             return out | ({"flip": flip} if flip else {})
         if vs_alone <= tol < vs_batched:
+            # which part of the batch: its shape (the kernels' path) or its other sequences' data (a leak)?
+            other = self._together(t, alone, keep=i)
+            if not isinstance(other, str) and all(np.array_equal(a, b) for a, b in zip(other[i], together[i],
+                                                                                        strict=True)):
+                return out | {"kind": "batch shape", "detail": "in the same cells but alone in its batches it "
+                              "gives its solo logits, and batched with other neighbours (other tokens, same "
+                              "lengths) it gives the same bits as before: the batch's shape changes its numerics "
+                              "(kernel paths), its neighbours' data does not reach it"}
             return out | {"kind": "batch", "detail": "in the same cells but alone in its batches it gives its solo "
-                          "logits: the other sequences in its batch change it"}
+                          "logits, and other neighbours change it again: the other sequences' data reaches it"}
         return out | {"kind": "unclear", "detail": "neither the cells nor the batch alone explain it"}
 
     def _first_flip(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]]) -> dict[str, Any] | None:

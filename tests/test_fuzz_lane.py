@@ -74,12 +74,13 @@ def check(spec: ModelSpec, tmp: Path) -> None:
     assert not bad, (spec.to_json(), bad)
     assert rep.control.get("status") in ("pass", "unsupported"), (spec.to_json(), rep.control)
     iso = Isolation(path, IsolationConfig(tokens=3)).run()
-    # Random specs are sharper than the manifest's fixtures: where a sequence sits in the cache changes the
-    # summation order, and a near-tie discrete choice downstream (MoE routing, q8_1 activation rounding, top-k)
-    # can turn that into more than the tolerance — placement, not a leak: the cause says which. A leak (cause
-    # "batch") always fails; an upstream finding of this kind excuses the same status otherwise.
+    # Random specs are sharper than the manifest's fixtures: where a sequence sits in the cache (summation order)
+    # and the batch's shape (kernel paths) move low bits, and a near-tie discrete choice downstream (MoE routing,
+    # bf16/q8_1 activation rounding, top-k) can turn that into more than the tolerance — numerics, not a leak: the
+    # cause says which. A leak (cause "batch": the neighbours' data reaches it) always fails; an upstream finding
+    # of this kind excuses the same status otherwise.
     new = [f for f in iso["findings"] if f.get("cause", {}).get("kind") == "batch"
-           or (f.get("cause", {}).get("kind") != "cell position"
+           or (f.get("cause", {}).get("kind") not in ("cell position", "batch shape")
                and (kind_of(path), f["status"], f["kv_unified"]) not in KNOWN_UPSTREAM)]
     if new:
         f = new[0]
