@@ -305,8 +305,10 @@ def inputs_cmd(
     rc, crashes, log = inputs.fuzz_inputs(kind, runs=runs, seed=seed, out=out, seconds=seconds)
     done = next((ln for ln in reversed(log.splitlines()) if ln.startswith("Done ")), "")
     if crashes:
-        exc = next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
-                    and ("Error" in ln or "Exception" in ln)), "an exception")
+        what = {"oom": "ran out of memory", "timeout": "took too long", "leak": "leaked memory"}.get(
+            crashes[0].name.split("-")[0])
+        exc = what or next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
+                            and ("Error" in ln or "Exception" in ln)), "an exception")
         print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.inputs {kind} {crashes[0]})")
         return 1
     if rc != 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -135,7 +136,9 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
     """Run atheris over the kind's seed corpus in a child process, for `runs` inputs or `seconds` (whichever ends
     first): (exit code, crash inputs saved, its output)."""
     resolve_check(kind)
+    out = out.resolve()  # the child runs in the checkout
     out.mkdir(parents=True, exist_ok=True)
+    before = set(_findings(out))
     with tempfile.TemporaryDirectory(prefix="fuzz-inputs-") as d:
         work, corpus = Path(d), Path(d) / "corpus"
         seed_corpus(kind, corpus, work)
@@ -144,19 +147,17 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
         if seconds:
             cmd.insert(-1, f"-max_total_time={seconds}")
         p = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=max(timeout, 2 * (seconds or 0)),
-                           env={**_env(), "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
-    crashes = sorted(out.glob("crash-*"))
-    return p.returncode, crashes, p.stdout + p.stderr
+                           env={**os.environ, "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
+    return p.returncode, [f for f in _findings(out) if f not in before], p.stdout + p.stderr
 
 
-def _env() -> dict[str, str]:
-    import os
-    return {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+def _findings(out: Path) -> list[Path]:
+    """Inputs libFuzzer saved: one that raised (crash-), ran out of memory (oom-), time (timeout-) or leaked."""
+    return sorted(f for pat in ("crash-*", "oom-*", "timeout-*", "leak-*") for f in out.glob(pat))
 
 
 def main(argv: list[str]) -> None:
     """The atheris entry: argv[1] is the kind, the rest goes to libFuzzer."""
-    import os
     import warnings
 
     import atheris
