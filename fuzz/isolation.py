@@ -6,8 +6,8 @@ Every sequence's logits must stay within `tol` of its solo run at every step. Ba
 (upstream does not promise bit-exactness across batch shapes: the determinism lane's policy), so the bound is a
 tolerance far above that noise (at most 6e-3 over all 70 families' fixtures on the pinned llama.cpp) and far below
 what a leak or a different attention choice does (1.3–7 in the cases found). A context that cannot be created or run for
-N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not), and,
-with a unified cache, given a cause: the sequence runs alone once more but in the cells batching gave it, which
+N sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not), and
+given a cause: with a unified cache the sequence runs alone once more but in the cells batching gave it, which
 tells "where it sits in the cache changes it" (cell position) from "the batch changes it"; the batch runs once more
 with other neighbours (other tokens, same lengths), which tells "its shape changes the numerics" (batch shape: the
 same bits again) from "its neighbours' data reaches it" (batch: a leak).
@@ -77,8 +77,8 @@ class Isolation:
                     for r in bad:
                         twin = next(a for a in again if a["seq"] == r["seq"])
                         f = {**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]}
-                        if kvu and not isinstance(together, str):
-                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together)
+                        if not isinstance(together, str):
+                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together, kvu)
                         findings.append(f)
         return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
                 "llama_cpp_commit": self.commit,
@@ -173,41 +173,48 @@ class Isolation:
             filled(post_k)
         return steps, mine
 
-    def _cause(self, t: Target, i: int, step: int, alone, together) -> dict[str, Any]:
-        """Tell "depends on its neighbours" from "depends on where it sits": sequence i alone in every batch
-        again, but in the cells it has when batched. Equal to the batched logits: the cell position decides (and
-        a MoE routing choice that differs from the solo run is named); equal to the solo run: the batch."""
-        steps, mine = self._placed_steps(i, alone)
-        r = t.script(steps, reset=True)
-        if not r.ok:
-            return {"kind": "unknown", "detail": f"the placed run failed: {r.failure.message}"}
-        placed = [r.data["results"][j]["logits"][-1] for j in mine]
-
-        def dist(other) -> float:
-            return max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(placed, other, strict=True))
-
-        vs_batched, vs_alone = dist(together[i]), dist(alone[i][1])
+    def _cause(self, t: Target, i: int, step: int, alone, together, unified: bool) -> dict[str, Any]:
+        """Tell "depends on where it sits" from "depends on its batch" (a unified cache: sequence i alone in every
+        batch again, but in the cells it has when batched — equal to the batched logits, the cell position decides,
+        and a MoE routing choice that differs from the solo run is named); then, for the batch, its shape from its
+        neighbours' data (the batch again with other tokens for the others: the same bits, the shape)."""
+        out: dict[str, Any] = {}
         tol = self.cfg.tol
-        pre = self._cells(i)[0][0]
-        out = {"placed_vs_batched": vs_batched, "placed_vs_alone": vs_alone, "cells_before": pre}
-        if vs_batched <= tol < vs_alone:
-            out |= {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when batched, "
-                    f"it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence sits in the cache "
-                    "changes its result, not what it shares a batch with"}
-            flip = self._first_flip(t, i, step, alone, steps[:mine[step] + 1])
-            return out | ({"flip": flip} if flip else {})
-        if vs_alone <= tol < vs_batched:
-            # which part of the batch: its shape (the kernels' path) or its other sequences' data (a leak)?
-            other = self._together(t, alone, keep=i)
-            if not isinstance(other, str) and all(np.array_equal(a, b) for a, b in zip(other[i], together[i],
-                                                                                        strict=True)):
-                return out | {"kind": "batch shape", "detail": "in the same cells but alone in its batches it "
-                              "gives its solo logits, and batched with other neighbours (other tokens, same "
-                              "lengths) it gives the same bits as before: the batch's shape changes its numerics "
-                              "(kernel paths), its neighbours' data does not reach it"}
-            return out | {"kind": "batch", "detail": "in the same cells but alone in its batches it gives its solo "
-                          "logits, and other neighbours change it again: the other sequences' data reaches it"}
-        return out | {"kind": "unclear", "detail": "neither the cells nor the batch alone explain it"}
+        if unified:
+            steps, mine = self._placed_steps(i, alone)
+            r = t.script(steps, reset=True)
+            if not r.ok:
+                return {"kind": "unknown", "detail": f"the placed run failed: {r.failure.message}"}
+            placed = [r.data["results"][j]["logits"][-1] for j in mine]
+
+            def dist(other) -> float:
+                return max(float(np.max(np.abs(a.astype(np.float64) - b)))
+                           for a, b in zip(placed, other, strict=True))
+
+            vs_batched, vs_alone = dist(together[i]), dist(alone[i][1])
+            pre = self._cells(i)[0][0]
+            out = {"placed_vs_batched": vs_batched, "placed_vs_alone": vs_alone, "cells_before": pre}
+            if vs_batched <= tol < vs_alone:
+                out |= {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when "
+                        f"batched, it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence sits "
+                        "in the cache changes its result, not what it shares a batch with"}
+                flip = self._first_flip(t, i, step, alone, steps[:mine[step] + 1])
+                return out | ({"flip": flip} if flip else {})
+            if not vs_alone <= tol < vs_batched:
+                return out | {"kind": "unclear", "detail": "neither the cells nor the batch alone explain it"}
+            where = "in the same cells but alone in its batches it gives its solo logits, and "
+        else:
+            where = "each sequence has its own cache stream (its cells start at 0, as alone), and "
+        # which part of the batch: its shape (the kernels' path) or its other sequences' data (a leak)?
+        other = self._together(t, alone, keep=i)
+        if isinstance(other, str):
+            return out | {"kind": "unclear", "detail": f"the run with other neighbours failed: {other}"}
+        if all(np.array_equal(a, b) for a, b in zip(other[i], together[i], strict=True)):
+            return out | {"kind": "batch shape", "detail": where + "batched with other neighbours (other tokens, "
+                          "same lengths) it gets the same bits as before: the batch's shape changes its numerics "
+                          "(kernel paths), its neighbours' data does not reach it"}
+        return out | {"kind": "batch", "detail": where + "other neighbours change it again: the other sequences' "
+                      "data reaches it"}
 
     def _first_flip(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Solo at cells 0.. and placed, traced node by node at `step`: the first MoE routing choice (llama.cpp's
