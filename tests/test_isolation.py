@@ -64,6 +64,10 @@ def test_batch_shape_numerics_are_told_from_a_leak(fixtures):
     rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(True,))).run()
     (f,) = rep["findings"]
     assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and f["cause"]["placed_vs_alone"] == 0.0
+    # the same with per-sequence caches (laguna, q5_1, MoE: found by the fuzz lane too)
+    path = fixtures("laguna", layers=8, kv_heads=(1, 4, 1, 1, 4, 2, 2, 1), dtype="q5_1", seed=6136)
+    (f,) = Isolation(path, IsolationConfig(tokens=3, kv_unified=(False,))).run()["findings"]
+    assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and "own cache stream" in f["cause"]["detail"]
 
 
 @pytest.mark.parametrize("family", ["deepseek32", "glm-dsa"])
