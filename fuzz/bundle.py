@@ -22,6 +22,7 @@ from typing import Any
 from fuzz.configs import config_from
 from fuzz.handoff import Handoff, HandoffConfig
 from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.parity import describe_node
 from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig
 from synth.errors import UserError, read_text
@@ -234,15 +235,11 @@ def localized(oracle: str, report: dict[str, Any]) -> str | None:
         cause = next((f.get("cause") for f in report.get("findings", ()) if f.get("cause")), None)
         return f"Cause: {cause['kind']}: {cause['detail']}." if cause else None
     r = next((r for r in report.get("results", ()) if r.get("status") == "diverged"), None)
-    node = (r or {}).get("node") or {}
-    if not node.get("name"):
-        return f"Layer {r['layer']} (source index) is the first whose output differs." \
-            if r and isinstance(r.get("layer"), int) else None
-    srcs = f"({', '.join(node['srcs'])})" if node.get("srcs") else ""
-    layer = f"layer {r['layer']} (source index), " if isinstance(r.get("layer"), int) else ""
-    return (f"{layer}first graph node whose bits differ: `{node.get('node') or node['name']}` = "
-            f"{node.get('ggml_op')}{srcs}, {node['kind']}" + (f", max |Δ| {node['max_abs']:.3g}"
-                                                             if "max_abs" in node else "") + ".")
+    layer = f"layer {r['layer']} (source index)" if r and isinstance(r.get("layer"), int) else ""
+    node = describe_node((r or {}).get("node"))
+    if node is None:
+        return f"{layer[0].upper()}{layer[1:]} is the first whose output differs." if layer else None
+    return (f"{layer}, " if layer else "") + f"first graph node whose bits differ: {node}."
 
 
 def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path | None:

@@ -22,6 +22,7 @@ import typer
 from fuzz.determinism import Determinism, DeterminismConfig
 from fuzz.handoff import Handoff, HandoffConfig
 from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.parity import describe_node
 from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
 from fuzz.sweep import Sweep, SweepConfig, SweepReport
 from synth.cliutil import new_app, run
@@ -113,7 +114,7 @@ def sweep_verdict(rep: SweepReport) -> tuple[str, str]:
     detail = f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v) + \
         f"; control {rep.control.get('status')}" + (f"; unsupported: {reasons[0]}" if reasons else "") + \
         (f"; first: cuts {first.cuts} {first.status} at layer {first.layer} ({first.reason or first.where})"
-         if first else "")
+         + (f", first node {describe_node(first.node)}" if describe_node(first.node) else "") if first else "")
     return status, detail
 
 
@@ -183,6 +184,8 @@ def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
     detail = f"{len(rep['results'])} cut sets ({cuts}): " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
     if bad:
         detail += f"; first: cuts {bad[0]['cuts']}: {bad[0].get('reason')}"
+        if describe_node(bad[0].get("node")):
+            detail += f"; first node {describe_node(bad[0]['node'])}"
     elif status == "unsupported":
         detail += f"; {rep['results'][0].get('reason')}"
     return LaneResult(row.key, "handoff", status, detail, {"summary": s})

@@ -30,6 +30,7 @@ from fuzz.configs import check_config
 from fuzz.parity import (
     Trace,
     compare,
+    describe_node,
     first_differing_graph_node,
     max_abs,
     pos_per_token,
@@ -300,9 +301,8 @@ def format_determinism(rep: dict[str, Any]) -> str:
     for f in rep["findings"]:
         lines.append(f"FINDING [{f['class']}] {f['message']}")
         node = f.get("node") or {}
-        if node.get("name"):
-            lines.append(f"  first differing graph node at step {node['step']}: {node['name']} = {node['ggml_op']}"
-                         f"({', '.join(node['srcs'])}) {node['ne']}")
+        if describe_node(node):
+            lines.append(f"  first differing graph node at step {node['step']}: {describe_node(node)}")
         elif node:
             lines.append(f"  {node['kind']}: {node['detail']}")
     lines.append(f"{len(rep['findings'])} findings; wall {rep['timing']['wall_s']:.2f}s")

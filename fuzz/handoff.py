@@ -25,6 +25,7 @@ from fuzz.configs import check_config
 from fuzz.parity import (
     Trace,
     compare,
+    describe_node,
     first_differing_graph_node,
     pos_per_token,
     run_chain,
@@ -369,10 +370,8 @@ def format_handoff(rep: dict[str, Any]) -> str:
         lines.append(f"{','.join(map(str, r['cuts'])):<10} {r['status']:<11} {r.get('offsets', 0):>7}  {by}")
         if r.get("reason"):
             lines.append(f"{'':<10} {r['reason']}" + (f" (reproduced={r['reproduced']})" if "reproduced" in r else ""))
-        node = r.get("node") or {}
-        if node.get("name"):
-            lines.append(f"{'':<10} first differing graph node of that stage: {node['name']} = {node['ggml_op']}"
-                         f"({', '.join(node['srcs'])}) {node['ne']}")
+        if describe_node(r.get("node")):
+            lines.append(f"{'':<10} first differing graph node of that stage: {describe_node(r['node'])}")
     s = rep["summary"]
     lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
                  + f"; wall {rep['timing']['wall_s']:.2f}s")

@@ -194,6 +194,16 @@ def tokens_equal(ref: Trace, chain: list[Trace]) -> bool:
 
 # ---- inside a layer: which graph node first differs ----------------------------------------------------------
 
+def describe_node(node: dict[str, Any] | None) -> str | None:
+    """One line for a localized node ("`kq_soft_max-2` = SOFT_MAX(kq-2, ...) [256, 3, 4, 1], values"), or None
+    when there is no node (not localized, or every node agreed)."""
+    if not node or not node.get("name"):
+        return None
+    srcs = f"({', '.join(node['srcs'])})" if node.get("srcs") else ""
+    return (f"`{node.get('node') or node['name']}` = {node.get('ggml_op')}{srcs} {node.get('ne', '')}, {node['kind']}"
+            + (f", max |Δ| {node['max_abs']:.3g}" if "max_abs" in node else ""))
+
+
 _NODE = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<tail>(?: \(.*\))*)$")
 
 

@@ -28,6 +28,7 @@ from fuzz.parity import (
     RunFailure,
     Trace,
     compare,
+    describe_node,
     first_differing_node,
     first_row_diff,
     localize,
@@ -591,8 +592,8 @@ def format_report(rep: SweepReport) -> str:
         note = r.reason or (f"pad {r.pads}" if r.pads else "")
         if r.status == "diverged":
             note = f"{r.where} differs; reproduced={r.reproduced}" + (f"; {r.reason}" if r.reason else "")
-            if r.node and r.node.get("name"):
-                note += f"; first node {r.node['name']} ({r.node['ggml_op']}: {r.node['kind']})"
+            if describe_node(r.node):
+                note += f"; first node {describe_node(r.node)}"
         lines.append(f"{','.join(map(str, r.cuts)):<12} {r.status:<11} {r.phase or '':<9} "
                      f"{'' if r.position is None else r.position:>4} {'' if r.stage is None else r.stage:>5} "
                      f"{'' if r.layer is None else r.layer:>6} {r.max_abs_dlogit:>9.2e}  {note}")

@@ -84,7 +84,7 @@ def test_a_wrong_layer_kind_is_localized_to_the_first_differing_graph_node(fixtu
         assert r.reproduced and r.layer == 3
         assert r.node["name"] == "Qcur" and r.node["ggml_op"] == "ROPE" and r.node["kind"] == "extra", r.node
         assert r.node["stage_layer"] == 3 - cut and r.node["same_before"] > 0
-    assert "first node Qcur (ROPE: extra)" in format_report(rep)
+    assert "first node `Qcur-0` = ROPE(Qcur-0, inp_pos)" in format_report(rep)  # the cut at 3: stage layer 0
 
 
 def test_the_first_differing_node_pairs_nodes_by_name_and_occurrence():
