@@ -212,9 +212,9 @@ class Handoff:
                     res.stage, res.where, res.position = div.stage, div.where, div.position
                     res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
                                  f"uninterrupted run at position {div.position}"
-                    if res.reproduced and mode == "full":
-                        res.node = self._localize_node(stages[div.stage], div.stage, cuts, steps, k, k + div.step,
-                                                       tokens, base, dst[div.stage])
+                    if res.reproduced:
+                        res.node = self._localize_node(mode, stages[div.stage], div.stage, cuts, steps, k,
+                                                       k + div.step, t, tokens, base, dst[div.stage])
                     return res
                 if mode == "full":
                     bad = self._check_bytes(res, blobs, empties, t, kv_first)
@@ -263,12 +263,13 @@ class Handoff:
         self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
         return chain, blobs
 
-    def _localize_node(self, stage, s: int, cuts: list[int], steps: list[Step], k: int, at: int,
-                       tokens: list[list[int]], base: Trace, t: Target) -> dict[str, Any]:
+    def _localize_node(self, mode: str, stage, s: int, cuts: list[int], steps: list[Step], k: int, at: int,
+                       offset: int, tokens: list[list[int]], base: Trace, t: Target) -> dict[str, Any]:
         """Stage s alone, fed the uninterrupted run's inputs, once straight through and once handed off at step k
-        (state exported from seq 0, imported into a fresh context as seq 1), every graph node traced at step `at`:
-        the same graph both times, so the first node whose bits differ is where the imported state goes wrong
-        (e.g. the cache view it is read through)."""
+        — full: state exported from seq 0, imported into a fresh context as seq 1; partial: run on past the
+        offset, rolled back to it (partial state restored, later cells removed), run again — every graph node
+        traced at step `at`: the same graph both times, so the first node whose bits differ is where the restored
+        state goes wrong (e.g. the cache view it is read through)."""
         path, st = stage
         loaded = {"path": str(path), **self.params, "trace": True}
 
@@ -287,13 +288,18 @@ class Handoff:
         if len(straight) < 2 or not straight[-1].ok:
             return {"kind": "untraced", "detail": "the straight run failed"}
         r = t.pipeline([("load", loaded), script_request(reqs(0, k, 0, trace=False), reset=True)])
-        blob = t.state_get(0) if len(r) == 2 and r[-1].ok else None
+        blob = t.state_get(0, partial=mode == "partial") if len(r) == 2 and r[-1].ok else None
         if blob is None or not blob.ok:
             return {"kind": "untraced", "detail": "the export failed"}
-        handed = t.pipeline([("load", loaded),
-                             ("state_set", {"seq": 1, "data": base64.b64encode(blob.data["blob"]).decode()}),
-                             script_request(reqs(k, at + 1, 1))])
-        if len(handed) < 3 or not handed[-1].ok:
+        data = base64.b64encode(blob.data["blob"]).decode()
+        if mode == "full":
+            calls = [("load", loaded), ("state_set", {"seq": 1, "data": data}), script_request(reqs(k, at + 1, 1))]
+        else:
+            calls = [script_request(reqs(k, len(steps), 0, trace=False)),
+                     ("state_set", {"seq": 0, "data": data, "partial": True}),
+                     ("seq_rm", {"seq": 0, "p0": offset, "p1": -1}), script_request(reqs(k, at + 1, 0))]
+        handed = t.pipeline(calls)
+        if len(handed) < len(calls) or not handed[-1].ok:
             return {"kind": "untraced", "detail": "the handed-off run failed"}
         a, b = straight[-1].data["results"][-1].get("nodes"), handed[-1].data["results"][-1].get("nodes")
         if not a or not b:

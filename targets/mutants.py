@@ -16,6 +16,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          several sequences the first one's cells are attached to the others too
                          (llama_memory_seq_cp), so they attend to a stranger's keys from then on — the isolation
                          oracle's bug class (a record left attached to another sequence).
+  rollback-zeroed        A rollback that restores the positions but not the values: a partial (recurrent) state
+                         imports with its data zeroed, so a stage rolled back to an offset goes on from an empty
+                         recurrent state — silently wrong (a KvRecurrent restore whose payload never lands).
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -180,6 +183,21 @@ class BatchedRowsSwapped(LlamaWorker):
         return super().op_decode(req)
 
 
+class RollbackZeroed(LlamaWorker):
+    def op_load(self, req: dict) -> dict:
+        info = super().op_load(req)
+        from synth.inspect import inspect_file
+
+        self.n_recurrent = sum(x.kind in ("recurrent", "both") for x in inspect_file(req["path"]).layers)
+        return info
+
+    def op_state_set(self, req: dict) -> dict:
+        if req.get("partial") and self.n_recurrent:
+            data = zero_recurrent_data(base64.b64decode(req.get("data", "")), self.n_recurrent)
+            req = {**req, "data": base64.b64encode(data).decode()}
+        return super().op_state_set(req)
+
+
 class SeqLeak(LlamaWorker):
     def op_load(self, req: dict) -> dict:
         self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
@@ -217,7 +235,8 @@ class ServerDuplicateLeak(ServerWorker):
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
                            "batched-rows-swapped": BatchedRowsSwapped,
-                           "perturb-2-threads": Perturb2Threads, "seq-leak": SeqLeak,
+                           "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
+                           "seq-leak": SeqLeak,
                            "server-dup-leak": ServerDuplicateLeak}
 
 

@@ -85,6 +85,18 @@ def test_dsa_exports_carry_the_indexer_rows_and_b4_is_caught(fixtures, family):
         assert node["name"].startswith("cache_k_l") and node["ne"][0] == 64 and "attn_inp_k_idxs" in node["srcs"]
 
 
+@pytest.mark.parametrize("family,knobs", [("jamba", {"layers": 8, "period": 4}), ("mamba2", {"layers": 4})])
+def test_a_rollback_that_zeroes_recurrent_state_is_caught_and_traced(fixtures, family, knobs):
+    """The rollback-zeroed mutant restores positions but not values on a partial import: the partial mode catches
+    it at every cut, and node by node the first difference is the recurrent state cache it reads."""
+    rep = handoff(fixtures(family, **knobs), cuts="all" if family == "mamba2" else "period",
+                  target="mutant:rollback-zeroed", modes=("partial",))
+    assert rep["results"] and all(r["status"] == "diverged" and r["mode"] == "partial" and r["reproduced"]
+                                  for r in rep["results"]), rep["results"]
+    for r in rep["results"]:
+        assert r["node"]["kind"] == "values" and r["node"]["name"].startswith("cache_r_l"), r["node"]
+
+
 def test_split_schedule_splits_chunks_at_the_offset():
     steps, k = split_schedule(list(range(10)), 7, 5, 2)
     assert [s.pos for s in steps[:k]] == [[0, 1, 2, 3, 4], [5, 6]]
