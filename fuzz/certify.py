@@ -155,11 +155,12 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
                       f"reproduced={f['reproduced']}", {"findings": rep["findings"]})
 
 
-def lane_prefix_cache(row: Row, path: Path) -> LaneResult:
+def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", "skipped",
                           "no llama-server binary: run scripts/build_llama_server.sh (make server)")
-    rep = PrefixCache(path, PrefixCacheConfig(rounds=3, n_predict=6)).run()
+    server = target_spec if target_spec.startswith("mutant:server-") else "llama-server"
+    rep = PrefixCache(path, PrefixCacheConfig(rounds=3, n_predict=6, target=server)).run()
     reused = sum(c for r in rep["rounds"] for c in r["cache_n"])
     if not rep["findings"]:
         return LaneResult(row.key, "prefix-cache", "pass", f"llama-server, {len(rep['rounds'])} rounds of concurrent "
@@ -233,7 +234,7 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list
             elif lane == "isolation":
                 out.append(lane_isolation(row, path, target_spec))
             elif lane == "prefix-cache":
-                out.append(lane_prefix_cache(row, path))
+                out.append(lane_prefix_cache(row, path, target_spec))
             elif lane == "handoff":
                 out.append(lane_handoff(row, path, target_spec))
             elif lane == "determinism":
@@ -289,6 +290,44 @@ def run_cmd(
     if report:
         report.write_text(json.dumps([r.__dict__ for r in results], indent=2))
     return 1 if counts["fail"] else 0
+
+
+# mutant → the manifest row and lane that must catch it (every mutant has one: tests/test_manifest.py)
+CATCHERS: dict[str, tuple[str, str]] = {
+    "b1-first-layer-probe": ("jamba", "handoff"),
+    "b4-kidx-not-exported": ("deepseek3", "handoff"),
+    "batched-rows-swapped": ("qwen3next", "parity"),
+    "perturb-2-threads": ("llama", "determinism"),
+    "rollback-zeroed": ("jamba", "handoff"),
+    "seq-leak": ("llama", "isolation"),
+    "server-dup-leak": ("llama", "prefix-cache"),
+}
+
+
+@app.command()
+def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+            only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None) -> int:
+    """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
+    exit 1 if any escapes."""
+    from targets.mutants import MUTANTS
+
+    m = load_manifest(manifest)
+    names = [n for n in MUTANTS if not only or n in only]
+    unknown = sorted(set(only or ()) - set(MUTANTS))
+    if unknown:
+        raise UserError(f"--mutant {unknown[0]!r}: mutants are {', '.join(MUTANTS)}")
+    escaped = 0
+    with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
+        for name in names:
+            row_key, lane = CATCHERS[name]
+            row = m.row(row_key)
+            (res,) = run_row(row, [lane], f"mutant:{name}", Path(d))
+            caught = res.status == "fail"
+            escaped += not caught
+            print(f"{name:<22} {row_key + '/' + lane:<24} {'caught' if caught else 'ESCAPED (' + res.status + ')'}"
+                  f"  {res.detail}", flush=True)
+    print(f"{len(names)} mutants: {len(names) - escaped} caught, {escaped} escaped")
+    return 1 if escaped else 0
 
 
 @app.command()

@@ -144,3 +144,26 @@ def test_every_rows_fixture_loads_and_decodes(llama, tmp_path, row):
     import numpy as np
 
     assert np.isfinite(out.data["logits"]).all() and len(set(out.data["tokens"])) >= 2
+
+
+def test_every_mutant_has_a_catching_lane_in_the_manifest():
+    from fuzz.certify import CATCHERS
+    from targets.mutants import MUTANTS
+
+    assert set(CATCHERS) == set(MUTANTS)
+    m = load_manifest(ROOT / "family_tiers.toml")
+    for row, lane in CATCHERS.values():
+        assert lane in m.row(row).lanes, (row, lane)
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_battery_catches_every_mutant():
+    """`family-certify mutants`: each re-created bug class makes its row's lane fail (the real llama.cpp passes
+    the same lanes: `family-certify run`)."""
+    r = run_cli("family-certify", "mutants")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(" caught ") == len(r.stdout.strip().splitlines()) - 1, r.stdout
+    assert "0 escaped" in r.stdout
+    bad = run_cli("family-certify", "mutants", "--mutant", "nope")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
