@@ -9,7 +9,8 @@ class UserError(Exception):
 def read_text(path, what: str, fix: str) -> str:
     """A text file's contents, or a UserError naming it as `what` with `fix` (not UTF-8, unreadable)."""
     try:
-        return open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: {what} is not UTF-8 text (byte {e.start}); {fix}") from None
     except OSError as e:
