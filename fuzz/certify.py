@@ -145,12 +145,16 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
 def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
     rep = Isolation(path, IsolationConfig(target=target_spec)).run()
     if not rep["findings"]:
-        worst = max((r["max_abs_dlogit"] for r in rep["results"]), default=0.0)
+        worst = max((r["max_abs_dlogit"] for r in rep["results"] if r["status"] == "pass"), default=0.0)
+        numerics = f"; {len(rep['numerics'])} moved by numerics, not leaks ({rep['numerics'][0]['cause']['kind']})" \
+            if rep["numerics"] else ""
         return LaneResult(row.key, "isolation", "pass", f"{rep['config']['n_seq']} sequences per batch, KV unified and "
-                          f"per sequence: max |Δlogit| vs alone {worst:.1e} (tolerance {rep['config']['tol']:g})")
+                          f"per sequence: max |Δlogit| vs alone {worst:.1e} (tolerance {rep['config']['tol']:g})"
+                          f"{numerics}")
     f = rep["findings"][0]
     what = f["reason"] if f["seq"] is None else (f"sequence {f['seq']} changes when batched (kv_unified="
-                                                 f"{f['kv_unified']}, max |Δlogit| {f['max_abs_dlogit']:.3g})")
+                                                 f"{f['kv_unified']}, max |Δlogit| {f['max_abs_dlogit']:.3g})"
+                                                 + (f", cause: {f['cause']['kind']}" if f.get("cause") else ""))
     return LaneResult(row.key, "isolation", "fail", f"{len(rep['findings'])} findings; first: {what}; "
                       f"reproduced={f['reproduced']}", {"findings": rep["findings"]})
 
