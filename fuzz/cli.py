@@ -117,6 +117,12 @@ def report_bundles(paths: list[Path]) -> None:
         print(f"bundle: {p}  (replay: fuzz replay {p})")
 
 
+def bundle_first(case: bd.Case, out: Path, rep: dict) -> None:
+    """Bundle the report's first finding (an oracle whose findings are not per cut set) and say where it went."""
+    made = bd.bundle_one(case, out, rep["llama_cpp_commit"])
+    report_bundles([made] if made else [])
+
+
 @app.command("replay")
 def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="a directory written by fuzz sweep/handoff/isolation --bundle")],
@@ -244,8 +250,7 @@ def isolation_cmd(
         config = {"n_seq": n_seq, "prompt_len": prompt_len, "tokens": tokens, "tol": tol, "seed": seed,
                   "kv_unified": [f["kv_unified"]]}
         out = bundle / f"{path.stem}-isolation-{'unified' if f['kv_unified'] else 'per-seq'}-kv"
-        made = bd.bundle_one(bd.Case("isolation", path, [], config, target), out, rep["llama_cpp_commit"])
-        report_bundles([made] if made else [])
+        bundle_first(bd.Case("isolation", path, [], config, target), out, rep)
     return 1 if rep["findings"] else 0
 
 
@@ -278,8 +283,7 @@ def prefix_cache_cmd(
     if bundle and rep["findings"]:
         config = {"slots": slots, "rounds": rounds, "n_predict": tokens, "n_ctx": n_ctx, "seed": seed}
         out = bundle / f"{path.stem}-prefix-cache-{rep['findings'][0]['kind']}"
-        made = bd.bundle_one(bd.Case("prefix-cache", path, [], config, target), out, rep["llama_cpp_commit"])
-        report_bundles([made] if made else [])
+        bundle_first(bd.Case("prefix-cache", path, [], config, target), out, rep)
     return 1 if rep["findings"] else 0
 
 

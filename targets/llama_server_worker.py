@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, RequestError, main_with
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, PINNED_LLAMA_CPP_PYTHON, RequestError, main_with
+from targets.native import cache_dir
 
-PINNED_LLAMA_CPP_PYTHON = "0.3.36"  # scripts/build_llama_server.sh builds its vendored llama.cpp
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
 
 
@@ -34,8 +34,7 @@ def server_binary() -> Path | None:
     env = os.environ.get("FAMILY_CERTIFY_LLAMA_SERVER")
     if env:
         return Path(env) if Path(env).is_file() else None
-    cache = Path(os.environ.get("FAMILY_CERTIFY_CACHE") or Path.home() / ".cache" / "family-certify")
-    path = cache / f"llama-server-{PINNED_LLAMA_CPP_PYTHON}" / "bin" / "llama-server"
+    path = cache_dir() / f"llama-server-{PINNED_LLAMA_CPP_PYTHON}" / "bin" / "llama-server"  # (build_llama_server.sh)
     return path if path.is_file() else None
 
 
