@@ -96,12 +96,11 @@ class Isolation:
 
     def _load(self, t: Target, kv_unified: bool) -> str | None:
         """None, or why a context for n_seq sequences cannot be made (after checking one sequence can)."""
-        n = max(64, sum(len(p) for p in self.prompts))
         r = t.load(str(self.fixture), **self._params(kv_unified))
         if r.ok:
             self.commit = r.data.get("llama_cpp_commit")
             return None
-        single = t.load(str(self.fixture), n_ctx=512, n_batch=n, n_ubatch=n, n_seq_max=1)
+        single = t.load(str(self.fixture), **{**self._params(False), "n_seq_max": 1})
         if not single.ok:
             raise UserError(f"{self.fixture}: the target cannot load it at all: {single.failure.message}")
         return f"{r.failure.kind} creating a context for {self.cfg.n_seq} sequences " \

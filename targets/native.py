@@ -55,18 +55,14 @@ def native_library() -> Path | None:
     return out
 
 
-class _TensorHead(ctypes.Structure):  # the leading fields of struct ggml_tensor (ggml.h)
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+class _Tensor(ctypes.Structure):  # struct ggml_tensor up to its sources (ggml.h, pinned build)
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10)]
 
 
 def _address(fn: Any) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
-
-
-class _TensorSrc(ctypes.Structure):  # struct ggml_tensor up to its sources (ggml.h, pinned build)
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10)]
 
 
 class Native:
@@ -191,7 +187,7 @@ class Python:
                 return False
             if ask:
                 return True
-            head = ctypes.cast(t, ctypes.POINTER(_TensorHead)).contents
+            head = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
             if head.type == F32:  # l_out-N is F32 [n_embd, n_tokens]
                 n = self.ggml.ggml_nbytes(t)
                 buf = ctypes.create_string_buffer(n)
@@ -204,7 +200,7 @@ class Python:
 
 
     def _trace(self, t: int, name: bytes) -> None:
-        head = ctypes.cast(t, ctypes.POINTER(_TensorSrc)).contents
+        head = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
         n = self.ggml.ggml_nbytes(t)
         buf = ctypes.create_string_buffer(n)
         self.ggml.ggml_backend_tensor_get(t, buf, 0, n)
