@@ -1,11 +1,13 @@
 """Repro bundles: a finding shrunk to a minimal failing fixture, in a directory anyone can attach to a bug report
 and replay with one command: `fuzz replay DIR`.
 
-Shrinking keeps a fixed fingerprint (oracle, status, phase or mode, stage, where, and the kind of layer the
-divergence was localized to), so it cannot slide to another bug (../shared/reference/oracle-anchors.md). It
-shrinks the schedule first (only the failing phase or mode, fewer decode steps, a shorter prompt, fewer
-sequences), then the model: for a synthetic fixture it regenerates the fixture without a leading or trailing layer
-while the cuts still fall on the same layer kinds. Every candidate is a valid fixture and a full oracle run.
+Everything here reads the oracle contract (fuzz/contract.py, fuzz/oracles.py): a bundle is a `Case` (oracle,
+fixture, cut set, the oracle's config) plus the fingerprint of its finding. Shrinking keeps that fingerprint
+fixed (oracle, status, phase, stage, where, the kinds of layer at the cut and at the divergence), so it cannot
+slide to another bug (../shared/reference/oracle-anchors.md). It narrows the run to the finding's phase, mode or
+KV layout, halves the config fields the oracle declares shrinkable, then, for a synthetic fixture, regenerates it
+without a leading or trailing layer while the cuts still fall on the same layer kinds. Every candidate is a valid
+fixture and a full oracle run.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.configs import config_from
-from fuzz.handoff import Handoff, HandoffConfig
-from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.contract import CRASH, FINDING, Finding, Report, describe
+from fuzz.oracles import ORACLES, get_oracle
 from fuzz.parity import describe_node
-from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
-from fuzz.sweep import Sweep, SweepConfig
 from synth.errors import UserError, read_text
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
@@ -32,63 +32,44 @@ from synth.make import write_fixture
 from synth.spec import SPEC_KEY, Knobs, ModelSpec
 
 BUNDLE = "bundle.json"
-SCHEMA = 1
-ORACLES = ("sweep", "handoff", "isolation", "prefix-cache")
+SCHEMA = 2  # 1: fingerprints in each oracle's own status words (read and migrated)
+PICTURE = "picture.svg"
 
 
 @dataclass
 class Case:
-    """One oracle run on one cut set: what a bundle replays."""
+    """One oracle run (on one cut set, for oracles whose findings are per cut set): what a bundle replays."""
 
     oracle: str
     fixture: Path
     cuts: list[int]
-    config: dict[str, Any]  # the oracle's config fields (cuts/target/workdir excluded)
+    config: dict[str, Any]  # the oracle's case fields (Oracle.case_fields)
     target: str
 
-    def run(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """(fingerprint of the first finding or None, the oracle's report)."""
-        cuts = ",".join(map(str, self.cuts)) if self.cuts else "none"
-        where = f"{self.fixture.parent}/{BUNDLE}"
-        if self.oracle == "sweep":
-            rep = Sweep(self.fixture, config_from(SweepConfig, self.config, where, cuts=cuts, target=self.target)).run()
-            data = rep.to_dict()
-            bad = next((r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")), None)
-            return (fingerprint(self.oracle, bad, data["kinds"]) if bad else None), data
-        if self.oracle == "handoff":
-            data = Handoff(self.fixture, config_from(HandoffConfig, self.config, where, cuts=cuts,
-                                                     target=self.target)).run()
-            bad = next((r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")), None)
-            return (fingerprint(self.oracle, bad, data["kinds"]) if bad else None), data
-        if self.oracle == "isolation":
-            data = Isolation(self.fixture, config_from(IsolationConfig, self.config, where, target=self.target)).run()
-            bad = data["findings"][0] if data["findings"] else None
-            return ({"oracle": "isolation", "status": bad["status"], "kv_unified": bad["kv_unified"],
-                     "seq": bad["seq"]} if bad else None), data
-        if self.oracle == "prefix-cache":
-            data = PrefixCache(self.fixture, config_from(PrefixCacheConfig, self.config, where,
-                                                         target=self.target)).run()
-            bad = data["findings"][0] if data["findings"] else None
-            return ({"oracle": "prefix-cache", "status": bad["kind"]} if bad else None), data
-        raise UserError(f"unknown oracle {self.oracle!r} in bundle; oracles: {', '.join(ORACLES)}")
+    def config_object(self, where: str) -> Any:
+        o = get_oracle(self.oracle)
+        fixed: dict[str, Any] = {"target": self.target}
+        if o.per_cut:
+            fixed["cuts"] = ",".join(map(str, self.cuts)) if self.cuts else "none"
+        return config_from(o.config, self.config, where, **fixed)
 
-
-def fingerprint(oracle: str, r: dict[str, Any], kinds: str) -> dict[str, Any]:
-    layer = r.get("layer")
-    fp = {"oracle": oracle, "status": r["status"], "phase": r.get("phase") or r.get("mode"), "stage": r.get("stage"),
-          "where": r.get("where"), "cut_kinds": [kinds[c] for c in r["cuts"]]}
-    if isinstance(layer, int):
-        fp["layer_kind"] = kinds[layer]
-    return fp
+    def run(self) -> tuple[list[dict[str, Any]], Report]:
+        """The fingerprints of this run's findings, in order, and its report."""
+        rep = get_oracle(self.oracle).run(self.fixture, self.config_object(f"{self.fixture.parent}/{BUNDLE}"))
+        return [f.fingerprint for f in rep.findings], rep
 
 
 @dataclass
 class Shrunk:
     case: Case
     fingerprint: dict[str, Any]
-    report: dict[str, Any]
+    report: Report
     runs: int = 0
     log: list[str] = field(default_factory=list)
+
+    @property
+    def finding(self) -> Finding:
+        return next(f for f in self.report.findings if f.fingerprint == self.fingerprint)
 
 
 def spec_of(path: Path) -> ModelSpec | None:
@@ -96,9 +77,10 @@ def spec_of(path: Path) -> ModelSpec | None:
     return ModelSpec.from_json(text) if isinstance(text, str) else None
 
 
-def shrink(case: Case, fp: dict[str, Any], report: dict[str, Any], workdir: Path, *, max_runs: int = 40,
+def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max_runs: int = 40,
            budget_s: float = 120.0) -> Shrunk:
     """Greedy shrinking under a fixed fingerprint; every accepted step is a full oracle run that still fails."""
+    oracle = get_oracle(case.oracle)
     out = Shrunk(case, fp, report)
     t0 = time.perf_counter()
 
@@ -110,44 +92,22 @@ def shrink(case: Case, fp: dict[str, Any], report: dict[str, Any], workdir: Path
             got, rep = candidate.run()
         except UserError:  # e.g. a schedule too small for the oracle: not a smaller reproduction
             return False
-        if got == fp:
+        if fp in got:
             out.case, out.report = candidate, rep
             return True
         return False
 
-    # 1. the schedule
-    c = out.case.config
-    if case.oracle == "sweep":
-        phase = fp["phase"] if fp["phase"] in ("prefill", "decode", "batched") else None
-        if phase and list(c["phases"]) != [phase]:
-            cand = replace(out.case, config={**c, "phases": [phase]})
-            if keeps(cand):
-                out.log.append(f"phases → {phase}")
-        for key, floor in (("tokens", 1), ("prompt_len", 2), ("n_seq", 2)):
-            while out.case.config[key] > floor:
-                smaller = max(floor, out.case.config[key] // 2)
-                if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
-                    break
-                out.log.append(f"{key} → {smaller}")
-    elif case.oracle in ("isolation", "prefix-cache"):
-        keys = (("tokens", 1), ("prompt_len", 1), ("n_seq", 2)) if case.oracle == "isolation" else \
-            (("rounds", 1), ("n_predict", 1), ("slots", 2))
-        for key, floor in keys:
-            while out.case.config[key] > floor:
-                smaller = max(floor, out.case.config[key] // 2)
-                if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
-                    break
-                out.log.append(f"{key} → {smaller}")
-    else:
-        if fp["phase"] in ("full", "partial") and list(c["modes"]) != [fp["phase"]]:
-            if keeps(replace(out.case, config={**c, "modes": [fp["phase"]]})):
-                out.log.append(f"modes → {fp['phase']}")
-        for key, floor in (("tokens", 1), ("prompt_len", 3)):
-            while out.case.config[key] > floor:
-                smaller = max(floor, out.case.config[key] // 2)
-                if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
-                    break
-                out.log.append(f"{key} → {smaller}")
+    # 1. the schedule: only the finding's phase / mode / KV layout, then each shrinkable field halved
+    if oracle.narrow:
+        narrowed = oracle.narrow(out.case.config, out.finding)
+        if narrowed != out.case.config and keeps(replace(out.case, config=narrowed)):
+            out.log.append(", ".join(f"{k} → {v}" for k, v in narrowed.items() if case.config.get(k) != v))
+    for key, floor in oracle.shrink:
+        while out.case.config[key] > floor:
+            smaller = max(floor, out.case.config[key] // 2)
+            if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
+                break
+            out.log.append(f"{key} → {smaller}")
 
     # 2. the model (synthetic fixtures only): drop a leading or a trailing layer while the failure holds
     spec = spec_of(out.case.fixture)
@@ -197,18 +157,22 @@ def _fewer_layers(case: Case, spec: ModelSpec, drop_first: bool, path: Path) -> 
     return replace(case, fixture=path, cuts=cuts), new
 
 
-def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case, llama_cpp_commit: str | None) -> Path:
-    """fixture.gguf + bundle.json + report.json + README.md; replay with `fuzz replay out_dir`."""
+def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case) -> Path:
+    """fixture.gguf + bundle.json + report.json + README.md (+ picture.svg); replay with `fuzz replay out_dir`."""
+    from fuzz.pictures import report_picture
+
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     shutil.copyfile(sh.case.fixture, out_dir / "fixture.gguf")
     sha = hashlib.sha256((out_dir / "fixture.gguf").read_bytes()).hexdigest()
     spec = spec_of(out_dir / "fixture.gguf")
+    report = sh.report.to_dict()
     data = {
         "schema": SCHEMA, "oracle": sh.case.oracle, "target": sh.case.target, "cuts": sh.case.cuts,
         "config": sh.case.config, "fingerprint": sh.fingerprint, "fixture": "fixture.gguf", "fixture_sha256": sha,
-        "spec": json.loads(spec.to_json()) if spec else None, "llama_cpp_commit": llama_cpp_commit,
+        "spec": json.loads(spec.to_json()) if spec else None, "build": report["build"],
+        "llama_cpp_commit": report["build"]["llama_cpp_commit"],
         "original": {"fixture": str(original.fixture),
                      "fixture_sha256": hashlib.sha256(original.fixture.read_bytes()).hexdigest(),
                      "cuts": original.cuts, "config": original.config},
@@ -216,48 +180,78 @@ def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case, llama_cpp_commit:
         "replay": f"fuzz replay {out_dir}",
     }
     (out_dir / BUNDLE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    (out_dir / "report.json").write_text(json.dumps(sh.report, indent=2) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    picture = report_picture(report, out_dir / PICTURE)
     fp = sh.fingerprint
+    where = localized(sh.finding)
     (out_dir / "README.md").write_text(
-        f"# {describe(fp)}\n\n"
-        f"Target `{sh.case.target}`, llama.cpp {llama_cpp_commit}. Cuts {sh.case.cuts} of the fixture in this "
-        f"directory (sha256 {sha[:16]}), {sh.case.oracle} config `{json.dumps(sh.case.config, sort_keys=True)}`.\n\n"
+        f"# {describe(fp)}\n\n{sh.finding.message}\n\n"
+        f"Target `{sh.case.target}`, llama.cpp {data['llama_cpp_commit']}, family-certify "
+        f"{report['build']['toolkit']}. Cuts {sh.case.cuts} of the fixture in this directory (sha256 {sha[:16]}), "
+        f"{sh.case.oracle} config `{json.dumps(sh.case.config, sort_keys=True)}`.\n\n"
         f"Replay (exit 1 while the finding reproduces, 0 once fixed):\n\n    fuzz replay {out_dir}\n\n"
         f"Shrunk in {sh.runs} oracle runs: " + ("; ".join(sh.log) or "nothing smaller reproduced") + ".\n"
-        + (f"\n## Where it first differs\n\n{where}\n" if (where := localized(sh.case.oracle, sh.report)) else ""))
+        + (f"\n## Where it first differs\n\n{where}\n" if where else "")
+        + (f"\n![where it fails: the finding's cell is marked]({PICTURE})\n" if picture else ""))
     return out_dir
 
 
-def localized(oracle: str, report: dict[str, Any]) -> str | None:
-    """What the oracle's report says about where the finding starts: the first differing layer and graph node
-    (sweep, hand-off) or the cause (isolation)."""
-    if oracle == "isolation":
-        cause = next((f.get("cause") for f in report.get("findings", ()) if f.get("cause")), None)
-        return f"Cause: {cause['kind']}: {cause['detail']}." if cause else None
-    r = next((r for r in report.get("results", ()) if r.get("status") == "diverged"), None)
-    layer = f"layer {r['layer']} (source index)" if r and isinstance(r.get("layer"), int) else ""
-    node = describe_node((r or {}).get("node"))
+def localized(f: Finding) -> str | None:
+    """Where the finding starts: the first differing layer and graph node, or the cause analysis' verdict."""
+    if f.cause:
+        return f"Cause: {f.cause['kind']}: {f.cause['detail']}."
+    layer = f"layer {f.layer} (source index)" if isinstance(f.layer, int) else ""
+    node = describe_node(f.node)
     if node is None:
         return f"{layer[0].upper()}{layer[1:]} is the first whose output differs." if layer else None
     return (f"{layer}, " if layer else "") + f"first graph node whose bits differ: {node}."
 
 
-def bundle_one(case: Case, out_dir: Path, llama_cpp_commit: str | None) -> Path | None:
-    """Bundle a case once it reproduces on a second run, shrunk under its fingerprint; None if it does not."""
-    first, rep = case.run()
-    second, _ = case.run()
-    if first is None or first != second:
-        return None
-    with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
-        sh = shrink(case, first, rep, Path(d))
-        sh.runs += 2
-        return write_bundle(out_dir, sh, original=case, llama_cpp_commit=llama_cpp_commit)
+def bundle_name(fixture: Path, f: Finding, per_cut: bool) -> str:
+    where = ["-".join(map(str, f.cuts)) or "none"] if per_cut else []
+    return "-".join([Path(fixture).stem, f.oracle, *where, str(f.phase)])
 
 
-def describe(fp: dict[str, Any]) -> str:
-    """One line for a fingerprint: oracle, status and where."""
-    where = ", ".join(f"{k} {v}" for k, v in fp.items() if k not in ("oracle", "status", "cut_kinds", "layer_kind"))
-    return f"{fp['oracle']} finding: {fp['status']}" + (f" ({where})" if where else "")
+def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3) -> list[Path]:
+    """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then shrunk and bundled.
+    `config` is the run's case config (Oracle.case_config)."""
+    oracle = get_oracle(report.oracle)
+    seen: list[dict[str, Any]] = []
+    paths = []
+    for f in report.findings:
+        # the same finding on another sequence of the batch is the same bug: bundled once, for its first sequence
+        key = {k: v for k, v in f.fingerprint.items() if k != "seq"}
+        if (oracle.per_cut and f.cuts is None) or key in seen or len(seen) >= max_bundles:
+            continue
+        seen.append(key)
+        case = Case(report.oracle, Path(report.fixture), list(f.cuts or []) if oracle.per_cut else [], dict(config),
+                    report.target)
+        got, rep = case.run()  # a second, independent reproduction before anything is bundled
+        if f.fingerprint not in got:
+            continue
+        with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
+            sh = shrink(case, f.fingerprint, rep, Path(d))
+            sh.runs += 1
+            paths.append(write_bundle(out_root / bundle_name(report.fixture, f, oracle.per_cut), sh, original=case))
+    return paths
+
+
+# ---- reading bundles ------------------------------------------------------------------------------------
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 bundle in schema 2's words: the one status vocabulary, the KV layout or server kind as the
+    phase, no empty fingerprint fields, and prefix-cache's `n_predict` named `tokens` like every oracle's."""
+    fp = dict(data["fingerprint"])
+    if data.get("oracle") == "isolation" and "kv_unified" in fp:
+        fp["phase"] = "unified-kv" if fp.pop("kv_unified") else "per-seq-kv"
+    if data.get("oracle") == "prefix-cache":
+        fp["phase"] = fp.get("status")
+        fp["status"] = CRASH if fp["phase"] == "server-crash" else FINDING
+    fp["status"] = {"diverged": FINDING, "mixed": FINDING}.get(fp.get("status"), fp.get("status"))
+    fp = {k: v for k, v in fp.items() if v is not None or k == "phase"}
+    config = dict(data.get("config") or {}) if isinstance(data.get("config"), dict) else data.get("config")
+    if isinstance(config, dict) and "n_predict" in config:
+        config["tokens"] = config.pop("n_predict")
+    return {**data, "schema": SCHEMA, "fingerprint": fp, "config": config}
 
 
 def read_bundle(path: Path) -> dict[str, Any]:
@@ -270,17 +264,13 @@ def read_bundle(path: Path) -> dict[str, Any]:
         raise UserError(f"{f}: not valid JSON ({e.msg}); re-create the bundle") from None
     if not isinstance(data, dict):
         raise UserError(f"{f}: a JSON {type(data).__name__}, not an object; re-create the bundle")
-    if data.get("schema") != SCHEMA or data.get("oracle") not in ORACLES:
+    if data.get("schema") not in (1, SCHEMA) or data.get("oracle") not in ORACLES:
         raise UserError(f"{f}: schema {data.get('schema')!r} / oracle {data.get('oracle')!r} not understood; "
-                        f"this fuzz reads schema {SCHEMA} with oracles {', '.join(ORACLES)}")
+                        f"this fuzz reads schemas 1-{SCHEMA} with oracles {', '.join(ORACLES)}")
     fx = path / str(data.get("fixture", ""))
     if not fx.is_file() or hashlib.sha256(fx.read_bytes()).hexdigest() != data.get("fixture_sha256"):
         raise UserError(f"{path}: fixture missing or its sha256 does not match {BUNDLE}; re-create the bundle")
-    return data
-
-
-CONFIGS = {"sweep": SweepConfig, "handoff": HandoffConfig, "isolation": IsolationConfig,
-           "prefix-cache": PrefixCacheConfig}
+    return migrate(data) if data["schema"] == 1 and isinstance(data.get("fingerprint"), dict) else data
 
 
 def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, Any]]:
@@ -292,36 +282,14 @@ def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, An
         raise UserError(f"{where}: cuts {cuts!r} is not a list of layer indices >= 1; re-create the bundle")
     if not isinstance(fp, dict) or not isinstance(tgt, str):
         raise UserError(f"{where}: fingerprint or target missing; re-create the bundle")
-    fixed = {"cuts": "none", "target": tgt} if data["oracle"] in ("sweep", "handoff") else {"target": tgt}
-    config_from(CONFIGS[data["oracle"]], data.get("config"), where, **fixed)
-    return Case(data["oracle"], path / data["fixture"], cuts, dict(data["config"]), tgt), fp
+    case = Case(data["oracle"], path / data["fixture"], cuts, data.get("config"), tgt)
+    case.config_object(where)  # every config field checked now, before anything runs
+    case.config = dict(case.config)
+    return case, fp
 
 
-def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], Report]:
     """(reproduced, recorded fingerprint, this run's report)."""
     case, fp = load_case(path, target)
     got, rep = case.run()
-    return got == fp, fp, rep
-
-
-def bundle_findings(oracle: str, fixture: Path, results: list[dict[str, Any]], kinds: str, config: dict[str, Any],
-                    target: str, out_root: Path, llama_cpp_commit: str | None, *, max_bundles: int = 3) -> list[Path]:
-    """Shrink and bundle the first finding of each distinct fingerprint."""
-    seen: list[dict[str, Any]] = []
-    paths = []
-    for r in results:
-        if r["status"] not in ("diverged", "crash", "timeout"):
-            continue
-        fp = fingerprint(oracle, r, kinds)
-        if fp in seen or len(seen) >= max_bundles:
-            continue
-        seen.append(fp)
-        case = Case(oracle, Path(fixture), list(r["cuts"]), config, target)
-        with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
-            got, rep = case.run()  # a second, independent reproduction before anything is bundled
-            if got != fp:
-                continue
-            sh = shrink(case, fp, rep, Path(d))
-            name = f"{Path(fixture).stem}-{oracle}-{'-'.join(map(str, r['cuts'])) or 'none'}-{fp['phase']}"
-            paths.append(write_bundle(out_root / name, sh, original=case, llama_cpp_commit=llama_cpp_commit))
-    return paths
+    return fp in got, fp, rep

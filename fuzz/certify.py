@@ -3,14 +3,19 @@
   family-certify check [FILE] [--json]        validate the manifest, summarize it
   family-certify matrix [--tier N] [--json]   the CI matrix (one entry per runnable row)
   family-certify run [--tier N] [ROW ...]     run each row's lanes against a target; exit 1 on any failure
+                                              (--out DIR: summary.md, junit.xml, report.json, bundles/, pictures/)
+  family-certify aggregate DIR ...            merge shards' --out directories; fails closed on a missing lane
+  family-certify mutants                      every re-created bug class must be caught by its row's lane
   family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,18 +24,23 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from fuzz.determinism import Determinism, DeterminismConfig
-from fuzz.handoff import Handoff, HandoffConfig
-from fuzz.isolation import Isolation, IsolationConfig
-from fuzz.parity import describe_node
-from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig
-from fuzz.sweep import Sweep, SweepConfig, SweepReport
+from fuzz.bundle import bundle_findings
+from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.determinism import DeterminismConfig
+from fuzz.handoff import HandoffConfig
+from fuzz.isolation import IsolationConfig
+from fuzz.oracles import ORACLES
+from fuzz.outputs import manifest_identity, merge, read_run, run_report, write_outputs
+from fuzz.prefix_cache import PrefixCacheConfig
+from fuzz.progress import Progress
+from fuzz.shards import load_durations, plan_shards
+from fuzz.sweep import SweepConfig
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
 from synth.families import get_family
 from synth.make import write_fixture
-from synth.manifest import Manifest, Row, load_manifest
+from synth.manifest import LANES, Manifest, Row, load_manifest
 from targets import TARGETS_HELP, Target, open_target
 from targets.llama_server_worker import server_binary
 
@@ -57,13 +67,25 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
             print(f"  not runnable: {r.key} ({r.arch}): {r.reason}")
 
 
+DURATIONS = Path(__file__).resolve().parent.parent / ".github" / "family-certify-durations.json"
+
+
 @app.command()
 def matrix(file: FileArg = None, tier: Annotated[int | None, Opt(help="only this tier")] = None,
+           shards: Annotated[int | None, Opt(help="K jobs of about equal length (whole rows, balanced by the "
+                                                   "lanes' measured durations)")] = None,
+           durations: Annotated[Path | None, Opt(help="lane durations file (default: the committed one)")] = None,
            as_json: Annotated[bool, Opt("--json", help="GitHub Actions matrix JSON")] = True) -> None:
-    """The CI matrix: {"include": [{"row", "tier", "arch", "lanes"}]} for runnable rows."""
+    """The CI matrix: {"include": [{"row", "tier", "arch", "lanes"}]} for runnable rows; with --shards K,
+    {"include": [{"shard", "of", "rows", "seconds"}]} (rows space-separated, for `family-certify run $rows`)."""
     m = load_manifest(file)
-    include = [{"row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(r.lanes)}
-               for r in m.select(tier) if r.runnable]
+    rows = [r for r in m.select(tier) if r.runnable]
+    if shards is not None:
+        plan = plan_shards([(r.key, r.lanes) for r in rows], load_durations(durations or DURATIONS), shards)
+        include = [{**p, "rows": " ".join(p["rows"])} for p in plan]
+        print(json.dumps({"include": include}) if as_json else "\n".join(i["rows"] for i in include))
+        return
+    include = [{"row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(r.lanes)} for r in rows]
     print(json.dumps({"include": include}) if as_json else "\n".join(i["row"] for i in include))
 
 
@@ -71,24 +93,40 @@ def matrix(file: FileArg = None, tier: Annotated[int | None, Opt(help="only this
 class LaneResult:
     row: str
     lane: str
-    status: str  # pass | fail | unsupported | skipped
+    status: str  # one of fuzz.contract.STATUSES
     detail: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    reports: list[Report] = field(default_factory=list)  # every oracle run of the lane
+    cases: list[dict[str, Any]] = field(default_factory=list)  # each report's case config (for bundling)
+    bundles: list[str] = field(default_factory=list)  # relative to the run's --out directory
+    pictures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "lane": self.lane, "status": self.status, "detail": self.detail,
+                "seconds": round(self.seconds, 2), "data": self.data, "bundles": self.bundles,
+                "pictures": self.pictures, "reports": [r.to_dict() for r in self.reports]}
+
+
+def oracle_run(name: str, path: Path, cfg: Any) -> tuple[Report, dict[str, Any]]:
+    o = ORACLES[name]
+    return o.run(path, cfg), o.case_config(cfg)
 
 
 def lane_load(row: Row, path: Path, target: Target) -> LaneResult:
     loaded = target.load(str(path))
     if not loaded.ok:
-        return LaneResult(row.key, "load", "fail", loaded.failure.message, {"loaded": False})
+        return LaneResult(row.key, "load", FINDING, loaded.failure.message, {"loaded": False})
     out = target.generate(PROMPT, 32, chunk=5)
     if not out.ok:
-        return LaneResult(row.key, "load", "fail", out.failure.message, {"loaded": True})
+        return LaneResult(row.key, "load", FINDING, out.failure.message, {"loaded": True})
     toks, logits = out.data["tokens"], out.data["logits"]
     ok = bool(np.isfinite(logits).all()) and len(set(toks)) >= 2
     finite = bool(np.isfinite(logits).all())
-    return LaneResult(row.key, "load", "pass" if ok else "fail",
+    return LaneResult(row.key, "load", PASS if ok else FINDING,
                       f"{loaded.data['arch']}, 32 tokens, {len(set(toks))} distinct, finite={finite}",
-                      {"loaded": True, "distinct": len(set(toks)), "bytes": path.stat().st_size})
+                      {"loaded": True, "distinct": len(set(toks)), "bytes": path.stat().st_size,
+                       "llama_cpp_commit": loaded.data.get("llama_cpp_commit")})
 
 
 def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
@@ -99,111 +137,111 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
         cfg = SweepConfig(cuts=str(max(1, n // 2)), tokens=16, target=target_spec)
     else:
         cfg = SweepConfig(cuts="all", tokens=16, target=target_spec)
-    rep = Sweep(path, cfg).run()
-    status, detail = sweep_verdict(rep)
-    return LaneResult(row.key, lane, status, detail, {"summary": rep.summary, "control": rep.control})
+    rep, case = oracle_run("sweep", path, cfg)
+    return LaneResult(row.key, lane, rep.status, sweep_detail(rep), {"summary": rep.summary,
+                      "control": rep.extra["control"]}, reports=[rep], cases=[case])
 
 
-def sweep_verdict(rep: SweepReport) -> tuple[str, str]:
-    """fail on any divergence, crash or timeout (control included); pass if a cut set passed; else unsupported."""
-    s = rep.summary
-    bad = s["diverged"] + s["crash"] + s["timeout"] + (rep.control.get("status") not in ("pass", "unsupported"))
-    status = "fail" if bad else "pass" if s["pass"] else "unsupported"
-    reasons = sorted({r.reason for r in rep.results if r.status == "unsupported" and r.reason})
-    first = next((r for r in rep.results if r.status in ("diverged", "crash", "timeout")), None)
-    detail = f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v) + \
-        f"; control {rep.control.get('status')}" + (f"; unsupported: {reasons[0]}" if reasons else "") + \
-        (f"; first: cuts {first.cuts} {first.status} at layer {first.layer} ({first.reason or first.where})"
-         + (f", first node {describe_node(first.node)}" if describe_node(first.node) else "") if first else "")
-    return status, detail
+def counts(rep: Report) -> str:
+    return ", ".join(f"{v} {k}" for k, v in rep.summary.items() if v)
+
+
+def sweep_detail(rep: Report) -> str:
+    reasons = sorted({r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")})
+    return (f"{len(rep.results)} cut sets: {counts(rep)}; control {rep.extra['control'].get('status')}"
+            + (f"; unsupported: {reasons[0]}" if reasons else "")
+            + (f"; first: {rep.findings[0].message}" if rep.findings else ""))
+
+
+def worst(statuses: list[str]) -> str:
+    """A lane of several runs: its first failing status; else pass if any run passed; else unsupported."""
+    return next((s for s in statuses if s in FAILING), PASS if PASS in statuses else UNSUPPORTED)
 
 
 def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     """The row's fixture with its matmul weights in each of the row's dtypes (gguf-py's quantizers), split as the
     parity lane splits it: every cut set bit-exact with the unsplit model of the same dtype."""
     if not row.dtypes:
-        return LaneResult(row.key, "dtype", "skipped", "no dtypes for this row; set dtypes in [tiers.N] or the row")
+        return LaneResult(row.key, "dtype", SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
     cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    statuses, parts, why = [], [], ""
+    res = LaneResult(row.key, "dtype", PASS)
+    parts, why = [], ""
     for dtype in row.dtypes:
         path = workdir / f"{row.key}.{dtype}.gguf"
         knobs = replace(row.knobs(), dtype=dtype)
         if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
             knobs = replace(knobs, embd=256)
         write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
-        rep = Sweep(path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8, target=target_spec)).run()
-        status, detail = sweep_verdict(rep)
-        why = why or next((r.reason for r in rep.results if r.status == "unsupported" and r.reason), "")
-        statuses.append(status)
+        rep, case = oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
+                                                          target=target_spec))
+        res.reports.append(rep)
+        res.cases.append(case)
+        why = why or next((r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")), "")
         label = f"{dtype}@{knobs.embd}" if knobs.embd else dtype
-        parts.append(f"{label}: {detail}" if status == "fail" else f"{label} {rep.summary['pass']}/{len(rep.results)}")
-    status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "unsupported"
-    return LaneResult(row.key, "dtype", status, f"cut sets passing per dtype ({cuts}): " + ", ".join(parts)
-                      + (f"; unsupported: {why}" if status == "unsupported" and why else ""))
+        parts.append(f"{label}: {sweep_detail(rep)}" if rep.status in FAILING else
+                     f"{label} {rep.summary[PASS]}/{len(rep.results)}")
+    res.status = worst([r.status for r in res.reports])
+    res.detail = f"cut sets passing per dtype ({cuts}): " + ", ".join(parts) + \
+        (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
+    return res
 
 
 def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
-    rep = Isolation(path, IsolationConfig(target=target_spec)).run()
-    if not rep["findings"]:
-        worst = max((r["max_abs_dlogit"] for r in rep["results"] if r["status"] == "pass"), default=0.0)
-        numerics = f"; {len(rep['numerics'])} moved by numerics, not leaks ({rep['numerics'][0]['cause']['kind']})" \
-            if rep["numerics"] else ""
-        return LaneResult(row.key, "isolation", "pass", f"{rep['config']['n_seq']} sequences per batch, KV unified and "
-                          f"per sequence: max |Δlogit| vs alone {worst:.1e} (tolerance {rep['config']['tol']:g})"
-                          f"{numerics}")
-    f = rep["findings"][0]
-    what = f["reason"] if f["seq"] is None else (f"sequence {f['seq']} changes when batched (kv_unified="
-                                                 f"{f['kv_unified']}, max |Δlogit| {f['max_abs_dlogit']:.3g})"
-                                                 + (f", cause: {f['cause']['kind']}" if f.get("cause") else ""))
-    return LaneResult(row.key, "isolation", "fail", f"{len(rep['findings'])} findings; first: {what}; "
-                      f"reproduced={f['reproduced']}", {"findings": rep["findings"]})
+    rep, case = oracle_run("isolation", path, IsolationConfig(target=target_spec))
+    if not rep.findings:
+        worst_d = max((r["max_abs_dlogit"] for r in rep.results if r["status"] == PASS), default=0.0)
+        numerics = f"; {len(rep.numerics)} moved by numerics, not leaks ({rep.numerics[0].cause['kind']})" \
+            if rep.numerics else ""
+        detail = (f"{rep.config['n_seq']} sequences per batch, KV unified and per sequence: max |Δlogit| vs alone "
+                  f"{worst_d:.1e} (tolerance {rep.config['tol']:g}){numerics}")
+    else:
+        f = rep.findings[0]
+        detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "isolation", rep.status, detail, reports=[rep], cases=[case])
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     if server_binary() is None:
-        return LaneResult(row.key, "prefix-cache", "skipped",
+        return LaneResult(row.key, "prefix-cache", SKIPPED,
                           "no llama-server binary: run scripts/build_llama_server.sh (make server)")
     server = target_spec if target_spec.startswith("mutant:server-") else "llama-server"
-    rep = PrefixCache(path, PrefixCacheConfig(rounds=3, n_predict=6, target=server)).run()
-    reused = sum(c for r in rep["rounds"] for c in r["cache_n"])
-    if not rep["findings"]:
-        return LaneResult(row.key, "prefix-cache", "pass", f"llama-server, {len(rep['rounds'])} rounds of concurrent "
-                          f"duplicate inserts: answers as uncached, slots freed; {reused} prompt tokens from the cache")
-    f = rep["findings"][0]
-    return LaneResult(row.key, "prefix-cache", "fail", f"{len(rep['findings'])} findings; first: {f['kind']} in round "
-                      f"{f['round']}: {f['message']}; reproduced={f['reproduced']}", {"findings": rep["findings"]})
+    rep, case = oracle_run("prefix-cache", path, PrefixCacheConfig(rounds=3, tokens=6, target=server))
+    reused = sum(c for r in rep.results for c in r["cache_n"])
+    if not rep.findings:
+        detail = (f"llama-server, {len(rep.results)} rounds of concurrent duplicate inserts: answers as uncached, "
+                  f"slots freed; {reused} prompt tokens from the cache")
+    else:
+        f = rep.findings[0]
+        detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "prefix-cache", rep.status, detail, reports=[rep], cases=[case])
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
     cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    rep = Handoff(path, HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3,
-                                      target=target_spec)).run()
-    s = rep["summary"]
-    if s["unsupported"] == len(rep["results"]):  # no split expressible: hand off the unsplit model's state
-        why = rep["results"][0].get("reason")
-        rep = Handoff(path, HandoffConfig(cuts="none", prompt_len=8, tokens=3, target=target_spec)).run()
-        s = rep["summary"]
+    cfg = HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3, target=target_spec)
+    rep, case = oracle_run("handoff", path, cfg)
+    if rep.summary[UNSUPPORTED] == len(rep.results):  # no split expressible: hand off the unsplit model's state
+        why = rep.results[0].get("reason")
+        rep, case = oracle_run("handoff", path, replace(cfg, cuts="none", period=None))
         cuts = f"none; every split unsupported: {why}"
-    bad = [r for r in rep["results"] if r["status"] in ("diverged", "crash", "timeout")]
-    status = "fail" if bad else "pass" if s["pass"] else "unsupported"
-    detail = f"{len(rep['results'])} cut sets ({cuts}): " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
-    if bad:
-        detail += f"; first: cuts {bad[0]['cuts']}: {bad[0].get('reason')}"
-        if describe_node(bad[0].get("node")):
-            detail += f"; first node {describe_node(bad[0]['node'])}"
-    elif status == "unsupported":
-        detail += f"; {rep['results'][0].get('reason')}"
-    return LaneResult(row.key, "handoff", status, detail, {"summary": s})
+    detail = f"{len(rep.results)} cut sets ({cuts}): {counts(rep)}"
+    if rep.findings:
+        detail += f"; first: {rep.findings[0].message}"
+    elif rep.status == UNSUPPORTED:
+        detail += f"; {rep.results[0].get('reason')}"
+    return LaneResult(row.key, "handoff", rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
 
 
 def lane_determinism(row: Row, path: Path, target_spec: str) -> LaneResult:
-    rep = Determinism(path, DeterminismConfig(repeats=2, tokens=8, target=target_spec)).run()
-    n_pairs = len(rep["summary"]["not_bit_exact_pairs"])
-    if rep["findings"]:
-        return LaneResult(row.key, "determinism", "fail", rep["findings"][0]["message"], {"findings": rep["findings"]})
-    return LaneResult(row.key, "determinism", "pass",
-                      f"{rep['summary']['schedules']} schedules: same-schedule and threads-only bit-exact; "
-                      f"{n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)")
+    rep, case = oracle_run("determinism", path, DeterminismConfig(repeats=2, tokens=8, target=target_spec))
+    if rep.findings:
+        return LaneResult(row.key, "determinism", rep.status, rep.findings[0].message, reports=[rep], cases=[case])
+    n_pairs = sum(r["case"] == "pair" and r["status"] == NUMERICS for r in rep.results)
+    schedules = sum(r["case"] == "same-schedule" for r in rep.results)
+    return LaneResult(row.key, "determinism", PASS,
+                      f"{schedules} schedules: same-schedule and threads-only bit-exact; "
+                      f"{n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)",
+                      reports=[rep], cases=[case])
 
 
 def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneResult:
@@ -214,40 +252,52 @@ def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneR
     if want.startswith("rejects"):
         ok = not loaded.ok and loaded.failure.kind == "error" and "unsupported" in loaded.failure.message.lower()
         detail = loaded.failure.message if not loaded.ok else "loaded; expected a clean 'unsupported family' error"
-        return LaneResult(row.key, "reject", "pass" if ok else "fail", detail)
+        return LaneResult(row.key, "reject", PASS if ok else FINDING, detail)
     if want == "loads":
-        return LaneResult(row.key, "reject", "pass" if loaded.ok else "fail",
+        return LaneResult(row.key, "reject", PASS if loaded.ok else FINDING,
                           f"expected for {target_spec}: loads" + ("" if loaded.ok else f"; {loaded.failure.message}"))
-    return LaneResult(row.key, "reject", "skipped", f"no expectation for target {target_spec} in the manifest")
+    return LaneResult(row.key, "reject", SKIPPED, f"no expectation for target {target_spec} in the manifest")
 
 
-def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path) -> list[LaneResult]:
+def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
+    if lane == "load":
+        return lane_load(row, path, target)
+    if lane in ("parity", "boundary-sweep", "fixed-split"):
+        return lane_sweep(row, path, lane, target_spec)
+    if lane == "dtype":
+        return lane_dtype(row, workdir, target_spec)
+    if lane == "isolation":
+        return lane_isolation(row, path, target_spec)
+    if lane == "prefix-cache":
+        return lane_prefix_cache(row, path, target_spec)
+    if lane == "handoff":
+        return lane_handoff(row, path, target_spec)
+    if lane == "determinism":
+        return lane_determinism(row, path, target_spec)
+    if lane == "reject":
+        return lane_reject(row, path, target, target_spec)
+    return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not implemented yet")
+
+
+def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
+            progress: Progress | None = None) -> list[LaneResult]:
     if not row.runnable:
-        return [LaneResult(row.key, lane, "unsupported", row.reason or "") for lane in lanes]
+        return [LaneResult(row.key, lane, UNSUPPORTED, row.reason or "") for lane in lanes]
     path = workdir / f"{row.key}.gguf"
     write_fixture(row.spec(), path)
     out = []
     with open_target(target_spec) as target:
         for lane in lanes:
-            if lane == "load":
-                out.append(lane_load(row, path, target))
-            elif lane in ("parity", "boundary-sweep", "fixed-split"):
-                out.append(lane_sweep(row, path, lane, target_spec))
-            elif lane == "dtype":
-                out.append(lane_dtype(row, workdir, target_spec))
-            elif lane == "isolation":
-                out.append(lane_isolation(row, path, target_spec))
-            elif lane == "prefix-cache":
-                out.append(lane_prefix_cache(row, path, target_spec))
-            elif lane == "handoff":
-                out.append(lane_handoff(row, path, target_spec))
-            elif lane == "determinism":
-                out.append(lane_determinism(row, path, target_spec))
-            elif lane == "reject":
-                out.append(lane_reject(row, path, target, target_spec))
-            else:
-                out.append(LaneResult(row.key, lane, "skipped", f"lane {lane} is not implemented yet"))
-    return [known(row, r) for r in out]
+            t0 = time.perf_counter()
+            if progress:
+                progress.working(f"{row.key} {lane}")
+            try:
+                res = run_lane(row, lane, path, target, target_spec, workdir)
+            except UserError as e:  # a fixture the toolkit made, refused or failed on by the target: not bad input
+                res = LaneResult(row.key, lane, CRASH, f"the lane could not run on the target: {e}")
+            res.seconds = time.perf_counter() - t0
+            out.append(known(row, res))
+    return out
 
 
 def known(row: Row, r: LaneResult) -> LaneResult:
@@ -255,15 +305,80 @@ def known(row: Row, r: LaneResult) -> LaneResult:
     `known`, not a failure of this run; passing means the finding is gone and the entry must go (a failure) —
     unless it is marked "intermittent: ..." (it depends on timing, e.g. which slots a server batches together)."""
     what = row.known.get(r.lane)
-    if what is None or r.status in ("skipped", "unsupported"):
+    if what is None or r.status in (SKIPPED, UNSUPPORTED):
         return r
-    if r.status == "fail":
-        return LaneResult(r.row, r.lane, "known", f"{what} — still reproduces: {r.detail}", r.data)
+    if r.status in FAILING:
+        return replace(r, status=KNOWN, detail=f"{what} — still reproduces: {r.detail}")
     if what.startswith("intermittent:"):
-        return LaneResult(r.row, r.lane, r.status, f"{r.detail} (a known intermittent finding did not show this "
-                          f"run: {what})", r.data)
-    return LaneResult(r.row, r.lane, "fail", f"known finding no longer reproduces ({what}); remove known.{r.lane} "
-                      f"from the manifest: {r.detail}", r.data)
+        return replace(r, detail=f"{r.detail} (a known intermittent finding did not show this run: {what})")
+    return replace(r, status=FINDING, detail=f"known finding no longer reproduces ({what}); remove known.{r.lane} "
+                   f"from the manifest: {r.detail}")
+
+
+def finish_lane(res: LaneResult, out: Path | None) -> None:
+    """With --out: a picture of each sweep or hand-off the lane ran (a dtype lane: its failing ones), and each
+    distinct finding of a failing lane reproduced, shrunk and bundled under bundles/."""
+    if out is None:
+        return
+    from fuzz.pictures import report_picture
+
+    for i, rep in enumerate(res.reports):
+        if res.lane == "dtype" and rep.status not in FAILING:
+            continue
+        name = f"pictures/{res.row}-{res.lane}" + (f"-{i}" if len(res.reports) > 1 else "") + ".svg"
+        (out / "pictures").mkdir(parents=True, exist_ok=True)
+        if report_picture(rep.to_dict(), out / name):
+            res.pictures.append(name)
+    if res.status not in FAILING:
+        return
+    for rep, case in zip(res.reports, res.cases, strict=True):
+        if rep.findings:
+            made = bundle_findings(rep, case, out / "bundles" / res.row)
+            res.bundles += [str(p.relative_to(out)) for p in made]
+
+
+def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None, *, manifest: Path,
+                command: str) -> dict[str, Any]:
+    """Every planned row × lane, one plain line each (rich progress on a terminal); the run's report."""
+    t0 = time.perf_counter()
+    lanes: list[LaneResult] = []
+    total = sum(len(ls) for _, ls in plan)
+    with tempfile.TemporaryDirectory(prefix="family-certify-") as d, Progress(total, "lanes") as progress:
+        for row, row_lanes in plan:
+            for res in run_row(row, row_lanes, target, Path(d), progress):
+                finish_lane(res, out)
+                lanes.append(res)
+                loud = "skipped: " if res.status == SKIPPED else ""
+                progress.line(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} "
+                              f"{loud}{res.detail}")
+    commit = next((r.llama_cpp_commit for x in lanes for r in x.reports if r.llama_cpp_commit), None) or \
+        next((x.data.get("llama_cpp_commit") for x in lanes if x.data.get("llama_cpp_commit")), None)
+    run = run_report([x.to_dict() for x in lanes], plan=[(r.key, ls) for r, ls in plan],
+                     manifest=manifest_identity(manifest), target=target, llama_cpp_commit=commit,
+                     wall_s=time.perf_counter() - t0, command=command)
+    if out is not None:
+        from fuzz.pictures import battery_picture
+
+        if battery_picture(run["results"], out / "pictures" / "battery.svg"):
+            run["picture"] = "pictures/battery.svg"
+    return run
+
+
+def finish_run(run: dict[str, Any], out: Path | None, report: Path | None) -> int:
+    print(f"{len({x['row'] for x in run['results']})} rows, {len(run['results'])} lanes: "
+          + ", ".join(f"{v} {k}" for k, v in sorted(run["totals"].items())) + f"; wall {run['wall_s']:.0f} s")
+    if out is not None:
+        write_outputs(out, run)
+        print(f"wrote {out}/summary.md, junit.xml, report.json" + (", bundles/" if (out / "bundles").is_dir() else "")
+              + (", pictures/" if (out / "pictures").is_dir() else ""))
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(run, indent=2) + "\n")
+    return run["exit_code"]
+
+
+OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json, bundles/ and pictures/ here")]
+ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
 
 
 @app.command("run")
@@ -273,27 +388,52 @@ def run_cmd(
     lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
-    report: Annotated[Path | None, Opt(help="write a JSON report here")] = None,
+    report: ReportOpt = None,
+    out: OutOpt = None,
 ) -> int:
-    """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails."""
+    """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    results: list[LaneResult] = []
-    with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
-        for row in selected:
-            lanes = [x for x in row.lanes if not lane or x in lane]
-            for res in run_row(row, lanes, target, Path(d)):
-                results.append(res)
-                loud = "skipped: " if res.status == "skipped" else ""
-                print(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} {loud}{res.detail}",
-                      flush=True)
-    counts = Counter(r.status for r in results)
-    print(f"{len(selected)} rows, {len(results)} lanes: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    if report:
-        report.write_text(json.dumps([r.__dict__ for r in results], indent=2))
-    return 1 if counts["fail"] else 0
+    unknown = sorted(set(lane or ()) - set(LANES))
+    if unknown:
+        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
+    plan = [(row, [x for x in row.lanes if not lane or x in lane]) for row in selected]
+    run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]))
+    return finish_run(run, out, report)
+
+
+@app.command()
+def aggregate(
+    dirs: Annotated[list[Path], typer.Argument(help="directories written by `family-certify run --out` (shards)")],
+    tier: Annotated[int | None, Opt(help="the tier the shards were planned from")] = None,
+    rows: Annotated[list[str] | None, Opt("--row", help="the rows planned (repeatable; default: every row of --tier)")]
+    = None,
+    lane: Annotated[list[str] | None, Opt(help="only these lanes were planned (repeatable)")] = None,
+    manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+    out: OutOpt = None,
+    report: ReportOpt = None,
+) -> int:
+    """Merge shards' reports against the plan from the manifest: fails closed (exit 1) when a planned row × lane
+    reported nothing; writes the combined summary.md and junit.xml."""
+    m = load_manifest(manifest)
+    plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in m.select(tier, rows) if r.runnable] + \
+        [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in m.select(tier, rows) if not r.runnable]
+    run = merge([read_run(d) for d in dirs], plan, manifest_identity(m.path))
+    if out is not None:
+        for d in dirs:  # bring the shards' bundles and pictures along, so the combined summary's links work
+            for sub in ("bundles", "pictures"):
+                if (d / sub).is_dir():
+                    shutil.copytree(d / sub, out / sub, dirs_exist_ok=True)
+        from fuzz.pictures import battery_picture
+
+        if battery_picture(run["results"], out / "pictures" / "battery.svg"):
+            run["picture"] = "pictures/battery.svg"
+    missing = [f"{x['row']}/{x['lane']}" for x in run["results"] if x["status"] == MISSING]
+    if missing:
+        print(f"MISSING (planned, no shard reported them): {', '.join(missing)}")
+    return finish_run(run, out, report)
 
 
 # mutant → the manifest row and lane that must catch it (every mutant has one: tests/test_manifest.py)
@@ -310,7 +450,9 @@ CATCHERS: dict[str, tuple[str, str]] = {
 
 @app.command()
 def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
-            only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None) -> int:
+            only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None,
+            out: Annotated[Path | None, Opt(help="write summary.md, junit.xml and report.json here (a lane is "
+                                                  "'pass' when its mutant is caught)")] = None) -> int:
     """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
     exit 1 if any escapes."""
     from targets.mutants import MUTANTS
@@ -321,16 +463,25 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     if unknown:
         raise UserError(f"--mutant {unknown[0]!r}: mutants are {', '.join(MUTANTS)}")
     escaped = 0
+    t0 = time.perf_counter()
+    lanes = []
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
         for name in names:
             row_key, lane = CATCHERS[name]
-            row = m.row(row_key)
-            (res,) = run_row(row, [lane], f"mutant:{name}", Path(d))
-            caught = res.status == "fail"
+            (res,) = run_row(m.row(row_key), [lane], f"mutant:{name}", Path(d))
+            caught = res.status in FAILING
             escaped += not caught
             print(f"{name:<22} {row_key + '/' + lane:<24} {'caught' if caught else 'ESCAPED (' + res.status + ')'}"
                   f"  {res.detail}", flush=True)
+            lanes.append({"row": f"mutant:{name}", "lane": f"{row_key}/{lane}", "status": PASS if caught else FINDING,
+                          "seconds": round(res.seconds, 2), "detail": ("caught: " if caught else
+                                                                      f"ESCAPED ({res.status}): ") + res.detail})
     print(f"{len(names)} mutants: {len(names) - escaped} caught, {escaped} escaped")
+    if out is not None:
+        run = run_report(lanes, plan=[(x["row"], [x["lane"]]) for x in lanes], manifest=manifest_identity(m.path),
+                         target="mutants", llama_cpp_commit=None, wall_s=time.perf_counter() - t0,
+                         command="family-certify mutants")
+        write_outputs(out, run)
     return 1 if escaped else 0
 
 

@@ -14,9 +14,11 @@ from fuzz import determinism as det
 from fuzz import handoff as ho
 from fuzz import isolation as iso
 from fuzz import prefix_cache as pc
+from fuzz.contract import describe
 from fuzz.fixtures import fixture_path, parse_tokens
+from fuzz.oracles import get_oracle
 from fuzz.schedule import PHASES
-from fuzz.sweep import Sweep, SweepConfig, format_report
+from fuzz.sweep import SweepConfig
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from targets import TARGETS_HELP, open_target
@@ -82,7 +84,7 @@ def sweep_cmd(
     period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 7,
-    seqs: Annotated[int, Opt(help="sequences in the batched-decode phase")] = 3,
+    n_seq: Annotated[int, Opt("--n-seq", "--seqs", help="sequences in the batched-decode phase")] = 3,
     phases: Annotated[str, Opt(help="comma list of prefill,decode,batched")] = ",".join(PHASES),
     target: TargetOpt = "llama-cpp",
     report: ReportOpt = None,
@@ -95,20 +97,22 @@ def sweep_cmd(
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not ph or set(ph) - set(PHASES):
         raise UserError(f"--phases {phases!r}: choose from {','.join(PHASES)}")
-    for name, v in (("--tokens", tokens), ("--prompt-len", prompt_len), ("--chunk", chunk), ("--seqs", seqs)):
+    for name, v in (("--tokens", tokens), ("--prompt-len", prompt_len), ("--chunk", chunk), ("--n-seq", n_seq)):
         if v < 1:
             raise UserError(f"{name} {v}: must be at least 1")
-    cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=seqs,
+    cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=n_seq,
                       phases=ph, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    path = fixture_path(fixture)
-    rep = Sweep(path, cfg).run()
-    print(format_report(rep))
+    return run_oracle("sweep", fixture, cfg, report, bundle)
+
+
+def run_oracle(name: str, fixture: str, cfg: object, report: Path | None, bundle: Path | None) -> int:
+    """Every oracle command's body: run, print, write the report, bundle each distinct finding; exit 1 on any."""
+    oracle = get_oracle(name)
+    rep = oracle.run(fixture_path(fixture), cfg)
+    print(oracle.format(rep))
     write_report(report, rep.to_dict())
-    if bundle and rep.exit_code:
-        config = {"tokens": tokens, "prompt_len": prompt_len, "chunk": chunk, "n_seq": seqs, "phases": list(ph),
-                  "seed": seed}
-        report_bundles(bd.bundle_findings("sweep", path, rep.to_dict()["results"], rep.kinds, config, target, bundle,
-                                          rep.llama_cpp_commit))
+    if bundle and rep.findings:
+        report_bundles(bd.bundle_findings(rep, oracle.case_config(cfg), bundle))
     return rep.exit_code
 
 
@@ -117,20 +121,14 @@ def report_bundles(paths: list[Path]) -> None:
         print(f"bundle: {p}  (replay: fuzz replay {p})")
 
 
-def bundle_first(case: bd.Case, out: Path, rep: dict) -> None:
-    """Bundle the report's first finding (an oracle whose findings are not per cut set) and say where it went."""
-    made = bd.bundle_one(case, out, rep["llama_cpp_commit"])
-    report_bundles([made] if made else [])
-
-
 @app.command("replay")
 def replay_cmd(
-    bundle: Annotated[Path, typer.Argument(help="a directory written by fuzz sweep/handoff/isolation --bundle")],
+    bundle: Annotated[Path, typer.Argument(help="a directory written by an oracle's --bundle")],
     target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
 ) -> int:
     """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does."""
     ok, fp, _ = bd.replay(bundle, target)
-    print(f"{'REPRODUCED' if ok else 'not reproduced'}: {bd.describe(fp)}"
+    print(f"{'REPRODUCED' if ok else 'not reproduced'}: {describe(fp)}"
           + (f" with target {target}" if target else ""))
     return 1 if ok else 0
 
@@ -178,15 +176,7 @@ def handoff_cmd(
         raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
     cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
                            period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    path = fixture_path(fixture)
-    rep = ho.Handoff(path, cfg).run()
-    print(ho.format_handoff(rep))
-    write_report(report, rep)
-    if bundle and ho.exit_code(rep):
-        config = {"tokens": tokens, "prompt_len": prompt_len, "chunk": chunk, "modes": list(ms), "seed": seed}
-        report_bundles(bd.bundle_findings("handoff", path, rep["results"], rep["kinds"], config, target, bundle,
-                                          rep["llama_cpp_commit"]))
-    return ho.exit_code(rep)
+    return run_oracle("handoff", fixture, cfg, report, bundle)
 
 
 @app.command("determinism")
@@ -206,6 +196,7 @@ def determinism_cmd(
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
 ) -> int:
     """Repeated runs x threads x ubatch x chunking x flash attention: same-schedule and threads-only pairs must be
     bit-exact; other schedule pairs are reported under the explicit upstream policy."""
@@ -218,10 +209,7 @@ def determinism_cmd(
     cfg = det.DeterminismConfig(threads=int_list(threads, "--threads"), ubatch=ub, chunks=int_list(chunks, "--chunks"),
                                 flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens, cuts=cuts,
                                 stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    rep = det.Determinism(fixture_path(fixture), cfg).run()
-    print(det.format_determinism(rep))
-    write_report(report, rep)
-    return det.exit_code(rep)
+    return run_oracle("determinism", fixture, cfg, report, bundle)
 
 
 @app.command("isolation")
@@ -241,17 +229,7 @@ def isolation_cmd(
     depend on the others in its batch; a context that cannot hold N sequences is a finding too."""
     cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol, target=target,
                               timeout=timeout, seed=seed)
-    path = fixture_path(fixture)
-    rep = iso.Isolation(path, cfg).run()
-    print(iso.format_report(rep))
-    write_report(report, rep)
-    if bundle and rep["findings"]:
-        f = rep["findings"][0]
-        config = {"n_seq": n_seq, "prompt_len": prompt_len, "tokens": tokens, "tol": tol, "seed": seed,
-                  "kv_unified": [f["kv_unified"]]}
-        out = bundle / f"{path.stem}-isolation-{'unified' if f['kv_unified'] else 'per-seq'}-kv"
-        bundle_first(bd.Case("isolation", path, [], config, target), out, rep)
-    return 1 if rep["findings"] else 0
+    return run_oracle("isolation", fixture, cfg, report, bundle)
 
 
 @app.command("prefix-cache")
@@ -274,17 +252,9 @@ def prefix_cache_cmd(
         raise UserError("--slots must be at least 2 (concurrent inserts), --rounds and --tokens at least 1")
     if n_ctx // slots < 64:
         raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
-    cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, n_predict=tokens, n_ctx=n_ctx, target=target,
+    cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
                                timeout=timeout, seed=seed)
-    path = fixture_path(fixture)
-    rep = pc.PrefixCache(path, cfg).run()
-    print(pc.format_report(rep))
-    write_report(report, rep)
-    if bundle and rep["findings"]:
-        config = {"slots": slots, "rounds": rounds, "n_predict": tokens, "n_ctx": n_ctx, "seed": seed}
-        out = bundle / f"{path.stem}-prefix-cache-{rep['findings'][0]['kind']}"
-        bundle_first(bd.Case("prefix-cache", path, [], config, target), out, rep)
-    return 1 if rep["findings"] else 0
+    return run_oracle("prefix-cache", fixture, cfg, report, bundle)
 
 
 @app.command("inputs")

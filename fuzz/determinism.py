@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
 from fuzz.parity import (
     Trace,
     compare,
@@ -226,7 +227,7 @@ class Determinism:
                                      "message": fail.failure.message})
                     continue
                 div, worst = compare(ref, chain, steps, cuts)
-                status = "pass" if div is None else "diverged"
+                status = PASS if div is None else FINDING
                 out.append({"schedule": sch.name, "cuts": cuts, "status": status, "max_abs": worst})
                 if div is not None:
                     findings.append({"class": "chain-parity", "schedule": sch.name, "cuts": cuts,
@@ -311,3 +312,33 @@ def format_determinism(rep: dict[str, Any]) -> str:
 
 def exit_code(rep: dict[str, Any]) -> int:
     return 1 if rep["findings"] else 0
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def cases(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every comparison as a case in the status vocabulary: repeated schedules and threads-only pairs pass or are
+    findings; the other pairs are numerics when not bit-exact (not promised upstream), findings when greedy tokens
+    flip at a clear margin; chains pass, are findings or unsupported."""
+    out = [{"case": "same-schedule", "schedule": s["schedule"], "status": PASS if s["bit_exact"] else FINDING,
+            "max_abs": s["max_abs"]} for s in data["same_schedule"]]
+    for p in data["pairs"]:
+        clear_flip = not p["tokens_equal"] and not p.get("near_tie")
+        status = PASS if p["bit_exact"] else FINDING if p["class"] == "threads-only" or clear_flip else NUMERICS
+        out.append({"case": "pair", "pair": p["pair"], "class": p["class"], "status": status, "max_abs": p["max_abs"]})
+    out += [{"case": "chain", **c} for c in data["chains"]]
+    return out
+
+
+def report(fixture: Path, cfg: DeterminismConfig) -> Report:
+    data = Determinism(fixture, cfg).run()
+    findings = [Finding(oracle="determinism", status=CRASH if f["class"] == "crash" else FINDING, phase=f["class"],
+                        cuts=f.get("cuts"), message=f"[{f['class']}] {f['message']}", node=f.get("node"),
+                        step=(f.get("node") or {}).get("step"), detail=f) for f in data["findings"]]
+    return make_report("determinism", fixture, data, results=cases(data), findings=findings,
+                       extra=("policy", "same_schedule", "pairs", "chains"))
+
+
+ORACLE = Oracle(name="determinism", config=DeterminismConfig, run=report,
+                format=lambda rep: format_determinism(rep.native), shrink=(("tokens", 1), ("repeats", 2)),
+                case_fields=("threads", "ubatch", "chunks", "flash_attn", "repeats", "tokens", "cuts", "stages",
+                             "prompt_len", "seed"))

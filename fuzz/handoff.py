@@ -22,6 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.configs import check_config
+from fuzz.contract import (
+    CRASH,
+    FAILING,
+    FINDING,
+    PASS,
+    TIMEOUT,
+    UNSUPPORTED,
+    Finding,
+    Oracle,
+    Report,
+    make_report,
+    select,
+)
 from fuzz.parity import (
     Trace,
     compare,
@@ -152,8 +165,7 @@ class Handoff:
                     results.append(self._cut(cuts, ref, src, dst))
             finally:
                 close_all([ref, *src, *dst])
-        summary = {s: sum(r.status == s for r in results) for s in ("pass", "diverged", "unsupported", "crash",
-                                                                     "timeout")}
+        summary = {s: sum(r.status == s for r in results) for s in (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)}
         return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
                 "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
                 "llama_cpp_commit": commit,
@@ -208,7 +220,7 @@ class Handoff:
                     again = self._handoff(mode, stages, src, dst, steps, k, t, tokens)
                     res.reproduced = not isinstance(again, Failure) and \
                         compare(Trace(base.steps[k:], 0.0), again[0], steps[k:], cuts)[0] is not None
-                    res.status, res.mode, res.offset = "diverged", mode, t
+                    res.status, res.mode, res.offset = FINDING, mode, t
                     res.stage, res.where, res.position = div.stage, div.where, div.position
                     res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
                                  f"uninterrupted run at position {div.position}"
@@ -219,7 +231,7 @@ class Handoff:
                 if mode == "full":
                     bad = self._check_bytes(res, blobs, empties, t, kv_first)
                     if bad:
-                        res.status, res.mode, res.offset, res.reason = "diverged", "bytes", t, bad
+                        res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
                         return res
         return res
 
@@ -386,4 +398,21 @@ def format_handoff(rep: dict[str, Any]) -> str:
 
 def exit_code(rep: dict[str, Any]) -> int:
     s = rep["summary"]
-    return 1 if s["diverged"] or s["crash"] or s["timeout"] else 0
+    return 1 if s[FINDING] or s[CRASH] or s[TIMEOUT] else 0
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def report(fixture: Path, cfg: HandoffConfig) -> Report:
+    data = Handoff(fixture, cfg).run()
+    findings = [Finding(oracle="handoff", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
+                        offset=r.get("offset"), phase=r.get("mode"), position=r.get("position"), where=r.get("where"),
+                        node=r.get("node"), reproduced=r.get("reproduced"), detail=r,
+                        message=f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason') or r['status']}"
+                        + (f"; first node {describe_node(r['node'])}" if describe_node(r.get("node")) else ""))
+                for r in data["results"] if r["status"] in FAILING]
+    return make_report("handoff", fixture, data, results=data["results"], findings=findings)
+
+
+ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
+                per_cut=True, narrow=select("modes", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 3)),
+                case_fields=("tokens", "prompt_len", "chunk", "modes", "seed"))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
 from fuzz.parity import GGML_TYPE_I32
 from fuzz.schedule import prompt_tokens
 from synth.errors import UserError
@@ -71,16 +72,16 @@ class Isolation:
                 together = self._together(t, alone)
                 rows = self._compare(kvu, alone, together)
                 results += rows
-                bad = [r for r in rows if r["status"] == "mixed"]
+                bad = [r for r in rows if r["status"] == FINDING]
                 if bad:
                     again = self._compare(kvu, alone, self._together(t, alone))
                     for r in bad:
                         twin = next(a for a in again if a["seq"] == r["seq"])
-                        f = {**r, "reproduced": twin["status"] == "mixed" and twin["step"] == r["step"]}
+                        f = {**r, "reproduced": twin["status"] == FINDING and twin["step"] == r["step"]}
                         if not isinstance(together, str):
                             f["cause"] = self._cause(t, r["seq"], r["step"], alone, together, kvu)
                         if is_numerics(f.get("cause")):
-                            r["status"] = "numerics"
+                            r["status"] = NUMERICS
                             numerics.append(f)
                         else:
                             findings.append(f)
@@ -88,7 +89,7 @@ class Isolation:
                 "llama_cpp_commit": self.commit,
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
                 "results": results, "findings": findings, "numerics": numerics,
-                "status": "fail" if findings else "pass"}
+                "status": FINDING if findings else PASS}
 
     def _params(self, kv_unified: bool) -> dict[str, Any]:
         n = max(64, sum(len(p) for p in self.prompts))
@@ -259,7 +260,7 @@ class Isolation:
                 continue
             d = [float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(alone[i][1], together[i], strict=True)]
             step = next((k for k, x in enumerate(d) if x > self.cfg.tol), None)
-            rows.append({"kv_unified": kvu, "seq": i, "status": "mixed" if step is not None else "pass",
+            rows.append({"kv_unified": kvu, "seq": i, "status": FINDING if step is not None else PASS,
                          "step": step, "max_abs_dlogit": max(d),
                          "tokens_alone": alone[i][0],
                          "argmax_together": [int(np.argmax(x)) for x in together[i]]})
@@ -304,3 +305,33 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings"
                  + (f", {len(rep['numerics'])} numerics" if rep.get("numerics") else ""))
     return "\n".join(lines)
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def kv_layout(kv_unified: bool) -> str:
+    return "unified-kv" if kv_unified else "per-seq-kv"
+
+
+def finding_of(f: dict[str, Any], status: str) -> Finding:
+    if f["seq"] is None:
+        what = f"{kv_layout(f['kv_unified'])}: {f['reason']}"
+    else:
+        what = (f"{kv_layout(f['kv_unified'])}: sequence {f['seq']} changes when batched (step {f['step']}, max "
+                f"|Δlogit| {f['max_abs_dlogit']:.3g})" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
+    return Finding(oracle="isolation", status=status, message=what, phase=kv_layout(f["kv_unified"]), seq=f["seq"],
+                   step=f["step"], cause=f.get("cause"), reproduced=f.get("reproduced"), detail=f)
+
+
+def report(fixture: Path, cfg: IsolationConfig) -> Report:
+    iso = Isolation(fixture, cfg)
+    data = iso.run()
+    data.update(n_layer=iso.info.n_layer, target=cfg.target)
+    return make_report("isolation", fixture, data, results=data["results"],
+                       findings=[finding_of(f, CRASH if f["status"] == CRASH else FINDING) for f in data["findings"]],
+                       numerics=[finding_of(f, NUMERICS) for f in data["numerics"]])
+
+
+ORACLE = Oracle(name="isolation", config=IsolationConfig, run=report, format=lambda rep: format_report(rep.native),
+                narrow=select("kv_unified", lambda f: f.phase == "unified-kv"),
+                shrink=(("tokens", 1), ("prompt_len", 1), ("n_seq", 2)),
+                case_fields=("n_seq", "prompt_len", "tokens", "kv_unified", "tol", "seed"))

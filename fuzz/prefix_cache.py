@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
+from fuzz.contract import CRASH, FINDING, PASS, Finding, Oracle, Report, make_report
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
@@ -28,7 +29,7 @@ NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
 class PrefixCacheConfig:
     slots: int = 4
     rounds: int = 4
-    n_predict: int = 8
+    tokens: int = 8  # greedy tokens per request (the server's n_predict)
     n_ctx: int = 1024
     cache_ram: int = 64  # MiB of host memory for cached prompts
     seed: int = 0
@@ -37,7 +38,7 @@ class PrefixCacheConfig:
 
 
 @dataclass
-class Finding:
+class ServerFinding:
     kind: str  # diverged | leaked-slot | request-failed | capacity | server-crash
     round: int | None
     message: str
@@ -108,7 +109,7 @@ class PrefixCache:
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
                 "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
                 "schedule": sched.to_dict(), "rounds": rounds, "findings": [f.to_dict() for f in findings],
-                "status": "fail" if findings else "pass"}
+                "status": FINDING if findings else PASS}
 
     def _load(self, t: Target, **params: Any) -> None:
         r = t.load(str(self.fixture), n_ctx=self.cfg.n_ctx, **params)
@@ -118,7 +119,7 @@ class PrefixCache:
     def _reference(self, t: Target, sched: Schedule) -> dict[str, dict[str, Any]]:
         """Each prompt alone on a one-slot server with the cache off."""
         self._load(t, slots=1, cache_ram=0)
-        reqs = [{"prompt": p, "n_predict": self.cfg.n_predict, "cache_prompt": False} for p in sched.prompts.values()]
+        reqs = [{"prompt": p, "n_predict": self.cfg.tokens, "cache_prompt": False} for p in sched.prompts.values()]
         r = t.call("complete", requests=reqs, concurrent=False)
         if not r.ok or any("error" in x for x in r.data["results"]):
             raise UserError(f"{self.fixture}: the uncached reference fails: "
@@ -129,33 +130,33 @@ class PrefixCache:
         """One run of every round on a fresh server; findings and a per-round summary."""
         cfg = self.cfg
         self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram)
-        findings: list[Finding] = []
+        findings: list[ServerFinding] = []
         rounds = []
         for k, names in enumerate(sched.rounds):
-            reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.n_predict} for n in names]
+            reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.tokens} for n in names]
             r = t.call("complete", requests=reqs, concurrent=True)
             if not r.ok:
-                findings.append(Finding("server-crash", k, r.failure.message))
+                findings.append(ServerFinding("server-crash", k, r.failure.message))
                 return findings, rounds
             reused = []
             for name, got in zip(names, r.data["results"], strict=True):
                 if "error" in got:
-                    findings.append(Finding("request-failed", k, f"{name}: {got['error']}"))
+                    findings.append(ServerFinding("request-failed", k, f"{name}: {got['error']}"))
                     continue
                 reused.append(got["cache_n"])
                 why = compare(reference[name], got)
                 if why:
-                    findings.append(Finding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} prompt "
-                                            f"tokens from the cache): {why}"))
+                    findings.append(ServerFinding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} "
+                                                  f"prompt tokens from the cache): {why}"))
             busy = self._busy_slots(t)
             if busy:
-                findings.append(Finding("leaked-slot", k, f"slots {busy} still processing after round {k} "
+                findings.append(ServerFinding("leaked-slot", k, f"slots {busy} still processing after round {k} "
                                         f"({len(names)} requests, all answered)"))
             rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
         if not any(f.kind == "leaked-slot" for f in findings):  # a leaked slot already explains a full server
             probe = self._capacity_probe(t)
             if probe:
-                findings.append(Finding("capacity", None, probe))
+                findings.append(ServerFinding("capacity", None, probe))
         return findings, rounds
 
     def _busy_slots(self, t: Target) -> list[int]:
@@ -166,7 +167,7 @@ class PrefixCache:
 
     def _capacity_probe(self, t: Target) -> str | None:
         """A prompt needing most of one slot's context: fits only if the cache gave its cells back."""
-        n = self.cfg.n_ctx // self.cfg.slots - self.cfg.n_predict - 4
+        n = self.cfg.n_ctx // self.cfg.slots - self.cfg.tokens - 4
         rng = np.random.Generator(np.random.PCG64(self.cfg.seed + 99))
         prompt = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
         r = t.call("complete", requests=[{"prompt": prompt, "n_predict": 2, "cache_prompt": False, "timeout": 20}])
@@ -202,3 +203,22 @@ def format_report(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
+    pc = PrefixCache(fixture, cfg)
+    data = pc.run()
+    data.update(n_layer=pc.info.n_layer, target=cfg.target)
+    found = {f["round"] for f in data["findings"]}
+    results = [{**r, "status": FINDING if r["round"] in found else PASS} for r in data["rounds"]]
+    findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
+                        phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f,
+                        message=f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "")
+                        + f": {f['message']}") for f in data["findings"]]
+    return make_report("prefix-cache", fixture, data, results=results, findings=findings, extra=("schedule",))
+
+
+ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),
+                shrink=(("rounds", 1), ("tokens", 1), ("slots", 2)),
+                case_fields=("slots", "rounds", "tokens", "n_ctx", "seed"))

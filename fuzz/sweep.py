@@ -23,6 +23,19 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
+from fuzz.contract import (
+    CRASH,
+    FAILING,
+    FINDING,
+    PASS,
+    TIMEOUT,
+    UNSUPPORTED,
+    Finding,
+    Oracle,
+    Report,
+    make_report,
+    select,
+)
 from fuzz.parity import (
     Divergence,
     RunFailure,
@@ -47,7 +60,7 @@ from synth.stage import StageInfo, Unsupported
 from targets import Failure, Reply, Target, close_all, open_target
 from targets.target import script_request
 
-STATUSES = ("pass", "diverged", "unsupported", "crash", "timeout")
+STATUSES = (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)
 
 
 @dataclass
@@ -110,7 +123,7 @@ class SweepReport:
 
     @property
     def exit_code(self) -> int:
-        bad = any(r.status in ("diverged", "crash", "timeout") for r in self.results)
+        bad = any(r.status in FAILING for r in self.results)
         return 1 if bad or self.control.get("status") not in ("pass", "unsupported", None) else 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -385,8 +398,8 @@ class Sweep:
         if not loaded:
             r = self._load_full(ctl)
             if not r.ok:
-                return {"status": r.failure.kind, "reason": f"the control worker cannot load the full model: "
-                        f"{r.failure.message}"}
+                return {"status": TIMEOUT if r.failure.kind == "timeout" else CRASH,
+                        "reason": f"the control worker cannot load the full model: {r.failure.message}"}
         return self._control(ctl, sched, tr)
 
     def _materialize(self, sets: list[list[int]], tasks: _Tasks) -> None:
@@ -495,14 +508,14 @@ class Sweep:
         ctl = run_script(ref, script_steps(steps, embd=embd, capture=list(range(self.info.n_layer)),
                                            n_pos_per_token=self.n_pos), reset=True)
         if isinstance(ctl, Failure):
-            return {"status": ctl.kind, "reason": ctl.message}
+            return {"status": TIMEOUT if ctl.kind == "timeout" else CRASH, "reason": ctl.message}
         self._add_time(ctl.decode_seconds)
         div, worst = compare(tr, [ctl], steps, [])
         if div is None:
             return {"status": "pass", "max_abs_dlogit": worst}
         n = self.info.n_layer
         layer = localize(tr, [ctl], [(0, n, list(range(n)), [])], div.step)
-        return {"status": "diverged", "phase": div.phase, "position": div.position, "layer": layer,
+        return {"status": FINDING, "phase": div.phase, "position": div.position, "layer": layer,
                 "max_abs_dlogit": worst,
                 "reason": "embedding-input path differs from token input (not a slicing problem)"}
 
@@ -519,7 +532,7 @@ class Sweep:
             return self._failed(res, fail, phase)
         chain = again.traces[name]
         div2 = compare(ref_tr, chain, steps, res.cuts)[0]
-        res.status = "diverged"
+        res.status = FINDING
         res.reproduced = div2 is not None and (div2.step, div2.stage) == (div.step, div.stage)
         res.phase, res.step, res.position, res.seq = div.phase, div.step, div.position, div.seq
         res.stage, res.where = div.stage, div.where
@@ -590,7 +603,7 @@ def format_report(rep: SweepReport) -> str:
              f"{'cuts':<12} {'status':<11} {'phase':<9} {'pos':>4} {'stage':>5} {'layer':>6} {'max|Δ|':>9}  note"]
     for r in rep.results:
         note = r.reason or (f"pad {r.pads}" if r.pads else "")
-        if r.status == "diverged":
+        if r.status == FINDING:
             note = f"{r.where} differs; reproduced={r.reproduced}" + (f"; {r.reason}" if r.reason else "")
             if describe_node(r.node):
                 note += f"; first node {describe_node(r.node)}"
@@ -601,3 +614,38 @@ def format_report(rep: SweepReport) -> str:
     lines.append(f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
                  + f"; wall {rep.timing['wall_s']:.2f}s, llama_decode {rep.timing['llama_decode_s']:.2f}s")
     return "\n".join(lines)
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def finding_of(r: dict[str, Any]) -> Finding:
+    """A cut set's record as a Finding (a divergence, or the target crashing or hanging on a stage). The batched
+    phase's sequence stays in the detail, out of the fingerprint: fewer sequences may move it, the bug stays."""
+    what = f"cuts {','.join(map(str, r['cuts']))}: {r['status']}"
+    if r["status"] == FINDING:
+        what += f" in {r.get('phase')} at position {r.get('position')}, stage {r.get('stage')} {r.get('where')}"
+        what += f", first differing layer {r['layer']}" if r.get("layer") is not None else ""
+        what += f" (first node {describe_node(r['node'])})" if describe_node(r.get("node")) else ""
+    if r.get("reason"):
+        what += f": {r['reason']}"
+    return Finding(oracle="sweep", status=r["status"], message=what, cuts=list(r["cuts"]), stage=r.get("stage"),
+                   phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"), layer=r.get("layer"), node=r.get("node"), reproduced=r.get("reproduced"),
+                   detail=r)
+
+
+def report(fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None) -> Report:
+    rep = Sweep(fixture, cfg, slicer=slicer).run()
+    data = rep.to_dict()
+    findings = [finding_of(r) for r in data["results"] if r["status"] in FAILING]
+    ctl = rep.control
+    if ctl.get("status") in FAILING:  # the input path itself is broken: not one cut set's finding
+        findings.append(Finding(oracle="sweep", status=ctl["status"], phase="control", position=ctl.get("position"),
+                                layer=ctl.get("layer"), message=f"control (full model, embedding input): "
+                                f"{ctl['status']}: {ctl.get('reason')}", detail=ctl))
+    return make_report("sweep", fixture, data, results=data["results"], findings=findings, extra=("control",),
+                       native=rep)
+
+
+ORACLE = Oracle(name="sweep", config=SweepConfig, run=report, format=lambda rep: format_report(rep.native),
+                per_cut=True, narrow=select("phases", lambda f: f.phase),
+                shrink=(("tokens", 1), ("prompt_len", 2), ("n_seq", 2)),
+                case_fields=("tokens", "prompt_len", "chunk", "n_seq", "phases", "seed"))

@@ -8,15 +8,18 @@ Budget: FAMILY_CERTIFY_FUZZ_EXAMPLES (default 30) examples; seeds in corpora/see
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 
-from fuzz.bundle import Case, bundle_findings, bundle_one
-from fuzz.handoff import Handoff, HandoffConfig
-from fuzz.isolation import Isolation, IsolationConfig
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.bundle import bundle_findings
+from fuzz.contract import Report
+from fuzz.handoff import HandoffConfig
+from fuzz.isolation import IsolationConfig
+from fuzz.oracles import ORACLES
+from fuzz.sweep import SweepConfig
 from synth.families import FAMILIES
 from synth.inspect import inspect_file
 from synth.make import write_fixture
@@ -37,14 +40,14 @@ def kind_of(path: Path) -> str:
     return "dsa-indexer" if any(x.indexer for x in info.layers) else info.arch
 
 
-def known_upstream() -> set[tuple[str, str, bool]]:
-    """(kind, status, kv_unified) of the upstream isolation findings bundled in corpora/repros."""
+def known_upstream() -> set[tuple[str, str, str]]:
+    """(kind, status, KV layout) of the upstream isolation findings bundled in corpora/repros."""
     out = set()
     for b in sorted((ROOT / "corpora" / "repros").glob("*/bundle.json")):
         data = json.loads(b.read_text())
         if data["oracle"] == "isolation" and data["target"] == "llama-cpp":
             out.add((kind_of(b.parent / data["fixture"]), data["fingerprint"]["status"],
-                     data["fingerprint"]["kv_unified"]))
+                     data["fingerprint"]["phase"]))
     return out
 
 
@@ -60,44 +63,36 @@ def seeds() -> list[ModelSpec]:
     return out
 
 
+def run(oracle: str, path: Path, cfg) -> Report:
+    """One oracle run; its findings (if any) reproduced, shrunk and bundled under corpora/findings/."""
+    rep = ORACLES[oracle].run(path, cfg)
+    if rep.findings:
+        bundle_findings(rep, ORACLES[oracle].case_config(cfg), FINDINGS)
+    return rep
+
+
 def check(spec: ModelSpec, tmp: Path) -> None:
     path = tmp / "f.gguf"
     write_fixture(spec, path)
-    rep = Sweep(path, SweepConfig(cuts="all", tokens=4)).run()
-    data = rep.to_dict()
-    bad = [r for r in data["results"] if r["status"] in ("diverged", "crash", "timeout")]
-    if bad or rep.control.get("status") not in ("pass", "unsupported"):
-        bundle_findings("sweep", path, data["results"], rep.kinds,
-                        {"tokens": 4, "prompt_len": 24, "chunk": 7, "n_seq": 3,
-                         "phases": ["prefill", "decode", "batched"], "seed": 0}, "llama-cpp", FINDINGS,
-                        rep.llama_cpp_commit)
-    assert not bad, (spec.to_json(), bad)
-    assert rep.control.get("status") in ("pass", "unsupported"), (spec.to_json(), rep.control)
-    iso = Isolation(path, IsolationConfig(tokens=3)).run()
+    rep = run("sweep", path, SweepConfig(cuts="all", tokens=4))
+    assert not rep.findings, (spec.to_json(), [f.message for f in rep.findings])
+    iso = ORACLES["isolation"].run(path, IsolationConfig(tokens=3))
     # Random specs are sharper than the manifest's fixtures: where a sequence sits in the cache (summation order)
     # and the batch's shape (kernel paths) move low bits, and a near-tie discrete choice downstream (MoE routing,
     # bf16/q8_1 activation rounding, top-k) can turn that into more than the tolerance. The oracle reports what its
     # cause shows to be numerics apart (batch shape; a named routing flip); activation rounding at a cell position
     # has no named flip, so a cell-position cause is excused here too. A leak (cause "batch": the neighbours' data
     # reaches it) always fails; an upstream finding of this kind excuses the same status otherwise.
-    new = [f for f in iso["findings"] if f.get("cause", {}).get("kind") == "batch"
-           or (f.get("cause", {}).get("kind") != "cell position"
-               and (kind_of(path), f["status"], f["kv_unified"]) not in KNOWN_UPSTREAM)]
+    new = [f for f in iso.findings if (f.cause or {}).get("kind") == "batch"
+           or ((f.cause or {}).get("kind") != "cell position"
+               and (kind_of(path), f.status, f.phase) not in KNOWN_UPSTREAM)]
     if new:
-        f = new[0]
-        bundle_one(Case("isolation", path, [], {"n_seq": 4, "prompt_len": 12, "tokens": 3, "tol": 0.1, "seed": 0,
-                                                "kv_unified": [f["kv_unified"]]}, "llama-cpp"),
-                   FINDINGS / f"{spec.family}-isolation-{spec.seed}", iso["llama_cpp_commit"])
-    assert not new, (spec.to_json(), new)
+        bundle_findings(replace(iso, findings=new), ORACLES["isolation"].case_config(IsolationConfig(tokens=3)),
+                        FINDINGS / f"{spec.family}-{spec.seed}")
+    assert not new, (spec.to_json(), [f.message for f in new])
     if spec.pattern.count("A") and spec.pattern.count("R"):
-        ho = Handoff(path, HandoffConfig(cuts="period", prompt_len=6, tokens=2)).run()
-        bad = [r for r in ho["results"] if r["status"] in ("diverged", "crash", "timeout")]
-        if bad:
-            bundle_findings("handoff", path, ho["results"], ho["kinds"],
-                            {"tokens": 2, "prompt_len": 6, "chunk": 5, "decode_offsets": 2,
-                             "modes": ["full", "partial"], "seed": 0}, "llama-cpp", FINDINGS,
-                            ho["llama_cpp_commit"])
-        assert not bad, (spec.to_json(), bad)
+        ho = run("handoff", path, HandoffConfig(cuts="period", prompt_len=6, tokens=2))
+        assert not ho.findings, (spec.to_json(), [f.message for f in ho.findings])
 
 
 def with_seed_examples(fn):

@@ -51,10 +51,10 @@ def test_b1_mutant_is_caught_at_the_right_cuts(fixtures, family):
     rep = handoff(path, cuts="period", target="mutant:b1-first-layer-probe", modes=("full",))
     kinds = rep["kinds"]
     want = set(range(1, 5)) if family == "lfm2" else {c for c in range(1, 5) if kinds[c] == "A"}
-    got = {r["cuts"][0] for r in rep["results"] if r["status"] == "diverged"}
+    got = {r["cuts"][0] for r in rep["results"] if r["status"] == "finding"}
     assert got == want, [(r["cuts"], r["status"], r.get("reason")) for r in rep["results"]]
     for r in rep["results"]:
-        if r["status"] == "diverged":
+        if r["status"] == "finding":
             assert r["reproduced"] is True and r["mode"] == "full"
             assert r["stage"] == (0 if family == "lfm2" else 1)
             # traced node by node, the first difference is the recurrent (conv) state as the stage reads it
@@ -78,7 +78,7 @@ def test_dsa_exports_carry_the_indexer_rows_and_b4_is_caught(fixtures, family):
     k_only = sum(x.k_row_bytes + x.v_row_bytes for x in info.layers[:2])
     assert rep["results"][1]["bytes"][0]["kv_row_bytes"] > k_only  # the indexer rows are required, too
     bad = handoff(path, cuts="1;2", target="mutant:b4-kidx-not-exported", modes=("full",))
-    assert [r["status"] for r in bad["results"]] == ["diverged"] * 2, bad["results"]
+    assert [r["status"] for r in bad["results"]] == ["finding"] * 2, bad["results"]
     assert all(r["reproduced"] and r["position"] >= 4 for r in bad["results"]), bad["results"]  # 5+ keys
     for r in bad["results"]:  # the first difference: the indexer's key cache (64 wide), as the new key lands in it
         node = r["node"]
@@ -91,7 +91,7 @@ def test_a_rollback_that_zeroes_recurrent_state_is_caught_and_traced(fixtures, f
     it at every cut, and node by node the first difference is the recurrent state cache it reads."""
     rep = handoff(fixtures(family, **knobs), cuts="all" if family == "mamba2" else "period",
                   target="mutant:rollback-zeroed", modes=("partial",))
-    assert rep["results"] and all(r["status"] == "diverged" and r["mode"] == "partial" and r["reproduced"]
+    assert rep["results"] and all(r["status"] == "finding" and r["mode"] == "partial" and r["reproduced"]
                                   for r in rep["results"]), rep["results"]
     for r in rep["results"]:
         assert r["node"]["kind"] == "values" and r["node"]["name"].startswith("cache_r_l"), r["node"]
@@ -112,6 +112,6 @@ def test_cli(fixtures, tmp_path):
     rep = json.loads((tmp_path / "h.json").read_text())
     assert rep["results"][0]["bytes"][1]["first_layer"] == "attention"
     r = run_cli("fuzz", "handoff", str(path), "--cuts", "3", "--target", "mutant:b1-first-layer-probe")
-    assert r.returncode == 1 and "diverged" in r.stdout
+    assert r.returncode == 1 and "finding" in r.stdout
     bad = run_cli("fuzz", "handoff", str(path), "--modes", "sideways")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -103,13 +103,13 @@ def test_known_findings_are_reported_as_known_and_must_keep_reproducing():
     row = replace(load_manifest(ROOT / "family_tiers.toml").row("deepseek3"),
                   known={"isolation": "an upstream finding; corpora/repros/x",
                          "prefix-cache": "intermittent: the same, through llama-server; corpora/repros/x"})
-    fail = LaneResult("deepseek3", "isolation", "fail", "3 findings")
+    fail = LaneResult("deepseek3", "isolation", "finding", "3 findings")
     assert known(row, fail).status == "known" and "still reproduces" in known(row, fail).detail
     gone = known(row, LaneResult("deepseek3", "isolation", "pass", "clean"))
-    assert gone.status == "fail" and "no longer reproduces" in gone.detail
+    assert gone.status == "finding" and "no longer reproduces" in gone.detail
     flaky = known(row, LaneResult("deepseek3", "prefix-cache", "pass", "clean"))
     assert flaky.status == "pass" and "intermittent" in flaky.detail
-    assert known(row, LaneResult("deepseek3", "parity", "fail", "x")).status == "fail"  # not a known lane
+    assert known(row, LaneResult("deepseek3", "parity", "finding", "x")).status == "finding"  # not a known lane
 
 
 def test_known_entries_name_a_lane_of_the_row(tmp_path):

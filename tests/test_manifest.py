@@ -108,7 +108,7 @@ def test_run_lanes_for_a_row(tmp_path):
     r = run_cli("family-certify", "run", "mamba", "lfm2", "--lane", "load", "--lane", "parity",
                 "--lane", "boundary-sweep", "--report", str(tmp_path / "r.json"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    res = json.loads((tmp_path / "r.json").read_text())
+    res = json.loads((tmp_path / "r.json").read_text())["results"]
     assert {(x["row"], x["lane"], x["status"]) for x in res} == {
         ("mamba", "load", "pass"), ("mamba", "parity", "pass"),
         ("lfm2", "load", "pass"), ("lfm2", "parity", "pass"), ("lfm2", "boundary-sweep", "pass")}
@@ -123,7 +123,7 @@ def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
     assert lane_reject(row, path, llama, "llama-cpp").status == "pass"  # upstream keeps every arch: loads
     row.expect["llama-cpp"] = "rejects: unsupported family"  # what skippy must do: llama.cpp does not
     res = lane_reject(row, path, llama, "llama-cpp")
-    assert res.status == "fail" and "expected a clean 'unsupported family' error" in res.detail
+    assert res.status == "finding" and "expected a clean 'unsupported family' error" in res.detail
 
 
 ROWS = list(load_manifest(ROOT / "family_tiers.toml").rows.values())

@@ -1,0 +1,17 @@
+"""The oracle registry: every oracle module's `ORACLE` (fuzz/contract.py), by name. The CLI, family-certify's
+lanes, repro bundles, `fuzz replay` and the shrinker look oracles up here and nowhere else."""
+
+from __future__ import annotations
+
+from fuzz import determinism, handoff, isolation, prefix_cache, sweep
+from fuzz.contract import Oracle
+from synth.errors import UserError
+
+ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE for m in (sweep, handoff, determinism, isolation, prefix_cache)}
+
+
+def get_oracle(name: str) -> Oracle:
+    try:
+        return ORACLES[name]
+    except KeyError:
+        raise UserError(f"unknown oracle {name!r}; oracles: {', '.join(ORACLES)}") from None
