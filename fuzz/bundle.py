@@ -213,8 +213,8 @@ def bundle_name(fixture: Path, f: Finding, per_cut: bool) -> str:
 
 
 def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3) -> list[Path]:
-    """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then shrunk and bundled.
-    `config` is the run's case config (Oracle.case_config)."""
+    """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then
+    shrunk and bundled. `config` is the run's case config (Oracle.case_config)."""
     oracle = get_oracle(report.oracle)
     seen: list[dict[str, Any]] = []
     paths = []
@@ -239,7 +239,8 @@ def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, m
 # ---- reading bundles ------------------------------------------------------------------------------------
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
     """A schema-1 bundle in schema 2's words: the one status vocabulary, the KV layout or server kind as the
-    phase, no empty fingerprint fields, and prefix-cache's `n_predict` named `tokens` like every oracle's."""
+    phase, no empty fingerprint fields, prefix-cache's `n_predict` named `tokens` like every oracle's, and the
+    build identity as schema 2 records it."""
     fp = dict(data["fingerprint"])
     if data.get("oracle") == "isolation" and "kv_unified" in fp:
         fp["phase"] = "unified-kv" if fp.pop("kv_unified") else "per-seq-kv"
@@ -251,7 +252,8 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     config = dict(data.get("config") or {}) if isinstance(data.get("config"), dict) else data.get("config")
     if isinstance(config, dict) and "n_predict" in config:
         config["tokens"] = config.pop("n_predict")
-    return {**data, "schema": SCHEMA, "fingerprint": fp, "config": config}
+    build = data.get("build") or {"llama_cpp_commit": data.get("llama_cpp_commit"), "toolkit": "unknown (schema 1)"}
+    return {**data, "schema": SCHEMA, "fingerprint": fp, "config": config, "build": build}
 
 
 def read_bundle(path: Path) -> dict[str, Any]:

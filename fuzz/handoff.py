@@ -45,6 +45,7 @@ from fuzz.parity import (
     run_script,
     script_steps,
 )
+from fuzz.progress import Progress
 from fuzz.schedule import Step, prompt_tokens
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
@@ -161,8 +162,10 @@ class Handoff:
                     raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
                 commit = loaded.data.get("llama_cpp_commit")
                 self.n_pos = pos_per_token(loaded.data)
-                for cuts in sets:
-                    results.append(self._cut(cuts, ref, src, dst))
+                with Progress(len(sets) * len(self._offsets()), "hand-offs") as self.progress:
+                    for cuts in sets:
+                        self.progress.working(f"handoff cuts {','.join(map(str, cuts)) or 'none'}")
+                        results.append(self._cut(cuts, ref, src, dst))
             finally:
                 close_all([ref, *src, *dst])
         summary = {s: sum(r.status == s for r in results) for s in (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)}
@@ -202,6 +205,7 @@ class Handoff:
         kv_first: dict[int, tuple[int, int]] = {}
         for t in self._offsets():
             res.offsets += 1
+            self.progress.advance()
             steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
             ref.reset()
             base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]))

@@ -15,6 +15,7 @@ from typing import Any
 
 from fuzz.contract import FAILING, KNOWN, MISSING, SKIPPED, STATUSES, UNSUPPORTED, toolkit_version
 from synth.errors import UserError, read_text
+from synth.manifest import LANES
 
 RUN_SCHEMA = 1
 SYMBOLS = {"pass": "✅", "finding": "❌", "crash": "💥", "timeout": "⏱️", "missing": "⛔", "known": "🟣",
@@ -77,10 +78,8 @@ def summary_md(run: dict[str, Any], *, links: str = "") -> str:
     `links` prefixes relative links (where summary.md sits relative to the run directory)."""
     results = run["results"]
     failed = [x for x in results if x["status"] in FAILING]
-    lanes_order: list[str] = []
-    for x in results:
-        if x["lane"] not in lanes_order:
-            lanes_order.append(x["lane"])
+    seen = list(dict.fromkeys(x["lane"] for x in results))  # the manifest's lane order, then any other
+    lanes_order = [ln for ln in LANES if ln in seen] + [ln for ln in seen if ln not in LANES]
     rows_order = list(dict.fromkeys(x["row"] for x in results))
     cell = {(x["row"], x["lane"]): x for x in results}
     b = run["build"]

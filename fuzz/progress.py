@@ -1,11 +1,16 @@
 """Progress for long runs: a rich progress bar on a terminal; on anything else (a CI log, a pipe) only the plain,
-ANSI-free result lines, so logs stay greppable. FAMILY_CERTIFY_PROGRESS=plain|rich overrides the detection."""
+ANSI-free result lines, so logs stay greppable. FAMILY_CERTIFY_PROGRESS=plain|rich overrides the detection.
+One bar at a time: a Progress opened while another is live (an oracle's inside the battery's) stays silent."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
+
+_live: list[Progress] = []  # the bar on screen, if any
+_lock = threading.Lock()
 
 
 def interactive(stream: Any = None) -> bool:
@@ -28,6 +33,10 @@ class Progress:
         self._task: Any = None
 
     def __enter__(self) -> Progress:
+        with _lock:
+            self.rich = self.rich and not _live
+            if self.rich:
+                _live.append(self)
         if self.rich:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -43,6 +52,8 @@ class Progress:
     def __exit__(self, *exc: Any) -> None:
         if self._bar is not None:
             self._bar.stop()
+            with _lock:
+                _live.remove(self)
 
     def working(self, what: str) -> None:
         if self._bar is not None:

@@ -51,6 +51,7 @@ from fuzz.parity import (
     script_trace,
     tokens_equal,
 )
+from fuzz.progress import Progress
 from fuzz.schedule import PHASES, Schedule, batch_width, build_schedule
 from fuzz.stages import FixtureStages, Slicer, stage_ranges
 from synth.errors import UserError
@@ -188,7 +189,8 @@ class _Tasks:
     last and the workers finish together), then cut-set order. Ends when every cut set is finished or on
     abort."""
 
-    def __init__(self, n_jobs: int):
+    def __init__(self, n_jobs: int, progress: Progress):
+        self.progress = progress
         self.cond = threading.Condition()
         self.ready: list[tuple[int, int, int, int, _Job]] = []
         self.unfinished = n_jobs
@@ -214,6 +216,7 @@ class _Tasks:
             return job, stage
 
     def finish(self, job: _Job) -> None:
+        self.progress.advance()
         with self.cond:
             self.finished[job.index] = job
             self.unfinished -= 1
@@ -284,8 +287,9 @@ class Sweep:
             for t in more:
                 t.start()
             workers += more
-            with self.st.workspace(cfg.workdir):
-                results, control, commit = self._run(sets, workers)
+            with self.st.workspace(cfg.workdir), Progress(len(sets), "cut sets") as progress:
+                progress.working(f"sweep {self.fixture.name}")
+                results, control, commit = self._run(sets, workers, progress)
         finally:
             close_all(workers)
         wall = time.perf_counter() - t_start
@@ -313,7 +317,7 @@ class Sweep:
             raise th.error
         return th.result
 
-    def _run(self, sets: list[list[int]], workers: list[Target]):
+    def _run(self, sets: list[list[int]], workers: list[Target], progress: Progress):
         """The reference runs on the first worker while a thread materializes the stages, and the control run
         on the last; then every worker takes (cut set, stage) tasks as their inputs become ready, each stage
         loaded into a fresh context. Divergences are reproduced and localized last."""
@@ -321,7 +325,7 @@ class Sweep:
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
                                n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
         self._sched = sched
-        tasks = _Tasks(len(sets))
+        tasks = _Tasks(len(sets), progress)
         feeder = _Thread(self._materialize, sets, tasks)
         try:
             ref, ctl = workers[0], workers[-1]
@@ -628,7 +632,8 @@ def finding_of(r: dict[str, Any]) -> Finding:
     if r.get("reason"):
         what += f": {r['reason']}"
     return Finding(oracle="sweep", status=r["status"], message=what, cuts=list(r["cuts"]), stage=r.get("stage"),
-                   phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"), layer=r.get("layer"), node=r.get("node"), reproduced=r.get("reproduced"),
+                   phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
+                   layer=r.get("layer"), node=r.get("node"), reproduced=r.get("reproduced"),
                    detail=r)
 
 

@@ -1,0 +1,155 @@
+"""JSON Schemas of what the toolkit writes for others to read: an oracle's report (`--report`, a bundle's
+report.json), a family-certify run (`run --out DIR`/report.json, `--report`) and a repro bundle's bundle.json.
+
+The definitions live here once; `schemas/*.schema.json` are generated from them (`python -m fuzz.schemas`) and
+committed self-contained (no cross-file references), so a user's CI validates with any JSON Schema tool. A test
+keeps the committed files equal to these definitions and validates real outputs against them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fuzz.bundle import SCHEMA as BUNDLE_SCHEMA
+from fuzz.contract import REPORT_SCHEMA, STATUSES
+from fuzz.oracles import ORACLES
+from fuzz.outputs import RUN_SCHEMA
+
+DIR = Path(__file__).resolve().parent.parent / "schemas"
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+INT_OR_NULL = {"type": ["integer", "null"]}
+STR_OR_NULL = {"type": ["string", "null"]}
+OBJ_OR_NULL = {"type": ["object", "null"]}
+STATUS = {"enum": list(STATUSES)}
+ORACLE = {"enum": list(ORACLES)}
+CUTS = {"type": "array", "items": {"type": "integer", "minimum": 1}}
+
+BUILD = {"type": "object", "required": ["llama_cpp_commit", "toolkit"], "properties": {
+    "llama_cpp_commit": {**STR_OR_NULL, "description": "the llama.cpp commit the target reported"},
+    "toolkit": {"type": "string", "description": "family-certify's version"}}}
+
+FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "description": "what stays fixed while "
+               "shrinking: oracle, status, phase, where, and the kinds of layer at the cut and the divergence",
+               "properties": {"oracle": ORACLE, "status": STATUS, "phase": STR_OR_NULL, "stage": {"type": "integer"},
+                              "where": {"type": "string"}, "seq": {"type": "integer"},
+                              "cut_kinds": {"type": "array", "items": {"enum": ["A", "R", "B", "M"]}},
+                              "layer_kind": {"enum": ["A", "R", "B", "M"]}}, "additionalProperties": False}
+
+FINDING = {"type": "object", "required": ["oracle", "status", "message"], "additionalProperties": False,
+           "properties": {
+               "oracle": ORACLE, "status": STATUS, "message": {"type": "string"},
+               "cuts": {**CUTS, "description": "the cut set ([]: the unsplit model)"},
+               "stage": {"type": "integer"}, "offset": {"type": "integer"},
+               "phase": {"type": "string", "description": "sweep phase, hand-off mode, determinism class, "
+                                                          "isolation KV layout or server finding kind"},
+               "step": {"type": "integer"}, "position": {"type": "integer"}, "seq": {"type": "integer"},
+               "where": {"type": "string"}, "layer": {"type": ["integer", "string"]},
+               "node": {"type": "object", "description": "the first graph node whose bits differ"},
+               "cause": {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"},
+                                                                              "detail": {"type": "string"}}},
+               "reproduced": {"type": "boolean"}, "fingerprint": FINGERPRINT, "detail": {"type": "object"}}}
+
+REPORT = {
+    "type": "object", "description": "one oracle run (fuzz ORACLE --report R.json)",
+    "required": ["schema", "oracle", "status", "exit_code", "fixture", "sha256", "arch", "n_layer", "kinds", "layers",
+                 "target", "build", "llama_cpp_commit", "config", "summary", "results", "findings", "numerics",
+                 "timing"],
+    "properties": {
+        "schema": {"const": REPORT_SCHEMA}, "oracle": ORACLE, "status": STATUS, "exit_code": {"enum": [0, 1]},
+        "fixture": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "arch": {"type": "string"}, "n_layer": {"type": "integer", "minimum": 1},
+        "kinds": {"type": "string", "pattern": "^[ARBM]+$"},
+        "layers": {"type": "array", "items": {"type": "object", "required": ["kind", "swa", "moe"], "properties": {
+            "kind": {"enum": ["attention", "recurrent", "both", "mlp"]}, "swa": {"type": "boolean"},
+            "moe": {"type": "boolean"}}}},
+        "target": {"type": "string"}, "build": BUILD, "llama_cpp_commit": STR_OR_NULL,
+        "config": {"type": "object"},
+        "summary": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        "results": {"type": "array", "items": {"type": "object", "required": ["status"],
+                                               "properties": {"status": STATUS}}},
+        "findings": {"type": "array", "items": {"$ref": "#/$defs/finding"}},
+        "numerics": {"type": "array", "items": {"$ref": "#/$defs/finding"}},
+        "timing": {"type": "object", "additionalProperties": {"type": "number"}},
+        "control": {"type": "object", "description": "sweep: the full model fed its own token embeddings"},
+        "policy": {"type": "object", "description": "determinism: what upstream promises per comparison class"},
+        "same_schedule": {"type": "array"}, "pairs": {"type": "array"}, "chains": {"type": "array"},
+        "schedule": {"type": "object", "description": "prefix-cache: the prompts and rounds sent"}}}
+
+LANE = {"type": "object", "required": ["row", "lane", "status", "detail", "seconds"], "properties": {
+    "row": {"type": "string"}, "lane": {"type": "string"}, "status": STATUS, "detail": {"type": "string"},
+    "seconds": {"type": "number", "minimum": 0}, "data": {"type": "object"},
+    "bundles": {"type": "array", "items": {"type": "string"}, "description": "relative to the run directory"},
+    "pictures": {"type": "array", "items": {"type": "string"}},
+    "reports": {"type": "array", "items": {"$ref": "#/$defs/report"}}}}
+
+RUN = {
+    "type": "object", "description": "a family-certify run (run --out DIR: DIR/report.json; aggregate; mutants)",
+    "required": ["schema", "kind", "command", "target", "build", "manifest", "plan", "results", "totals", "wall_s",
+                 "exit_code"],
+    "properties": {
+        "schema": {"const": RUN_SCHEMA}, "kind": {"const": "family-certify-run"}, "command": {"type": "string"},
+        "target": {"type": "string"}, "build": BUILD,
+        "manifest": {"type": "object", "required": ["path", "sha256"], "properties": {
+            "path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+        "plan": {"type": "array", "items": {"type": "object", "required": ["row", "lanes"], "properties": {
+            "row": {"type": "string"}, "lanes": {"type": "array", "items": {"type": "string"}}}}},
+        "results": {"type": "array", "items": LANE},
+        "totals": {"type": "object", "propertyNames": STATUS, "additionalProperties": {"type": "integer"}},
+        "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]},
+        "picture": {"type": "string", "description": "the rows x lanes picture, relative to the run directory"}}}
+
+BUNDLE = {
+    "type": "object", "description": "a repro bundle's bundle.json (replay: fuzz replay DIR)",
+    "required": ["schema", "oracle", "target", "cuts", "config", "fingerprint", "fixture", "fixture_sha256", "spec",
+                 "build", "llama_cpp_commit", "original", "shrink", "replay"],
+    "properties": {
+        "schema": {"const": BUNDLE_SCHEMA}, "oracle": ORACLE, "target": {"type": "string"}, "cuts": CUTS,
+        "config": {"type": "object", "description": "the oracle's case config (its Oracle.case_fields)"},
+        "fingerprint": FINGERPRINT, "fixture": {"type": "string"},
+        "fixture_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "spec": {**OBJ_OR_NULL, "description": "the synthetic fixture's spec (null for a user's GGUF)"},
+        "build": BUILD, "llama_cpp_commit": STR_OR_NULL,
+        "original": {"type": "object", "required": ["fixture", "fixture_sha256", "cuts", "config"]},
+        "shrink": {"type": "object", "required": ["runs", "steps"], "properties": {
+            "runs": {"type": "integer", "minimum": 0}, "steps": {"type": "array", "items": {"type": "string"}}}},
+        "replay": {"type": "string"}}}
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    """file name → schema, each self-contained."""
+    def doc(name: str, title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+        return {"$schema": DRAFT, "$id": f"urn:family-certify:schema:{name}", "title": title, **body, "$defs": defs}
+
+    return {
+        "report.schema.json": doc("report", f"family-certify oracle report, schema {REPORT_SCHEMA}", REPORT,
+                                  {"finding": FINDING}),
+        "certify-run.schema.json": doc("certify-run", f"family-certify run, schema {RUN_SCHEMA}", RUN,
+                                       {"report": REPORT, "finding": FINDING}),
+        "bundle.schema.json": doc("bundle", f"family-certify repro bundle, schema {BUNDLE_SCHEMA}", BUNDLE, {}),
+    }
+
+
+def write(out: Path = DIR) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, schema in schemas().items():
+        (out / name).write_text(json.dumps(schema, indent=2) + "\n")
+        paths.append(out / name)
+    return paths
+
+
+def validate(data: Any, name: str) -> None:
+    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run or bundle)."""
+    import jsonschema
+
+    schema = json.loads((DIR / f"{name}.schema.json").read_text())
+    jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
+
+
+if __name__ == "__main__":
+    for p in write(Path(sys.argv[1]) if len(sys.argv) > 1 else DIR):
+        print(p)

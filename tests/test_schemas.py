@@ -1,0 +1,70 @@
+"""schemas/: the JSON Schemas users validate our outputs with. The committed files are the definitions in
+fuzz/schemas.py, each a valid draft 2020-12 schema, and real outputs of every oracle, of bundles (the committed
+corpora included) and of a family-certify run satisfy them — and a wrong one does not."""
+
+import json
+
+import jsonschema
+import pytest
+
+from fuzz.bundle import load_case, migrate
+from fuzz.schemas import DIR, schemas, validate
+
+from conftest import ROOT, run_cli
+
+
+def test_committed_schemas_are_the_definitions():
+    assert sorted(p.name for p in DIR.glob("*.schema.json")) == sorted(schemas())
+    for name, schema in schemas().items():
+        assert json.loads((DIR / name).read_text()) == schema, f"regenerate: python -m fuzz.schemas ({name})"
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+@pytest.mark.parametrize("bundle", sorted((ROOT / "corpora" / "repros").glob("*/bundle.json")),
+                         ids=lambda p: p.parent.name)
+def test_committed_bundles_satisfy_the_bundle_schema(bundle):
+    validate(json.loads(bundle.read_text()), "bundle")
+
+
+# every oracle once, as cheaply as it runs (a finding where a mutant makes one cheaply)
+RUNS = [
+    ("sweep", ["--cuts", "2;1,3", "--stages", "3", "--tokens", "3"], "llama-cpp", 0),
+    ("handoff", ["--cuts", "2", "--prompt-len", "4", "--tokens", "2"], "mutant:b1-first-layer-probe", 1),
+    ("determinism", ["--threads", "1,2", "--ubatch", "64", "--chunks", "64", "--flash-attn", "off", "--repeats", "2",
+                     "--tokens", "2"], "mutant:perturb-2-threads", 1),
+    ("isolation", ["--n-seq", "2", "--prompt-len", "4", "--tokens", "2"], "mutant:seq-leak", 1),
+    ("prefix-cache", ["--slots", "2", "--rounds", "1", "--tokens", "2", "--n-ctx", "256"], "llama-server", 0),
+]
+
+
+@pytest.mark.llama
+@pytest.mark.server
+@pytest.mark.parametrize("oracle,args,target,rc", RUNS, ids=[r[0] for r in RUNS])
+def test_every_oracles_report_satisfies_the_report_schema(fixtures, tmp_path, oracle, args, target, rc):
+    path = fixtures("jamba", layers=4, period=4) if oracle in ("sweep", "handoff") else fixtures("llama", layers=2)
+    out = tmp_path / "deep" / "r.json"  # --report creates its directory
+    r = run_cli("fuzz", oracle, str(path), *args, "--target", target, "--report", str(out))
+    assert r.returncode == rc, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    validate(rep, "report")
+    assert rep["oracle"] == oracle and rep["exit_code"] == rc and bool(rep["findings"]) == bool(rc)
+    assert all(f["fingerprint"]["oracle"] == oracle for f in rep["findings"])
+    broken = {**rep, "status": "diverged"}  # a word outside the one vocabulary
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken, "report")
+
+
+def test_a_schema_1_bundle_is_read_in_schema_2s_words(tmp_path):
+    src = ROOT / "corpora" / "repros" / "kimi-linear-isolation-per-seq-kv"
+    data = json.loads((src / "bundle.json").read_text())
+    v1 = {**{k: v for k, v in data.items() if k != "build"}, "schema": 1,
+          "fingerprint": {"oracle": "isolation", "status": "crash", "kv_unified": False, "seq": None}}
+    assert migrate(v1)["fingerprint"] == {"oracle": "isolation", "status": "crash", "phase": "per-seq-kv"}
+    assert migrate({"oracle": "prefix-cache", "config": {"n_predict": 1}, "fingerprint": {
+        "oracle": "prefix-cache", "status": "leaked-slot"}})["config"] == {"tokens": 1}
+    (tmp_path / "fixture.gguf").write_bytes((src / "fixture.gguf").read_bytes())
+    (tmp_path / "bundle.json").write_text(json.dumps(v1))
+    case, fp = load_case(tmp_path)
+    assert fp == data["fingerprint"] and case.config == data["config"]
+    r = run_cli("fuzz", "replay", str(tmp_path / "nope"))
+    assert r.returncode == 2
