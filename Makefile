@@ -2,8 +2,9 @@
 #   make demo   make a hybrid fixture (period 4), run it through the real llama.cpp, sweep its cuts
 #   make test   the default test suite (what .ci/run and CI call)
 PY := .venv/bin/python
+CACHE := $(or $(FAMILY_CERTIFY_CACHE),$(HOME)/.cache/family-certify)
 
-.PHONY: bootstrap server demo test test-slow lint bench clean
+.PHONY: bootstrap server demo test test-slow lint bench constraints clean
 bootstrap:
 	@scripts/bootstrap.sh
 
@@ -27,6 +28,15 @@ lint: bootstrap
 bench: bootstrap
 	$(PY) benchmarks/synth_bench.py
 	$(PY) benchmarks/sweep_bench.py
+
+# re-resolve constraints.txt: the newest versions pyproject.toml allows, in a fresh venv (review the diff, commit it);
+# a single bump is simpler by hand: one line of constraints.txt
+constraints: bootstrap
+	rm -rf build/freeze && python3 -m venv build/freeze
+	build/freeze/bin/pip install -q --find-links "$(CACHE)/wheels" -e '.[dev]'
+	{ sed '/^[^#]/,$$d' constraints.txt; build/freeze/bin/pip freeze --exclude-editable \
+	  | grep -v -e '^llama_cpp_python[=@ ]' -e '^gguf[=@ ]'; } > build/constraints.txt
+	mv build/constraints.txt constraints.txt && rm -rf build/freeze
 
 clean:
 	rm -rf build .pytest_cache

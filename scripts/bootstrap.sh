@@ -12,7 +12,10 @@ cache=${FAMILY_CERTIFY_CACHE:-$HOME/.cache/family-certify}
 py=${PYTHON:-python3}
 venv="$root/.venv"
 stamp="$venv/.bootstrap-stamp"
-want="$LLAMA_CPP_PYTHON $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+# every other Python package at an exact version (a bump there is a one-line reviewed change, and re-installs)
+constraints="$root/constraints.txt"
+[ -f "$constraints" ] || { echo "bootstrap: $constraints is missing (it pins every dependency)" >&2; exit 1; }
+want="$LLAMA_CPP_PYTHON $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16) $(sha256sum "$constraints" | cut -c1-16)"
 
 # byte-compile the checkout every time (quick; a no-op when nothing changed): every worker process imports
 # targets/, and an environment with PYTHONDONTWRITEBYTECODE would otherwise recompile it at each start
@@ -54,9 +57,10 @@ if [ -z "$gguf_wheel" ]; then
 fi
 
 say "installing into $venv"
-"${pip[@]}" install "$wheel" "$gguf_wheel"
+# -c: the wheels' own dependencies (numpy, jinja2, diskcache, pyyaml, tqdm, ...) at the pinned versions too
+"${pip[@]}" install -c "$constraints" "$wheel" "$gguf_wheel"
 # compat mode: a path entry to the checkout, so new modules and packages need no reinstall
-"${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=compat
+"${pip[@]}" install -c "$constraints" -e "$root[dev]" --config-settings editable_mode=compat
 # the worker's native helpers (targets/native.c); workers also build them on first use if missing
 "$venv/bin/python" -m targets.native >&2
 "$venv/bin/python" -m compileall -q "$root/synth" "$root/fuzz" "$root/targets" >/dev/null
