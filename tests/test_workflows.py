@@ -154,7 +154,7 @@ def test_ci_runs_exactly_make_test():
     assert lines[-1] == "exec make test", lines
 
 
-def test_every_test_job_gets_the_build_and_compiles_nothing():
+def test_every_test_job_downloads_the_build():
     """Build once, test many: in every workflow exactly one job (`build`) runs `make server` and restores the
     cache; every other job that bootstraps first downloads the build job's artifact (named by its output)."""
     for path in WORKFLOWS:
@@ -174,6 +174,14 @@ def test_every_test_job_gets_the_build_and_compiles_nothing():
 
 
 # ---- the simulated runner -----------------------------------------------------------------------------------
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows (the build's tar is 100+ MB; nothing writes to it), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 class Unknown(Exception):
@@ -324,7 +332,7 @@ class Job:
     job: str
     steps: list[Step]
     outputs: dict[str, Any]
-    cache: Path  # the job's ~/.cache/family-certify
+    cache_files: set[str]  # what the job's ~/.cache/family-certify held at its end (relative paths)
     workspace: Path  # what the job left in its checkout (untracked files), kept after the next job's clean
     seconds: float
 
@@ -461,7 +469,11 @@ class Runner:
             rel = line.removeprefix("Would remove ").rstrip("/")
             (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.move(self.repo / rel, workspace / rel)
-        result = Job(workflow, job_id, steps, outputs, cache, workspace, seconds)
+        cache_files = {str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()}
+        shutil.rmtree(temp)
+        if cache != self.real_cache:
+            shutil.rmtree(cache, ignore_errors=True)  # 100+ MB a job: only its file list is kept
+        result = Job(workflow, job_id, steps, outputs, cache_files, workspace, seconds)
         self.results[key] = result
         return result
 
@@ -508,10 +520,7 @@ class Runner:
                 shutil.copytree(src, dest)
             else:
                 dest.mkdir(parents=True)
-                try:
-                    os.link(src, dest / src.name)  # the build's tar is 100+ MB: a hard link, not a copy
-                except OSError:
-                    shutil.copy2(src, dest / src.name)
+                shutil.copy2(src, dest / src.name)
             for p in [dest, *dest.rglob("*")]:  # artifacts are zips: file modes are not kept
                 p.chmod(0o755 if p.is_dir() else 0o644)
             store[art] = dest
@@ -521,12 +530,12 @@ class Runner:
             if "name" in args:
                 if args["name"] not in store:
                     return Step(name, "uses", 1, f"artifact {args['name']!r} not found; this run has {sorted(store)}")
-                shutil.copytree(store[args["name"]], dest, dirs_exist_ok=True)
+                shutil.copytree(store[args["name"]], dest, dirs_exist_ok=True, copy_function=link_or_copy)
                 return Step(name, "uses", log=f"(simulated: downloaded {args['name']!r} into {dest})")
             if "pattern" in args and not args.get("merge-multiple"):
                 names = [a for a in store if fnmatch.fnmatchcase(a, str(args["pattern"]))]
                 for a in names:
-                    shutil.copytree(store[a], dest / a, dirs_exist_ok=True)
+                    shutil.copytree(store[a], dest / a, dirs_exist_ok=True, copy_function=link_or_copy)
                 return Step(name, "uses", log=f"(simulated: downloaded {names} into {dest})")
             raise Unknown(f"download-artifact with {args} is not modelled")
         raise Unknown(f"action {spec['uses']} is not modelled")
@@ -567,7 +576,10 @@ def ci(tmp_path_factory):
     scratch = tmp_path_factory.mktemp("workflows")
     repo = scratch / "repo"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(repo)], check=True, timeout=120)
-    return Runner(repo, scratch, CACHE)
+    yield Runner(repo, scratch, CACHE)
+    # the clone's venv and the build tars are 800 MB; the job directories (scripts, outputs, summaries) stay
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.rmtree(scratch / "artifacts", ignore_errors=True)
 
 
 def job(ci: Runner, workflow: str, job_id: str) -> Job:
@@ -631,8 +643,7 @@ def assert_consumer(j: Job, ci: Runner, out: str) -> Path:
     (tar_path,) = ci.artifacts[j.workflow][build.outputs["cache"]].iterdir()
     with tarfile.open(tar_path) as tar:
         packed = {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
-    present = {str(p.relative_to(j.cache)) for p in j.cache.rglob("*") if p.is_file()}
-    assert present == packed, f"built or fetched into the job's cache: {sorted(present - packed)}"
+    assert j.cache_files == packed, f"built or fetched into the job's cache: {sorted(j.cache_files - packed)}"
     d = j.workspace / out
     assert (d / "summary.md").is_file() and (d / "junit.xml").is_file(), (sorted(os.listdir(d)) if d.exists()
                                                                          else f"no {out}", j.why())
