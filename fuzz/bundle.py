@@ -29,7 +29,7 @@ from synth.errors import UserError, read_text
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
 from synth.make import write_fixture
-from synth.spec import SPEC_KEY, Knobs, ModelSpec
+from synth.spec import KNOBS, SPEC_KEY, Knobs, ModelSpec
 
 BUNDLE = "bundle.json"
 SCHEMA = 2  # 1: fingerprints in each oracle's own status words (read and migrated)
@@ -136,11 +136,7 @@ def _fewer_layers(case: Case, spec: ModelSpec, drop_first: bool, path: Path) -> 
         return None
     fam = get_family(spec.family)
     kv = spec.n_head_kv[1:] if drop_first else spec.n_head_kv[:-1]
-    given: dict[str, Any] = {"embd": spec.n_embd, "heads": spec.n_head, "head_dim": spec.head_dim, "ff": spec.n_ff,
-                             "vocab": spec.n_vocab, "experts": spec.n_expert, "experts_used": spec.n_expert_used,
-                             "shared_experts": spec.n_expert_shared, "leading_dense": spec.n_leading_dense,
-                             "q_lora_rank": spec.q_lora_rank, "kv_lora_rank": spec.kv_lora_rank,
-                             "indexer": spec.indexer, "indexer_top_k": spec.indexer_top_k}
+    given: dict[str, Any] = {k.name: getattr(spec, k.spec_field) for k in KNOBS if k.spec_field}
     if fam.kind == "hybrid" and not fam.parallel_hybrid:
         given["pattern"] = pattern
         if fam.per_layer_kv:

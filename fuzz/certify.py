@@ -359,7 +359,7 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
     if out is not None:
         from fuzz.pictures import battery_picture
 
-        if battery_picture(run["results"], out / "pictures" / "battery.svg"):
+        if battery_picture(run["results"], out / "pictures" / "battery.svg", LANES):
             run["picture"] = "pictures/battery.svg"
     return run
 
@@ -428,7 +428,7 @@ def aggregate(
                     shutil.copytree(d / sub, out / sub, dirs_exist_ok=True)
         from fuzz.pictures import battery_picture
 
-        if battery_picture(run["results"], out / "pictures" / "battery.svg"):
+        if battery_picture(run["results"], out / "pictures" / "battery.svg", LANES):
             run["picture"] = "pictures/battery.svg"
     missing = [f"{x['row']}/{x['lane']}" for x in run["results"] if x["status"] == MISSING]
     if missing:

@@ -31,6 +31,7 @@ from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Repor
 from fuzz.parity import (
     Trace,
     compare,
+    context_params,
     describe_node,
     first_differing_graph_node,
     max_abs,
@@ -132,8 +133,8 @@ class Determinism:
         with self.st.workspace(cfg.workdir):
             try:
                 for sch in self.schedules():
-                    params = {"n_ctx": 256, "n_batch": 64, "n_ubatch": sch.ubatch, "n_threads": sch.threads,
-                              "flash_attn": sch.flash_attn, "capture": bool(sets)}
+                    params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                            capture=bool(sets))
                     steps = steps_for(prompt, sch.chunk, cfg.tokens)
                     loaded = full.load(str(self.fixture), **params)
                     if not loaded.ok:
@@ -184,8 +185,8 @@ class Determinism:
         traced = []
         with open_target(self.cfg.target, timeout=self.cfg.timeout) as t:
             for sch in pair:
-                params = {"n_ctx": 256, "n_batch": 64, "n_ubatch": sch.ubatch, "n_threads": sch.threads,
-                          "flash_attn": sch.flash_attn, "trace": True}
+                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                        trace=True)
                 reqs = script_steps(steps[:k + 1], logits_mode="last")
                 reqs[-1]["trace"] = "all"
                 r = t.pipeline([("load", {"path": str(self.fixture), **params}), script_request(reqs, reset=True)])

@@ -38,6 +38,7 @@ from fuzz.contract import (
 from fuzz.parity import (
     Trace,
     compare,
+    context_params,
     describe_node,
     first_differing_graph_node,
     pos_per_token,
@@ -181,7 +182,7 @@ class Handoff:
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 2}
+        return context_params(n_seq=2)
 
     def _offsets(self) -> list[int]:
         P = self.cfg.prompt_len

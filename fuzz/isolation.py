@@ -23,7 +23,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import GGML_TYPE_I32
+from fuzz.parity import GGML_TYPE_I32, context_params
 from fuzz.schedule import prompt_tokens
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -93,7 +93,7 @@ class Isolation:
 
     def _params(self, kv_unified: bool) -> dict[str, Any]:
         n = max(64, sum(len(p) for p in self.prompts))
-        return {"n_ctx": 512, "n_batch": n, "n_ubatch": n, "n_seq_max": self.cfg.n_seq, "kv_unified": kv_unified}
+        return context_params(n_seq=self.cfg.n_seq, n_ctx=512, n_batch=n, kv_unified=kv_unified)
 
     def _load(self, t: Target, kv_unified: bool) -> str | None:
         """None, or why a context for n_seq sequences cannot be made (after checking one sequence can)."""

@@ -19,6 +19,15 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_I32 = 26
 
 
+def context_params(*, n_seq: int = 1, n_ctx: int = 256, n_batch: int = 64, n_ubatch: int | None = None,
+                   **extra: Any) -> dict[str, Any]:
+    """The context every oracle loads a fixture or stage into (protocol `load`), defined once: 256 cells, batches
+    of 64 rows in one ubatch unless a schedule says otherwise; `extra` for threads, flash attention, capture,
+    tracing, the KV layout."""
+    return {"n_ctx": n_ctx, "n_batch": n_batch, "n_ubatch": n_batch if n_ubatch is None else n_ubatch,
+            "n_seq_max": n_seq, **extra}
+
+
 def pos_per_token(info: dict[str, Any]) -> int:
     """Positions per token when feeding batch.embd: M-RoPE archs take 4 sections (notes §2.5), others 1."""
     return 4 if info.get("rope_type") in MROPE_TYPES else 1

@@ -486,11 +486,12 @@ def sweep_picture(report: Mapping[str, Any], out: Path | str) -> Path:
 
 
 @_draw
-def battery_picture(lanes: Sequence[Mapping[str, Any]], out: Path | str) -> Path:
-    """Row × lane grid of a family-certify run: rows in the order given, lanes by first appearance; a lane a
-    row has no entry for is drawn "not run"."""
+def battery_picture(lanes: Sequence[Mapping[str, Any]], out: Path | str, lane_order: Sequence[str] = ()) -> Path:
+    """Row × lane grid of a family-certify run: rows in the order given, lanes in `lane_order` then by first
+    appearance; a lane a row has no entry for is drawn "not run"."""
     rows: list[str] = []
-    cols: list[str] = []
+    present_lanes = {str(e["lane"]) for e in lanes}
+    cols: list[str] = [ln for ln in lane_order if ln in present_lanes]
     status: dict[tuple[str, str], str] = {}
     for e in lanes:
         row, lane = str(e["row"]), str(e["lane"])

@@ -41,6 +41,7 @@ from fuzz.parity import (
     RunFailure,
     Trace,
     compare,
+    context_params,
     describe_node,
     first_differing_node,
     first_row_diff,
@@ -305,7 +306,7 @@ class Sweep:
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
 
     def _load_params(self, n_seq: int) -> dict[str, Any]:
-        return {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": n_seq}
+        return context_params(n_seq=n_seq)
 
     def _load_full(self, t: Target) -> Reply:
         """Load the full model on t, or take the load started for it at the beginning."""

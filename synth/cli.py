@@ -14,12 +14,11 @@ import typer
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from synth.families import ALIASES, FAMILIES, get_family
-from synth.families.base import FLAG
 from synth.inspect import format_table, inspect_file
 from synth.make import write_fixture
 from synth.manifest import load_manifest
 from synth.package import MANIFEST, materialize_stage, read_manifest, write_package
-from synth.spec import Knobs, parse_int_list
+from synth.spec import FLAG, KNOB, Knobs, parse_int_list
 from synth.stage import SourceModel, StageInfo, Unsupported, parse_range, stage_path
 
 app = new_app("Tiny synthetic GGUF fixtures that the real llama.cpp loads and runs.")
@@ -33,27 +32,25 @@ def make(
     row: Annotated[str | None, Opt(help="make the fixture a family_tiers.toml row describes")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest for --row (default: ./family_tiers.toml)")] = None,
     out: Annotated[Path | None, Opt("-o", "--out", help="output file (default: ./FAMILY.gguf)")] = None,
-    layers: Annotated[int | None, Opt(help="number of layers")] = None,
-    period: Annotated[int | None, Opt(help="hybrids: one attention layer per PERIOD layers")] = None,
-    offset: Annotated[int | None, Opt(help="hybrids: attention at layers i with i % PERIOD == OFFSET")] = None,
-    pattern: Annotated[str | None, Opt(help="hybrids: explicit layer kinds, e.g. 'RRRA RRRA'")] = None,
-    kv_heads: Annotated[str | None, Opt(help="K/V heads: one value, or one per layer ('2,0,1,0')")] = None,
-    embd: Annotated[int | None, Opt(help="embedding width")] = None,
-    heads: Annotated[int | None, Opt(help="attention heads")] = None,
-    head_dim: Annotated[int | None, Opt(help="attention head dim")] = None,
-    ff: Annotated[int | None, Opt(help="feed-forward width")] = None,
-    vocab: Annotated[int | None, Opt(help="vocabulary size")] = None,
-    experts: Annotated[int | None, Opt(help="MoE experts")] = None,
-    experts_used: Annotated[int | None, Opt(help="MoE experts used per token")] = None,
-    shared_experts: Annotated[int | None, Opt(help="MoE shared experts")] = None,
-    leading_dense: Annotated[int | None, Opt(help="dense layers before the MoE layers")] = None,
-    q_lora_rank: Annotated[int | None, Opt(help="MLA: compressed q rank (0 = plain attn_q)")] = None,
-    kv_lora_rank: Annotated[int | None, Opt(help="MLA: latent KV rank")] = None,
-    indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help="DSA indexer tensors")] = None,
-    indexer_top_k: Annotated[int | None, Opt(help="DSA indexer top-k")] = None,
-    dtype: Annotated[str | None, Opt(help="weight type of the matmul tensors: f32 (default), f16, bf16, q8_0, "
-                                          "q4_0, q4_1, q5_0, q5_1, mxfp4, iq4_nl; q2_k … q6_k, iq1_s, iq1_m, "
-                                          "iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs with --embd 256")] = None,
+    layers: Annotated[int | None, Opt(help=KNOB["layers"].help)] = None,
+    period: Annotated[int | None, Opt(help=KNOB["period"].help)] = None,
+    offset: Annotated[int | None, Opt(help=KNOB["offset"].help)] = None,
+    pattern: Annotated[str | None, Opt(help=KNOB["pattern"].help)] = None,
+    kv_heads: Annotated[str | None, Opt(help=KNOB["kv_heads"].help)] = None,
+    embd: Annotated[int | None, Opt(help=KNOB["embd"].help)] = None,
+    heads: Annotated[int | None, Opt(help=KNOB["heads"].help)] = None,
+    head_dim: Annotated[int | None, Opt(help=KNOB["head_dim"].help)] = None,
+    ff: Annotated[int | None, Opt(help=KNOB["ff"].help)] = None,
+    vocab: Annotated[int | None, Opt(help=KNOB["vocab"].help)] = None,
+    experts: Annotated[int | None, Opt(help=KNOB["experts"].help)] = None,
+    experts_used: Annotated[int | None, Opt(help=KNOB["experts_used"].help)] = None,
+    shared_experts: Annotated[int | None, Opt(help=KNOB["shared_experts"].help)] = None,
+    leading_dense: Annotated[int | None, Opt(help=KNOB["leading_dense"].help)] = None,
+    q_lora_rank: Annotated[int | None, Opt(help=KNOB["q_lora_rank"].help)] = None,
+    kv_lora_rank: Annotated[int | None, Opt(help=KNOB["kv_lora_rank"].help)] = None,
+    indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help=KNOB["indexer"].help)] = None,
+    indexer_top_k: Annotated[int | None, Opt(help=KNOB["indexer_top_k"].help)] = None,
+    dtype: Annotated[str | None, Opt(help=KNOB["dtype"].help)] = None,
     seed: Annotated[int, Opt(help="weight seed")] = 0,
     as_json: Annotated[bool, Opt("--json", help="print the resolved spec and file facts as JSON")] = False,
 ) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from synth.dtype import DTYPES
 from synth.errors import UserError, read_text
 from synth.families import FAMILIES, Family, get_family
-from synth.spec import Knobs, ModelSpec
+from synth.spec import KNOBS, Knobs, ModelSpec
 
 MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
@@ -32,9 +32,7 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "tier": int, "name": str, "arch": str, "artifact": str, "size": str, "why": str, "seed_row": str, "recipe": dict,
     "sweep_period": int, "lanes": list, "dtypes": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
-RECIPE_KNOBS = {"layers", "period", "offset", "pattern", "kv_heads", "embd", "heads", "head_dim", "ff", "vocab",
-                "experts", "experts_used", "shared_experts", "leading_dense", "q_lora_rank", "kv_lora_rank",
-                "indexer", "indexer_top_k", "dtype", "seed"}
+RECIPE_KNOBS = {k.name for k in KNOBS} | {"seed"}  # synth.spec.KNOBS: the one knob table
 
 
 @dataclass

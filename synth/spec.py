@@ -18,6 +18,48 @@ STAGE_KEYS = "family_certify.stage"  # prefix of the provenance keys a stage fil
 
 
 @dataclass(frozen=True)
+class Knob:
+    """One knob of the one knob table: its name (the Knobs field, the manifest recipe key, the bundle's and the
+    CLI's `--name-with-dashes`), what it means, and the ModelSpec field holding its resolved value (a spec's
+    fixture is re-made from those: the shrinker); None where the value is not one spec field (the layer pattern
+    knobs, the weight type)."""
+
+    name: str
+    help: str
+    spec_field: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("layers", "number of layers"),
+    Knob("period", "hybrids: one attention layer per PERIOD layers"),
+    Knob("offset", "hybrids: attention at layers i with i % PERIOD == OFFSET"),
+    Knob("pattern", "hybrids: explicit layer kinds, e.g. 'RRRA RRRA'"),
+    Knob("kv_heads", "K/V heads: one value, or one per layer ('2,0,1,0')"),
+    Knob("embd", "embedding width", "n_embd"),
+    Knob("heads", "attention heads", "n_head"),
+    Knob("head_dim", "attention head dim", "head_dim"),
+    Knob("ff", "feed-forward width", "n_ff"),
+    Knob("vocab", "vocabulary size", "n_vocab"),
+    Knob("experts", "MoE experts", "n_expert"),
+    Knob("experts_used", "MoE experts used per token", "n_expert_used"),
+    Knob("shared_experts", "MoE shared experts", "n_expert_shared"),
+    Knob("leading_dense", "dense layers before the MoE layers", "n_leading_dense"),
+    Knob("q_lora_rank", "MLA: compressed q rank (0 = plain attn_q)", "q_lora_rank"),
+    Knob("kv_lora_rank", "MLA: latent KV rank", "kv_lora_rank"),
+    Knob("indexer", "DSA indexer tensors", "indexer"),
+    Knob("indexer_top_k", "DSA indexer top-k", "indexer_top_k"),
+    Knob("dtype", "weight type of the matmul tensors: f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, "
+                  "iq4_nl; q2_k … q6_k, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs with --embd 256"),
+)
+KNOB = {k.name: k for k in KNOBS}
+FLAG = {k.name: k.flag for k in KNOBS}  # CLI spelling of each knob, for messages
+
+
+@dataclass(frozen=True)
 class Knobs:
     """What a user asked for; None means 'the family's default'. Family.resolve turns it into a ModelSpec."""
 
@@ -119,3 +161,7 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 def periodic_pattern(n_layer: int, period: int, offset: int) -> str:
     """One attention layer per `period`, at layers i with i % period == offset."""
     return "".join(ATTN if i % period == offset else REC for i in range(n_layer))
+
+
+if {f.name for f in fields(Knobs)} != set(KNOB) | {"seed"}:  # the table and the dataclass are one vocabulary
+    raise AssertionError("synth.spec: KNOBS and Knobs disagree")

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.llama, pytest.mark.server]
 @pytest.fixture(scope="module", autouse=True)
 def binary():
     path = server_binary()
-    assert path is not None, "llama-server is not built: `make test-server` builds it (scripts/build_llama_server.sh)"
+    assert path is not None, "llama-server is not built: `make server` builds it (scripts/build_llama_server.sh)"
     return path
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from synth.dtype import check_dtype, check_rows, convert
 from synth.errors import UserError
 from synth.gguf_io import KV, VT
-from synth.spec import ATTN, BOTH, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
+from synth.spec import ATTN, BOTH, FLAG, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
 from synth.tokenizer import tokenizer_kv
 from synth.weights import Init, make_tensor
 
@@ -24,15 +24,6 @@ K = gguf.Keys.LLM
 KA = gguf.Keys.Attention
 T = gguf.MODEL_TENSOR
 
-# CLI spelling of each knob, for messages.
-FLAG = {
-    "layers": "--layers", "period": "--period", "offset": "--offset", "pattern": "--pattern",
-    "kv_heads": "--kv-heads", "embd": "--embd", "heads": "--heads", "head_dim": "--head-dim", "ff": "--ff",
-    "vocab": "--vocab", "experts": "--experts", "experts_used": "--experts-used",
-    "shared_experts": "--shared-experts", "leading_dense": "--leading-dense", "q_lora_rank": "--q-lora-rank",
-    "kv_lora_rank": "--kv-lora-rank", "indexer": "--indexer",
-    "indexer_top_k": "--indexer-top-k",
-}
 BASE_KNOBS = frozenset({"layers", "embd", "heads", "ff", "vocab"})
 PATTERN_KNOBS = frozenset({"period", "offset", "pattern"})
 MOE_KNOBS = frozenset({"experts", "experts_used"})

@@ -1,0 +1,43 @@
+"""One knob table (synth.spec.KNOBS): the Knobs dataclass, `synth make`'s options, the manifest's recipe keys,
+the refusal messages and the shrinker's re-made fixtures all read it, so a knob is added in one place."""
+
+import inspect
+from dataclasses import fields
+
+import pytest
+
+from fuzz.bundle import Case, _fewer_layers
+from synth.cli import make
+from synth.families import get_family
+from synth.manifest import RECIPE_KNOBS
+from synth.spec import FLAG, KNOB, KNOBS, Knobs, ModelSpec
+
+
+def test_the_cli_the_manifest_and_the_dataclass_speak_the_table():
+    options = set(inspect.signature(make).parameters) - {"family", "row", "manifest", "out", "seed", "as_json"}
+    assert options == set(KNOB)
+    assert {f.name for f in fields(Knobs)} == set(KNOB) | {"seed"}
+    assert RECIPE_KNOBS == set(KNOB) | {"seed"}
+    assert FLAG["q_lora_rank"] == "--q-lora-rank" and all(FLAG[k.name] == k.flag for k in KNOBS)
+    assert {k.spec_field for k in KNOBS if k.spec_field} <= {f.name for f in fields(ModelSpec)}
+
+
+def test_a_fixture_re_made_with_one_layer_fewer_keeps_every_other_knob(tmp_path):
+    spec = get_family("deepseek2").resolve(Knobs(layers=4, q_lora_rank=8, kv_lora_rank=16, experts=4, embd=48))
+    case = Case("sweep", tmp_path / "x.gguf", [2], {}, "llama-cpp")
+    made = _fewer_layers(case, spec, True, tmp_path / "y.gguf")
+    assert made is not None
+    new_case, new = made
+    assert new_case.cuts == [1] and new.n_layer == 3
+    for k in KNOBS:
+        if k.spec_field:
+            assert getattr(new, k.spec_field) == getattr(spec, k.spec_field), k.name
+
+
+@pytest.mark.parametrize("knob", [k.name for k in KNOBS if k.name not in get_family("mamba").knobs | {"dtype"}])
+def test_a_knob_a_family_cannot_express_is_refused_naming_its_flag(knob):
+    fam = get_family("mamba")
+    value = {"pattern": "RA", "kv_heads": (1,), "indexer": True}.get(knob, 2)
+    with pytest.raises(Exception) as e:
+        fam.resolve(Knobs(**{knob: value}))
+    assert FLAG[knob] in str(e.value) and "it supports:" in str(e.value)
