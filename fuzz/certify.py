@@ -418,9 +418,12 @@ def aggregate(
     """Merge shards' reports against the plan from the manifest: fails closed (exit 1) when a planned row × lane
     reported nothing; writes the combined summary.md and junit.xml."""
     m = load_manifest(manifest)
-    plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in m.select(tier, rows) if r.runnable] + \
-        [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in m.select(tier, rows) if not r.runnable]
-    run = merge([read_run(d) for d in dirs], plan, manifest_identity(m.path))
+    selected = m.select(tier, rows)
+    plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in selected]
+    # rows not runnable on the pinned llama.cpp get no shard (matrix plans runnable rows): unsupported, with why
+    known_here = [{"row": r.key, "lane": x, "status": UNSUPPORTED, "detail": r.reason or "", "seconds": 0.0}
+                  for r, (_, ls) in zip(selected, plan, strict=True) if not r.runnable for x in ls]
+    run = merge([read_run(d) for d in dirs], plan, manifest_identity(m.path), also=known_here)
     if out is not None:
         for d in dirs:  # bring the shards' bundles and pictures along, so the combined summary's links work
             for sub in ("bundles", "pictures"):

@@ -57,9 +57,11 @@ def read_run(path: Path) -> dict[str, Any]:
     return data
 
 
-def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifest: dict[str, str]) -> dict[str, Any]:
-    """Shards' reports as one, against the whole plan: a lane no shard reported is missing; a shard run on another
-    manifest or build is refused (its results would not be comparable)."""
+def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifest: dict[str, str], *,
+          also: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Shards' reports (and `also`: lanes known without running them) as one, against the whole plan: a lane no
+    shard reported is missing; a shard run on another manifest or build is refused (its results would not be
+    comparable)."""
     for r in runs:
         if r["manifest"]["sha256"] != manifest["sha256"]:
             raise UserError(f"a shard ran on manifest {r['manifest']['sha256'][:12]}, not {manifest['sha256'][:12]} "
@@ -67,7 +69,7 @@ def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifes
     commits = {r["build"]["llama_cpp_commit"] for r in runs if r["build"]["llama_cpp_commit"]}
     if len(commits) > 1:
         raise UserError(f"shards ran on different llama.cpp builds ({', '.join(sorted(commits))}); re-run them on one")
-    lanes = [x for r in runs for x in r["results"] if x["status"] != MISSING]
+    lanes = [x for r in runs for x in r["results"] if x["status"] != MISSING] + list(also)
     return run_report(lanes, plan=plan, manifest=manifest, target=runs[0]["target"] if runs else "",
                       llama_cpp_commit=next(iter(commits), None), wall_s=max((r["wall_s"] for r in runs), default=0.0),
                       command="family-certify aggregate")
