@@ -57,6 +57,7 @@ from targets import Failure, Target, close_all, open_target
 from targets.target import script_request
 
 MODES = ("full", "partial")
+CELL_META = 12  # bytes a KV cell's metadata takes in a state export: pos, n_seq_id, one seq_id (int32 each)
 
 
 @dataclass
@@ -369,8 +370,19 @@ class Handoff:
                 if per < sb.kv_row_bytes:
                     return (f"stage {s} exports {per:g} KV bytes per position, less than the {sb.kv_row_bytes} bytes "
                             "its attention layers' K/V (and indexer) rows need")
-            elif kv != 0:
-                return f"stage {s} has no attention layer but exported {kv} KV bytes at t={t}"
+            elif kv:
+                # no full-attention layer: no K/V rows, but a sliding-window model's base cache (llama.cpp's iSWA
+                # pair) still writes each cell's metadata with no layer at all — position, sequence count, one
+                # sequence id: CELL_META bytes a position
+                if s not in kv_first:
+                    kv_first[s] = (t, kv)
+                    continue
+                t1, kv1 = kv_first[s]
+                per = (kv - kv1) / (t - t1)
+                if per > CELL_META:
+                    return (f"stage {s} has no full-attention layer but its non-partial export grows by {per:g} bytes "
+                            f"per position at t={t}, more than a KV cell's metadata ({CELL_META} B): rows it cannot "
+                            "have")
             if sb.attention_layers and sb.kv_bytes_per_token is None and t == self._offsets()[-1]:
                 return f"stage {s}: a single hand-off offset cannot show KV bytes per position; use a longer prompt"
         return ""

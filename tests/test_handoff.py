@@ -115,3 +115,41 @@ def test_cli(fixtures, tmp_path):
     assert r.returncode == 1 and "finding" in r.stdout
     bad = run_cli("fuzz", "handoff", str(path), "--modes", "sideways")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("row", ["gemma3", "cohere2", "exaone-moe"])
+def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
+    """A stage holding only sliding-window layers exports no K/V rows in its non-partial state, only the cells'
+    metadata llama.cpp's empty base cache still writes (12 bytes a position): not a finding (it was, at every cut)."""
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / f"{row}.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row(row).spec(), path)
+    rep = handoff(path, cuts="all")
+    assert rep["summary"]["pass"] == len(rep["results"]) > 0, rep["results"]
+    swa_only = [b for r in rep["results"] for b in r["bytes"] if b["swa_layers"] and not b["attention_layers"]]
+    assert swa_only and all(b["recurrent_bytes"] > 0 for b in swa_only)  # the window travels as partial state
+
+
+def test_rows_in_a_stage_without_full_attention_are_caught():
+    from types import SimpleNamespace
+
+    from fuzz.handoff import CELL_META, Handoff, HandoffResult, StageBytes
+
+    def check(grow: int) -> str:
+        res = HandoffResult(cuts=[2], stages=[[0, 2], [2, 6]], status="pass",
+                            bytes=[StageBytes(range=[0, 2], first_layer="attention", recurrent_layers=0,
+                                              attention_layers=0, swa_layers=2)])
+        kv_first: dict = {}
+        out = ""
+        for t in (1, 2, 3):  # full = partial + 8 header bytes + `grow` a position
+            out = out or Handoff._check_bytes(SimpleNamespace(_offsets=lambda: [1, 2, 3]), res,
+                                              [(b"x" * (100 + t * (40 + grow) + 8), b"x" * (100 + t * 40))],
+                                              [(108, 100)], t, kv_first)
+        return out
+
+    assert check(CELL_META) == ""
+    assert "grows by 76 bytes per position" in check(CELL_META + 64)  # a 64-byte K row where none can be
