@@ -443,6 +443,7 @@ def aggregate(
 CATCHERS: dict[str, tuple[str, str]] = {
     "b1-first-layer-probe": ("jamba", "handoff"),
     "b4-kidx-not-exported": ("deepseek3", "handoff"),
+    "b5-uniform-kv-rows": ("laguna", "handoff"),
     "batched-rows-swapped": ("qwen3next", "parity"),
     "perturb-2-threads": ("llama", "determinism"),
     "rollback-zeroed": ("jamba", "handoff"),

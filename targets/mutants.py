@@ -9,6 +9,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   b4-kidx-not-exported   B4: a stage's exported KV carries the MLA rows but not the DSA indexer's k_idx rows — zeros
                          stand where they belong (the sizes stay right), so the importing stage's indexer scores every
                          restored key from a zero key and keeps other keys than the exporter would: silently wrong.
+  b5-uniform-kv-rows     B5: a stage's KV export assumes every attention layer has its first layer's K/V row size: the
+                         part of a wider layer's rows past that width is zero-filled (the blob's size intact), so the
+                         importing stage attends with keys and values cut to the first layer's width.
   batched-rows-swapped   A stage fed hidden states for several sequences in one batch swaps the first rows of
                          the first two sequences: single-sequence prefill and decode stay exact, batched decode
                          breaks (how the public layer-split anchor failed).
@@ -119,6 +122,82 @@ def zero_indexer_rows(full: bytes) -> bytes:
     for off, n in lid_rows:
         b[off:off + n] = bytes(n)
     return bytes(b)
+
+
+def kv_cache_layers(b: bytes, off: int) -> tuple[list[dict[str, Any]], int]:
+    """Every layer's K and V blocks of one llama_kv_cache::state_write (one stream with cells), and where it ends:
+    [{"k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
+    n_embd_v) | None}]. Layout: u32 n_stream; per stream u32 cell count, per cell i32 pos, u32 n_seq_id, the seq
+    ids; u32 v_trans, u32 n_layer; per layer i32 type, u64 K row size, the K rows; then per layer V: i32 type and
+    u64 row size and the rows, or (transposed) u32 element size, u32 n_embd_v_gqa and n_embd_v_gqa runs of cells
+    elements. A cache without V (MLA) ends after K."""
+    (n_stream,) = struct.unpack_from("<I", b, off)
+    off += 4
+    layers: list[dict[str, Any]] = []
+    for _ in range(n_stream):
+        (cells,) = struct.unpack_from("<I", b, off)
+        off += 4
+        if not cells:
+            continue
+        for _ in range(cells):
+            (n_seq,) = struct.unpack_from("<I", b, off + 4)
+            off += 8 + 4 * n_seq
+        (v_trans, n_layer) = struct.unpack_from("<II", b, off)
+        off += 8
+        for _ in range(n_layer):
+            (row,) = struct.unpack_from("<Q", b, off + 4)
+            off += 12
+            layers.append({"k": (off, cells, row), "v": None})
+            off += cells * row
+        for layer in layers[-n_layer:]:
+            if off >= len(b):
+                break
+            if v_trans:
+                (el, n_embd) = struct.unpack_from("<II", b, off + 4)
+                off += 12
+                layer["v"] = ("trans", off, cells, el, n_embd)
+                off += n_embd * cells * el
+            else:
+                (row,) = struct.unpack_from("<Q", b, off + 4)
+                off += 12
+                layer["v"] = (off, cells, row)
+                off += cells * row
+    return layers, off
+
+
+def uniform_kv_rows(full: bytes) -> bytes:
+    """A sequence state whose first KV cache was written as if every layer had its first layer's K/V row size:
+    the part of each wider row past that width zero-filled (sizes intact); unchanged if the layout is not that."""
+    try:
+        layers, end = kv_cache_layers(full, 8)  # after state_seq_get_data's magic and source seq id
+    except struct.error:
+        return full
+    if not layers or end > len(full):
+        return full
+    b = bytearray(full)
+    k0 = layers[0]["k"][2]
+    v0 = layers[0]["v"]
+    for layer in layers[1:]:
+        off, cells, row = layer["k"]
+        for c in range(cells if row > k0 else 0):
+            b[off + c * row + k0:off + (c + 1) * row] = bytes(row - k0)
+        v = layer["v"]
+        if v and v0 and v[0] == "trans" and v0[0] == "trans" and v[4] > v0[4]:
+            _, off, cells, el, n_embd = v
+            b[off + v0[4] * cells * el:off + n_embd * cells * el] = bytes((n_embd - v0[4]) * cells * el)
+        elif v and v0 and v[0] != "trans" and v0[0] != "trans" and v[2] > v0[2]:
+            off, cells, row = v
+            for c in range(cells):
+                b[off + c * row + v0[2]:off + (c + 1) * row] = bytes(row - v0[2])
+    return bytes(b)
+
+
+class B5UniformKvRows(LlamaWorker):
+    def op_state_get(self, req: dict) -> dict:
+        out = super().op_state_get(req)
+        if not req.get("partial") and "data" in out:
+            out["data"] = base64.b64encode(uniform_kv_rows(base64.b64decode(out["data"]))).decode()
+        return out
 
 
 class B4KidxNotExported(LlamaWorker):
@@ -234,6 +313,7 @@ class ServerDuplicateLeak(ServerWorker):
 
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
+                           "b5-uniform-kv-rows": B5UniformKvRows,
                            "batched-rows-swapped": BatchedRowsSwapped,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak,

@@ -153,3 +153,22 @@ def test_rows_in_a_stage_without_full_attention_are_caught():
 
     assert check(CELL_META) == ""
     assert "grows by 76 bytes per position" in check(CELL_META + 64)  # a 64-byte K row where none can be
+
+
+def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
+    """The seed's B5: the export treats every attention layer as its first one's K/V width. laguna with 1 K/V head
+    on layer 0 and 2 elsewhere: every stage holding both widths in one cache fails (the stage starting at 4 holds
+    one width per cache and passes), localized to the key cache the import restored; the real llama.cpp passes."""
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / "laguna.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
+    bad = handoff(path, cuts="period", period=4, target="mutant:b5-uniform-kv-rows", modes=("full",))
+    assert [(r["cuts"], r["status"]) for r in bad["results"]] == [([1], "finding"), ([2], "finding"),
+                                                                  ([3], "finding"), ([4], "pass")]
+    assert all(r["node"]["name"].startswith("cache_k_l") and r["reproduced"]
+               for r in bad["results"] if r["status"] == "finding")
+    assert handoff(path, cuts="period", period=4)["summary"]["pass"] == 4
