@@ -113,8 +113,13 @@ class Determinism:
 
     def schedules(self) -> list[Schedule]:
         c = self.cfg
-        return [Schedule(t, u, ch, fa) for t, u, ch, fa in itertools.product(c.threads, c.ubatch, c.chunks,
-                                                                              c.flash_attn)]
+        return self.schedules_of({"threads": c.threads, "ubatch": c.ubatch, "chunks": c.chunks,
+                                  "flash_attn": c.flash_attn})
+
+    @staticmethod
+    def schedules_of(config: dict[str, Any]) -> list[Schedule]:
+        return [Schedule(t, u, ch, fa) for t, u, ch, fa in itertools.product(
+            config["threads"], config["ubatch"], config["chunks"], config["flash_attn"])]
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -132,13 +137,23 @@ class Determinism:
         commit = None
         with self.st.workspace(cfg.workdir):
             try:
+                # a model the target cannot load at all is bad input; one it cannot load under a schedule the
+                # toolkit chose (e.g. flash attention on) is a finding: a crash, tried twice
+                probe = full.load(str(self.fixture), **context_params())
+                if not probe.ok:
+                    raise UserError(f"{self.fixture}: the target cannot load the model: {probe.failure.message}")
+                commit = probe.data.get("llama_cpp_commit")
                 for sch in self.schedules():
                     params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
                                             capture=bool(sets))
                     steps = steps_for(prompt, sch.chunk, cfg.tokens)
                     loaded = full.load(str(self.fixture), **params)
                     if not loaded.ok:
-                        raise UserError(f"{self.fixture}: the target cannot load the model: {loaded.failure.message}")
+                        again = full.load(str(self.fixture), **params)
+                        findings.append({"class": "crash", "schedule": sch.name, "reproduced": not again.ok and
+                                         again.failure.kind == loaded.failure.kind,
+                                         "message": f"loading the model under {sch.name}: {loaded.failure.message}"})
+                        continue
                     commit = loaded.data.get("llama_cpp_commit")
                     self.n_pos = pos_per_token(loaded.data)
                     runs[sch] = []
@@ -334,12 +349,23 @@ def report(fixture: Path, cfg: DeterminismConfig) -> Report:
     data = Determinism(fixture, cfg).run()
     findings = [Finding(oracle="determinism", status=CRASH if f["class"] == "crash" else FINDING, phase=f["class"],
                         cuts=f.get("cuts"), message=f"[{f['class']}] {f['message']}", node=f.get("node"),
-                        step=(f.get("node") or {}).get("step"), detail=f) for f in data["findings"]]
+                        step=(f.get("node") or {}).get("step"), reproduced=f.get("reproduced"), detail=f)
+                for f in data["findings"]]
     return make_report("determinism", fixture, data, results=cases(data), findings=findings,
                        extra=("policy", "same_schedule", "pairs", "chains"))
 
 
-ORACLE = Oracle(name="determinism", config=DeterminismConfig, run=report,
+def only_schedule(config: dict[str, Any], f: Finding) -> dict[str, Any]:
+    """A finding about one schedule (a crash, repeated runs that differ) narrowed to that schedule."""
+    name = f.detail.get("schedule")
+    sch = next((s for s in Determinism.schedules_of(config) if s.name == name), None)
+    if sch is None:
+        return config
+    return {**config, "threads": [sch.threads], "ubatch": [sch.ubatch], "chunks": [sch.chunk],
+            "flash_attn": [sch.flash_attn]}
+
+
+ORACLE = Oracle(name="determinism", config=DeterminismConfig, run=report, narrow=only_schedule,
                 format=lambda rep: format_determinism(rep.native), shrink=(("tokens", 1), ("repeats", 2)),
                 case_fields=("threads", "ubatch", "chunks", "flash_attn", "repeats", "tokens", "cuts", "stages",
                              "prompt_len", "seed"))

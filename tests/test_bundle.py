@@ -19,9 +19,10 @@ def test_sweep_finding_shrinks_and_replays(fixtures, tmp_path):
     data = json.loads((bundle / "bundle.json").read_text())
     fp = data["fingerprint"]
     assert fp["oracle"] == "sweep" and fp["phase"] == "batched" and fp["cut_kinds"] == ["A"]
-    # smaller in every direction the shrinker tries, and still the same bug
-    assert data["spec"]["pattern"] != "RRRARRRA" and len(data["spec"]["pattern"]) < 8
-    assert data["config"]["phases"] == ["batched"] and data["config"]["tokens"] == 1
+    # the shape the README promises: 2 layers (RA, cut 1), a 2-token prompt, one decode step, two sequences
+    assert (data["spec"]["pattern"], data["cuts"]) == ("RA", [1])
+    assert {k: data["config"][k] for k in ("phases", "tokens", "prompt_len", "n_seq")} == \
+        {"phases": ["batched"], "tokens": 1, "prompt_len": 2, "n_seq": 2}
     assert data["original"]["cuts"] == [3]
     # the README says where it starts: the stage's first layer, from its very first node (its input rows)
     readme = (bundle / "README.md").read_text()
@@ -41,6 +42,9 @@ def test_handoff_finding_bundle(fixtures, tmp_path):
     (bundle,) = list(out.iterdir())
     data = json.loads((bundle / "bundle.json").read_text())
     assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
+    # shrunk to the B1 shape itself: recurrent, attention-first stage, recurrent (cut 1), a 3-token prompt, 1 step
+    assert (data["spec"]["pattern"], data["cuts"]) == ("RAR", [1])
+    assert (data["config"]["prompt_len"], data["config"]["tokens"]) == (3, 1)
     readme = (bundle / "README.md").read_text()
     assert "first graph node whose bits differ: `cache_r_l" in readme, readme  # the recurrent state cache
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
