@@ -40,7 +40,7 @@ from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
 from synth.families import get_family
 from synth.make import write_fixture
-from synth.manifest import LANES, Manifest, Row, load_manifest
+from synth.manifest import LANES, SCAN_LANES, Manifest, Row, load_manifest
 from targets import TARGETS_HELP, Target, open_target
 from targets.llama_server_worker import server_binary
 
@@ -216,8 +216,9 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     return LaneResult(row.key, "prefix-cache", rep.status, detail, reports=[rep], cases=[case])
 
 
-def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
-    cuts = "period" if "boundary-sweep" in row.lanes else "all"
+def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
+        -> LaneResult:
+    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
     cfg = HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3, target=target_spec)
     rep, case = oracle_run("handoff", path, cfg)
     if rep.summary[UNSUPPORTED] == len(rep.results):  # no split expressible: hand off the unsplit model's state
@@ -229,19 +230,29 @@ def lane_handoff(row: Row, path: Path, target_spec: str) -> LaneResult:
         detail += f"; first: {rep.findings[0].message}"
     elif rep.status == UNSUPPORTED:
         detail += f"; {rep.results[0].get('reason')}"
-    return LaneResult(row.key, "handoff", rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
+    return LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
 
 
-def lane_determinism(row: Row, path: Path, target_spec: str) -> LaneResult:
-    rep, case = oracle_run("determinism", path, DeterminismConfig(repeats=2, tokens=8, target=target_spec))
+def lane_determinism(row: Row, path: Path, target_spec: str, *, cfg: DeterminismConfig | None = None,
+                     lane: str = "determinism") -> LaneResult:
+    cfg = cfg or DeterminismConfig(repeats=2, tokens=8)
+    rep, case = oracle_run("determinism", path, replace(cfg, target=target_spec))
     if rep.findings:
-        return LaneResult(row.key, "determinism", rep.status, rep.findings[0].message, reports=[rep], cases=[case])
+        return LaneResult(row.key, lane, rep.status, f"{len(rep.findings)} findings; first: {rep.findings[0].message}",
+                          reports=[rep], cases=[case])
     n_pairs = sum(r["case"] == "pair" and r["status"] == NUMERICS for r in rep.results)
     schedules = sum(r["case"] == "same-schedule" for r in rep.results)
-    return LaneResult(row.key, "determinism", PASS,
-                      f"{schedules} schedules: same-schedule and threads-only bit-exact; "
-                      f"{n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)",
+    chains = sum(r["case"] == "chain" and r["status"] == PASS for r in rep.results)
+    return LaneResult(row.key, lane, PASS,
+                      f"{schedules} schedules: same-schedule and threads-only bit-exact"
+                      + (f", {chains} chains bit-exact with the full model" if chains else "")
+                      + f"; {n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)"
+                      + (f"; {len(rep.numerics)} token flips explained as numerics ({rep.numerics[0].cause['kind']})"
+                         if rep.numerics else ""),
                       reports=[rep], cases=[case])
+
+
+
 
 
 def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneResult:
@@ -276,6 +287,13 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
         return lane_determinism(row, path, target_spec)
     if lane == "reject":
         return lane_reject(row, path, target, target_spec)
+    if lane == "handoff-all":
+        return lane_handoff(row, path, target_spec, cuts="all", lane=lane)
+    if lane == "determinism-full":  # the fuzz determinism defaults, unsplit
+        return lane_determinism(row, path, target_spec, cfg=DeterminismConfig(), lane=lane)
+    if lane == "determinism-chains":
+        return lane_determinism(row, path, target_spec, cfg=DeterminismConfig(cuts="all", repeats=2, tokens=8),
+                                lane=lane)
     return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not implemented yet")
 
 
@@ -401,6 +419,27 @@ def run_cmd(
         raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
     plan = [(row, [x for x in row.lanes if not lane or x in lane]) for row in selected]
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]))
+    return finish_run(run, out, report)
+
+
+@app.command()
+def scan(
+    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier, or all)")] = None,
+    tier: Annotated[int | None, Opt(help="only this tier")] = None,
+    manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+    target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
+    report: ReportOpt = None,
+    out: OutOpt = None,
+) -> int:
+    """Every selected row (every tier) through sweep, hand-off, isolation and determinism at every cut — what the
+    lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
+    findings. Same outputs as `run`."""
+    m: Manifest = load_manifest(manifest)
+    selected = m.select(tier, rows)
+    if not selected:
+        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
+    plan = [(row, list(SCAN_LANES)) for row in selected]
+    run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]))
     return finish_run(run, out, report)
 
 

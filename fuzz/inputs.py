@@ -15,16 +15,20 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from fuzz.progress import Progress
 from synth.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
+RUN_COUNTER = re.compile(r"^#(\d+)\s")  # libFuzzer's status lines: "#4096	pulse  cov: ..."
 KINDS = ("gguf", "manifest", "bundle", "package")
 
 
@@ -146,9 +150,30 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
                f"-artifact_prefix={out}/", "-print_final_stats=1", str(corpus)]
         if seconds:
             cmd.insert(-1, f"-max_total_time={seconds}")
-        p = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=max(timeout, 2 * (seconds or 0)),
-                           env={**os.environ, "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
-    return p.returncode, [f for f in _findings(out) if f not in before], p.stdout + p.stderr
+        rc, log = _run_fuzzer(cmd, runs, timeout=max(timeout, 2 * (seconds or 0)),
+                              env={**os.environ, "FAMILY_CERTIFY_INPUTS_WORK": str(work)})
+    return rc, [f for f in _findings(out) if f not in before], log
+
+
+def _run_fuzzer(cmd: list[str], runs: int, *, timeout: float, env: dict[str, str]) -> tuple[int, str]:
+    """The child's exit code and output; on a terminal a bar follows libFuzzer's `#N` run counter. A child still
+    running after `timeout` seconds is killed (its exit code then says so)."""
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env) as p, Progress(runs, "inputs") as bar:
+        watchdog = threading.Timer(timeout, p.kill)
+        watchdog.start()
+        try:
+            bar.working(f"fuzz inputs {cmd[3]}")
+            for line in p.stdout:
+                lines.append(line)
+                m = RUN_COUNTER.match(line)
+                if m:
+                    bar.at(int(m.group(1)))
+            rc = p.wait()
+        finally:
+            watchdog.cancel()
+    return rc, "".join(lines)
 
 
 def _findings(out: Path) -> list[Path]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import GGML_TYPE_I32, context_params
+from fuzz.parity import context_params, first_routing_flip
 from fuzz.schedule import prompt_tokens
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -239,17 +239,13 @@ class Isolation:
             if len(r) < 2 or not r[-1].ok:
                 return None
             runs.append(r[-1].data["results"][-1].get("nodes") or [])
-        for x, y in zip(*runs, strict=False):
-            if (x["name"], x["op"], x["ne"], x["type"]) != (y["name"], y["op"], y["ne"], y["type"]):
-                return None  # the graphs part: nothing to pair
-            if x["type"] == GGML_TYPE_I32 and x["name"].startswith("ffn_moe") and x["data"] != y["data"]:
-                a, b = np.frombuffer(x["data"], "<i4"), np.frombuffer(y["data"], "<i4")
-                rows = a.reshape(-1, x["ne"][0]) if x["ne"][0] else a[None]
-                other = b.reshape(rows.shape)
-                row = int(np.nonzero((rows != other).any(axis=1))[0][0])
-                return {"node": x["name"], "ggml_op": x["op"], "row": row, "alone": rows[row].tolist(),
-                        "placed": other[row].tolist()}
-        return None
+        # the same graph both times, up to where it parts (nothing to pair after that)
+        same = next((k for k, (x, y) in enumerate(zip(*runs, strict=False))
+                     if (x["name"], x["op"], x["ne"], x["type"]) != (y["name"], y["op"], y["ne"], y["type"])),
+                    min(len(r) for r in runs))
+        flip = first_routing_flip(runs[0][:same], runs[1][:same])
+        return flip and {"node": flip["node"], "ggml_op": flip["ggml_op"], "row": flip["row"], "alone": flip["a"],
+                         "placed": flip["b"]}
 
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []

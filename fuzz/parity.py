@@ -288,3 +288,23 @@ def _max_abs(r: dict[str, Any], n: dict[str, Any]) -> dict[str, float]:
     with np.errstate(invalid="ignore"):
         d = np.abs(a - b)
     return {"max_abs": float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")}
+
+
+def first_routing_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first MoE routing choice (llama.cpp's integer `ffn_moe_*` nodes: expert argsort / top-k) whose values
+    differ between two traced runs, nodes paired by name and shape (the rest of the graphs may differ: flash
+    attention on and off); None if none differs. (Integer nodes over KV cells, like DSA's top-k, hold cell
+    indices: not routing, not compared.)"""
+    theirs = {(y["name"], tuple(y["ne"])): y for y in got if y["type"] == GGML_TYPE_I32}
+    for x in want:
+        if x["type"] != GGML_TYPE_I32 or not x["name"].startswith("ffn_moe"):
+            continue
+        y = theirs.get((x["name"], tuple(x["ne"])))
+        if y is None or x["data"] == y["data"]:
+            continue
+        a, b = np.frombuffer(x["data"], "<i4"), np.frombuffer(y["data"], "<i4")
+        rows = a.reshape(-1, x["ne"][0]) if x["ne"][0] else a[None]
+        other = b.reshape(rows.shape)
+        row = int(np.nonzero((rows != other).any(axis=1))[0][0])
+        return {"node": x["name"], "ggml_op": x["op"], "row": row, "a": rows[row].tolist(), "b": other[row].tolist()}
+    return None

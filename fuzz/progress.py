@@ -63,6 +63,11 @@ class Progress:
         if self._bar is not None:
             self._bar.advance(self._task, n)
 
+    def at(self, n: int) -> None:
+        """n units done (a counter the work reports itself)."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(n, self.total))
+
     def line(self, text: str) -> None:
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True)

@@ -32,6 +32,8 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "tier": int, "name": str, "arch": str, "artifact": str, "size": str, "why": str, "seed_row": str, "recipe": dict,
     "sweep_period": int, "lanes": list, "dtypes": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
+# the lanes `family-certify scan` runs on every row (every oracle at every cut): a row's `known` may name them
+SCAN_LANES = ("parity", "handoff-all", "isolation", "determinism-full", "determinism-chains")
 RECIPE_KNOBS = {k.name for k in KNOBS} | {"seed"}  # synth.spec.KNOBS: the one knob table
 
 
@@ -187,9 +189,10 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
         if "lanes" not in r and not _interleaved(row):
             row.lanes = [x for x in row.lanes if x != "boundary-sweep"]  # the tier's sweep is for hybrids
         for lane, what in row.known.items():
-            if lane not in row.lanes or not isinstance(what, str) or not what:
-                raise UserError(f"{where}: known.{lane}: name a lane of this row and describe the finding (with its "
-                                "repro), e.g. known = {{ isolation = \"...; corpora/repros/...\" }}")
+            if lane not in (*row.lanes, *SCAN_LANES) or not isinstance(what, str) or not what:
+                raise UserError(f"{where}: known.{lane}: name a lane of this row (or of `family-certify scan`: "
+                                f"{', '.join(SCAN_LANES)}) and describe the finding (with its repro), e.g. "
+                                "known = {{ isolation = \"...; corpora/repros/...\" }}")
         rows[key] = row
     return Manifest(p, tiers, rows)
 
