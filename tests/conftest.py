@@ -50,7 +50,7 @@ def fixtures(tmp_path_factory):
     return make
 
 
-def run_cli(prog: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(prog: str, *args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
     exe = BIN / prog
     assert exe.exists() or shutil.which(prog), f"console script {prog} not installed"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)

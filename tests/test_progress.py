@@ -51,3 +51,18 @@ def test_the_battery_draws_a_bar_in_a_terminal(monkeypatch):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "lanes" in r.stdout and "\x1b[" in r.stdout  # the bar: "2/2 lanes" and its escape codes
     assert "jamba            tier 1  parity          PASS" in r.stdout
+
+
+@pytest.mark.llama
+def test_fuzz_inputs_draws_a_bar_in_a_terminal_and_plain_lines_in_a_log(monkeypatch, tmp_path):
+    if shutil.which("script") is None:
+        pytest.skip("skipped: no `script` (util-linux) to run fuzz inputs under a pseudo-terminal")
+    monkeypatch.delenv("FAMILY_CERTIFY_PROGRESS", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    cmd = f"{BIN / 'fuzz'} inputs manifest --runs 2000 --out {tmp_path}"
+    r = subprocess.run(["script", "-qc", cmd, "/dev/null"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "inputs" in r.stdout and "\x1b[" in r.stdout and "pass: manifest: Done 2000 runs" in r.stdout
+    plain = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and "\x1b[" not in plain.stdout
+    assert plain.stdout.startswith("pass: manifest: Done 2000 runs")
