@@ -186,6 +186,39 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     return res
 
 
+def lane_wire(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """The row's split (as the parity lane cuts it) with the hidden states crossing each boundary in each of the
+    row's wire types: every stage after a boundary bit-exact with the reference conversion; tokens vs the unsplit
+    model gated (f16) or measured (bf16, q8_0)."""
+    from fuzz.wire import WireConfig
+
+    if not row.wires:
+        return LaneResult(row.key, "wire", SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
+    cuts = "period" if "boundary-sweep" in row.lanes else "all"
+    res = LaneResult(row.key, "wire", PASS)
+    parts = []
+    for w in row.wires:
+        try:
+            rep, case = oracle_run("wire", path, WireConfig(wire=w, cuts=cuts, period=row.sweep_period, tokens=8,
+                                                            target=target_spec))
+        except UserError as e:  # a wire the model's width cannot carry (q8_0 blocks of 32)
+            parts.append(f"{w}: unsupported ({e})")
+            continue
+        res.reports.append(rep)
+        res.cases.append(case)
+        m = [r["vs_unsplit"] for r in rep.results if r.get("vs_unsplit")]
+        agree = min((x["token_agreement"] for x in m), default=None)
+        parts.append(f"{w}: {rep.findings[0].message}" if rep.findings else
+                     f"{w} {rep.summary[PASS]}/{len(rep.results)}" + (
+                         f" (tokens ≥ {agree:.0%}, max |Δlogit| {max(x['max_abs_dlogit'] for x in m):.2g})" if m
+                         else ""))
+    res.status = worst([r.status for r in res.reports])
+    why = next((r["reason"] for rep in res.reports for r in rep.results if r["status"] == UNSUPPORTED), "")
+    res.detail = f"cut sets passing per wire ({cuts}): " + ", ".join(parts) + \
+        (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
+    return res
+
+
 def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
     rep, case = oracle_run("isolation", path, IsolationConfig(target=target_spec))
     if not rep.findings:
@@ -277,6 +310,8 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
         return lane_sweep(row, path, lane, target_spec)
     if lane == "dtype":
         return lane_dtype(row, workdir, target_spec)
+    if lane == "wire":
+        return lane_wire(row, path, target_spec)
     if lane == "isolation":
         return lane_isolation(row, path, target_spec)
     if lane == "prefix-cache":
@@ -488,6 +523,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "rollback-zeroed": ("jamba", "handoff"),
     "seq-leak": ("llama", "isolation"),
     "server-dup-leak": ("llama", "prefix-cache"),
+    "wire-f16-truncated": ("qwen3next", "wire"),
 }
 
 

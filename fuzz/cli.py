@@ -92,8 +92,20 @@ def sweep_cmd(
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
     bundle: BundleOpt = None,
+    wire: Annotated[str, Opt(help="the hidden states cross each boundary as f32 (bit-exact with the full model), "
+                                  "or f16 | bf16 | q8_0: each stage after a boundary bit-exact with the same stage "
+                                  "fed the reference conversion, tokens vs the unsplit model gated (f16) or "
+                                  "measured (bf16, q8_0); prefill and decode phases")] = "f32",
 ) -> int:
     """Full model vs K-stage chain at every cut: token-exact and bit-exact, localized on divergence."""
+    if wire != "f32":
+        from fuzz.wire import WIRES, WireConfig
+
+        if wire not in WIRES:
+            raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
+        cfg = WireConfig(wire=wire, cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk,
+                         period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+        return run_oracle("wire", fixture, cfg, report, bundle)
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not ph or set(ph) - set(PHASES):
         raise UserError(f"--phases {phases!r}: choose from {','.join(PHASES)}")

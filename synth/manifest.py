@@ -21,16 +21,17 @@ from synth.spec import KNOBS, Knobs, ModelSpec
 MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
 TIERS = (1, 2, 3)
-LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "isolation", "handoff", "determinism",
+LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "wire", "isolation", "handoff", "determinism",
          "prefix-cache", "reject")
 ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
-            "dtypes", "expect", "known", "runnable", "reason"}
+            "dtypes", "wires", "expect", "known", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
-TIER_KEYS = {"description", "lanes", "dtypes", "expect"}
+TIER_KEYS = {"description", "lanes", "dtypes", "wires", "expect"}
+WIRES = ("f32", "f16", "bf16", "q8_0")  # the wire lane's types: what hidden states cross a boundary as
 # the TOML type of every key (lanes and dtypes are checked element by element where they are read)
 KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "tier": int, "name": str, "arch": str, "artifact": str, "size": str, "why": str, "seed_row": str, "recipe": dict,
-    "sweep_period": int, "lanes": list, "dtypes": list, "expect": dict, "known": dict, "runnable": bool,
+    "sweep_period": int, "lanes": list, "dtypes": list, "wires": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
 # the lanes `family-certify scan` runs on every row (every oracle at every cut): a row's `known` may name them
 SCAN_LANES = ("parity", "handoff-all", "isolation", "determinism-full", "determinism-chains")
@@ -44,6 +45,7 @@ class Tier:
     lanes: list[str]
     expect: dict[str, str]
     dtypes: list[str] = field(default_factory=list)  # the dtype lane's weight types
+    wires: list[str] = field(default_factory=list)  # the wire lane's types
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Row:
     sweep_period: int | None = None
     lanes: list[str] = field(default_factory=list)  # effective lanes (tier defaults unless overridden)
     dtypes: list[str] = field(default_factory=list)  # the dtype lane's weight types (tier default unless set)
+    wires: list[str] = field(default_factory=list)  # the wire lane's types (tier default unless set)
     expect: dict[str, str] = field(default_factory=dict)
     known: dict[str, str] = field(default_factory=dict)  # lane → a known upstream finding it reproduces (repro path)
     runnable: bool = True
@@ -85,7 +88,7 @@ class Row:
                 "family": self.recipe.get("family"), "runnable": self.runnable, "reason": self.reason,
                 "artifact": self.artifact, "size": self.size, "why": self.why, "seed_row": self.seed_row,
                 "recipe": self.recipe, "sweep_period": self.sweep_period, "lanes": self.lanes, "dtypes": self.dtypes,
-                "expect": self.expect, "known": self.known}
+                "wires": self.wires, "expect": self.expect, "known": self.known}
 
 
 @dataclass
@@ -149,7 +152,8 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
         _check_types(t, f"{p}: [tiers.{key}]")
         lanes = _lanes(t.get("lanes", []), p, f"[tiers.{key}]")
         tiers[int(key)] = Tier(int(key), str(t.get("description", "")), lanes, dict(t.get("expect", {})),
-                               _dtypes(t.get("dtypes", []), f"{p}: [tiers.{key}]"))
+                               _dtypes(t.get("dtypes", []), f"{p}: [tiers.{key}]"),
+                               _wires(t.get("wires", []), f"{p}: [tiers.{key}]"))
     missing = [t for t in TIERS if t not in tiers]
     if missing:
         raise UserError(f"{p}: no [tiers.{missing[0]}] table; every tier needs its default lanes and expectations")
@@ -184,6 +188,7 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
                   sweep_period=r.get("sweep_period"),
                   lanes=_lanes(r["lanes"], p, where) if "lanes" in r else list(tiers[tier].lanes),
                   dtypes=_dtypes(r["dtypes"], where) if "dtypes" in r else list(tiers[tier].dtypes),
+                  wires=_wires(r["wires"], where) if "wires" in r else list(tiers[tier].wires),
                   expect={**tiers[tier].expect, **dict(r.get("expect", {}))}, known=dict(r.get("known", {})),
                   runnable=runnable, reason=reason)
         if "lanes" not in r and not _interleaved(row):
@@ -212,6 +217,12 @@ def _interleaved(row: Row) -> bool:
     """A row whose layers interleave kinds (hybrids), or that names a sweep period (e.g. SWA patterns)."""
     fam = row.family
     return bool(row.sweep_period) or (fam is not None and fam.kind == "hybrid" and not fam.parallel_hybrid)
+
+
+def _wires(wires: Any, where: str) -> list[str]:
+    if not isinstance(wires, list) or any(w not in WIRES for w in wires):
+        raise UserError(f"{where}: wires must be a list of {', '.join(WIRES)}, e.g. [\"f16\", \"q8_0\"]")
+    return [str(w) for w in wires]
 
 
 def _dtypes(dtypes: Any, where: str) -> list[str]:

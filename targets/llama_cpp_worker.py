@@ -160,6 +160,16 @@ class LlamaWorker:
                 "rope_type": L.llama_model_rope_type(m), "params": self.params,
                 "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT}
 
+    def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
+        from targets.wire import WIRES, roundtrip
+
+        if wire not in WIRES:
+            raise RequestError("bad_request", f"decode: wire {wire!r}: use one of {', '.join(WIRES)}")
+        try:
+            return roundtrip(embd, wire)
+        except ValueError as e:
+            raise RequestError("bad_request", f"decode: {e}") from None
+
     def op_decode(self, req: dict) -> dict:
         """One llama_decode of tokens or embeddings, with per-token positions, sequences and outputs."""
         L, ctx = self.L, self._need_ctx()
@@ -175,6 +185,8 @@ class LlamaWorker:
             if not embd or len(embd) % (4 * width):
                 raise RequestError("bad_request", f"decode: embd has {len(embd) / 4:g} floats, not a multiple of "
                                    f"n_embd_inp {width}")
+            if req.get("wire", "f32") != "f32":  # the rows as they arrive over a split runtime's wire
+                embd = self.wire_roundtrip(embd, str(req["wire"]))
             n, tokens = len(embd) // (4 * width), None
         else:
             raise RequestError("bad_request", "decode: give 'tokens' or 'embd'")

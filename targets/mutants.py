@@ -22,6 +22,8 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   rollback-zeroed        A rollback that restores the positions but not the values: a partial (recurrent) state
                          imports with its data zeroed, so a stage rolled back to an offset goes on from an empty
                          recurrent state — silently wrong (a KvRecurrent restore whose payload never lands).
+  wire-f16-truncated     A split runtime's f16 wire that truncates (rounds toward zero) instead of rounding to
+                         nearest: within f16's precision, yet not what f16 is — every stage after a boundary drifts.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -200,6 +202,14 @@ class B5UniformKvRows(LlamaWorker):
         return out
 
 
+class WireF16Truncated(LlamaWorker):
+    def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
+        if wire != "f16":
+            return super().wire_roundtrip(embd, wire)
+        x = np.frombuffer(embd, "<u4") & np.uint32(0xFFFFE000)  # f32 → f16 by dropping 13 mantissa bits
+        return x.view("<f4").astype(np.float16).astype("<f4").tobytes()
+
+
 class B4KidxNotExported(LlamaWorker):
     def op_load(self, req: dict) -> dict:
         info = super().op_load(req)
@@ -316,7 +326,7 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "b5-uniform-kv-rows": B5UniformKvRows,
                            "batched-rows-swapped": BatchedRowsSwapped,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
-                           "seq-leak": SeqLeak,
+                           "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
                            "server-dup-leak": ServerDuplicateLeak}
 
 

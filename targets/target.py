@@ -21,8 +21,9 @@ def _b64(a: np.ndarray) -> str:
 
 def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | None = None,
               seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None, logits: str | Sequence[bool] = "last",
-              capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | str | None = None) -> dict[str, Any]:
-    """A decode request in protocol form."""
+              capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | str | None = None,
+              wire: str | None = None) -> dict[str, Any]:
+    """A decode request in protocol form (wire: the embd rows arrive through a split runtime's wire of that type)."""
     args: dict[str, Any] = {"seq": seq if isinstance(seq, int) else [int(x) for x in seq],
                             "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
     if tokens is not None:
@@ -37,6 +38,8 @@ def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | N
         args["n_pos_per_token"] = n_pos_per_token
     if trace is not None:
         args["trace"] = trace if trace == "all" else int(trace)
+    if wire is not None:
+        args["wire"] = wire
     return args
 
 

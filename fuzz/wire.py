@@ -1,0 +1,240 @@
+"""`fuzz sweep --wire DTYPE` (oracle `wire`): the hidden states crossing each stage boundary travel in a wire type,
+as a split runtime sends them (f16, bf16, or q8_0 in ggml's block layout), and the target converts them on
+arrival (protocol `decode` field `wire`).
+
+Per cut set, every stage after a boundary runs twice on the same stage file: fed the previous stage's rows through
+the target's wire, and — the control — fed the same rows converted by the toolkit's reference (gguf-py's
+quantizers, an implementation independent of the target's). A correct wire makes them bit-exact; a wire that
+does more than its dtype (truncates, mis-scales a block, drops rows) differs and is localized to the first
+stage layer that differs. Against the unsplit model the chain is not bit-exact by design: tokens and logits are
+reported under an explicit policy — f32 and f16 are token-exact gates (a flip at a near-tie excused), bf16 and
+q8_0 are measured (token agreement, max |Δlogit|, NMSE = Σ(a−b)²/Σa², llama.cpp's own test measure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.configs import check_config
+from fuzz.contract import CRASH, FAILING, FINDING, PASS, TIMEOUT, UNSUPPORTED, Finding, Oracle, Report, make_report
+from fuzz.parity import Trace, context_params, first_row_diff, max_abs, pos_per_token, run_script, script_steps
+from fuzz.schedule import build_schedule
+from fuzz.stages import FixtureStages, stage_ranges
+from fuzz.sweep import cut_sets
+from synth.errors import UserError
+from targets import Failure, Target, close_all, open_target
+from targets.wire import WIRES
+
+GATES = ("f32", "f16")  # token-exact across the whole chain; the others are measured
+NEAR_TIE = 1e-2  # a flip where the unsplit model's top-1/top-2 margin is below this is not judged
+POLICY = {
+    "control": "every stage after a boundary bit-exact with the same stage fed the reference conversion",
+    "tokens": "f32, f16: greedy tokens equal to the unsplit model's (near-ties excused); bf16, q8_0: measured",
+}
+
+
+@dataclass
+class WireConfig:
+    wire: str = "f16"
+    cuts: str = "all"
+    stages: int = 2
+    tokens: int = 16
+    prompt_len: int = 24
+    chunk: int = 7
+    period: int | None = None
+    target: str = "llama-cpp"
+    timeout: float = 120.0
+    seed: int = 0
+    workdir: Path | None = None
+
+
+def reference(rows: np.ndarray, wire: str) -> np.ndarray:
+    """The toolkit's own conversion of f32 rows to `wire` and back (gguf-py's quantizers)."""
+    if wire == "f32":
+        return rows
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    qt = {"f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[wire]
+    flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(1, -1)
+    return dequantize(quantize(flat, qt), qt).astype(np.float32).reshape(rows.shape)
+
+
+class Wire:
+    def __init__(self, fixture: Path, cfg: WireConfig):
+        check_config(cfg)
+        if cfg.wire not in WIRES:
+            raise UserError(f"--wire {cfg.wire!r}: use one of {', '.join(WIRES)}")
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.st = FixtureStages(self.fixture, period=cfg.period)
+        self.info = self.st.info
+        if cfg.wire == "q8_0" and self.info.n_embd % 32:
+            raise UserError(f"--wire q8_0: n_embd {self.info.n_embd} is not whole blocks of 32; use f16 or bf16")
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        steps = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
+                               n_decode=cfg.tokens, seed=cfg.seed, phases=("prefill", "decode")).sequential
+        ref = open_target(cfg.target, timeout=cfg.timeout)
+        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max(len(s) for s in sets) + 1)]
+        results = []
+        with self.st.workspace(cfg.workdir):
+            try:
+                loaded = ref.load(str(self.fixture), **context_params())
+                if not loaded.ok:
+                    raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
+                self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
+                full = run_script(ref, script_steps(steps, capture=list(range(self.info.n_layer))), reset=True)
+                if isinstance(full, Failure):
+                    raise UserError(f"{self.fixture}: the full model fails in the target ({full.message})")
+                self.tokens = [so.tokens for so in full.steps]
+                for cuts in sets:
+                    results.append(self._cut(cuts, steps, full, workers))
+            finally:
+                close_all([ref, *workers])
+        return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
+                "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
+                "llama_cpp_commit": self.commit, "policy": POLICY,
+                "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
+                           "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "seed": cfg.seed},
+                "results": results, "timing": {"wall_s": round(time.perf_counter() - t0, 3)}}
+
+    def _stage(self, t: Target, path: Path, steps, *, tokens=None, embd=None, wire: str | None = None,
+               last: bool, n_layer: int, capture_all: bool = False) -> Trace | Failure:
+        r = t.load(str(path), **context_params(capture=True))
+        if not r.ok:
+            return r.failure
+        capture = list(range(n_layer)) if capture_all else [] if last else [n_layer - 1]
+        reqs = script_steps(steps, tokens=tokens, embd=embd, capture=capture, n_pos_per_token=self.n_pos,
+                            logits_mode="all" if last else "none")
+        if wire is not None:
+            for q in reqs:
+                q["wire"] = wire
+        return run_script(t, reqs, reset=True)
+
+    def _cut(self, cuts: list[int], steps, full: Trace, workers: list[Target]) -> dict[str, Any]:
+        res: dict[str, Any] = {"cuts": cuts, "stages": stage_ranges(cuts, self.info.n_layer), "status": PASS}
+        stages = self.st.stages(cuts)
+        if not isinstance(stages, list):
+            return {**res, "status": UNSUPPORTED, "reason": str(stages)}
+        wire = self.cfg.wire
+        chain: Trace | Failure = self._stage(workers[0], stages[0][0], steps, tokens=self.tokens,
+                                             last=len(stages) == 1, n_layer=stages[0][1].n_layer)
+        control = chain
+        for s in range(1, len(stages)):
+            if isinstance(chain, Failure):
+                return self._failed(res, chain, s - 1)
+            path, st = stages[s]
+            width = stages[s - 1][1].n_layer
+            sent = [so.captures[width - 1] for so in chain.steps]
+            last = s == len(stages) - 1
+            got = self._stage(workers[s], path, steps, embd=sent, wire=wire, last=last, n_layer=st.n_layer)
+            want = self._stage(workers[s], path, steps, embd=[reference(x, wire) for x in
+                                                              (so.captures[width - 1] for so in control.steps)],
+                               last=last, n_layer=st.n_layer)
+            for tr in (got, want):
+                if isinstance(tr, Failure):
+                    return self._failed(res, tr, s)
+            diff = self._first_diff(got, want, steps, last)
+            if diff is not None:
+                k, row, worst = diff
+                again = self._stage(workers[s], path, steps, embd=sent, wire=wire, last=last, n_layer=st.n_layer)
+                reproduced = not isinstance(again, Failure) and self._first_diff(again, want, steps, last) == diff
+                res.update(status=FINDING, stage=s, where="logits" if last else "boundary", step=k,
+                           position=steps[k].pos[row], phase=steps[k].phase, max_abs=worst, reproduced=reproduced,
+                           layer=self._localize(workers[s], stages[s], steps, sent, control, width, k),
+                           reason=f"stage {s} fed its input over the {wire} wire differs from the same stage fed the "
+                                  f"reference {wire} conversion at position {steps[k].pos[row]} (max |Δ| {worst:.3g})")
+                return res
+            chain, control = got, want
+        if isinstance(chain, Failure):
+            return self._failed(res, chain, len(stages) - 1)
+        res["vs_unsplit"] = self._measure(chain, full, steps)
+        if wire in GATES and res["vs_unsplit"]["clear_token_flips"]:
+            res.update(status=FINDING, where="tokens", phase="tokens", reason=f"greedy tokens differ from the unsplit "
+                       f"model's at {res['vs_unsplit']['clear_token_flips']} step(s) with a clear margin over the "
+                       f"{wire} wire (a gate: {POLICY['tokens']})")
+        return res
+
+    @staticmethod
+    def _first_diff(got: Trace, want: Trace, steps, last: bool) -> tuple[int, int, float] | None:
+        for k in range(len(steps)):
+            a = got.steps[k].logits if last else got.steps[k].captures[max(got.steps[k].captures)]
+            b = want.steps[k].logits if last else want.steps[k].captures[max(want.steps[k].captures)]
+            row = first_row_diff(a, b)
+            if row is not None:
+                return k, row, max_abs(a, b)
+        return None
+
+    def _localize(self, t: Target, stage, steps, sent, control: Trace, width: int, k: int) -> int | str:
+        """The first source layer of the stage whose output differs between the wire run and the control."""
+        path, st = stage
+        runs = [self._stage(t, path, steps[:k + 1], embd=rows[:k + 1], wire=w, last=False, n_layer=st.n_layer,
+                            capture_all=True)
+                for rows, w in ((sent, self.cfg.wire),
+                                ([reference(so.captures[width - 1], self.cfg.wire) for so in control.steps], None))]
+        if any(isinstance(r, Failure) for r in runs):
+            return "unlocalized"
+        a, b = runs
+        for j in range(st.n_layer):
+            if j in st.pads:
+                continue
+            for x, y in zip(a.steps, b.steps, strict=True):
+                if first_row_diff(x.captures[j], y.captures[j]) is not None:
+                    return st.layers[j]
+        return "output"
+
+    def _measure(self, chain: Trace, full: Trace, steps) -> dict[str, Any]:
+        a = np.concatenate([so.logits for so in full.steps]).astype(np.float64)
+        b = np.concatenate([so.logits for so in chain.steps]).astype(np.float64)
+        want, got = np.argmax(a, axis=1), np.argmax(b, axis=1)
+        top = np.sort(a, axis=1)[:, -2:]
+        clear = (top[:, 1] - top[:, 0]) >= NEAR_TIE
+        return {"token_agreement": round(float(np.mean(want == got)), 4), "rows": int(len(want)),
+                "clear_token_flips": int(np.sum((want != got) & clear)), "max_abs_dlogit": float(np.max(np.abs(a - b))),
+                "nmse": float(np.sum((a - b) ** 2) / max(np.sum(a ** 2), 1e-30))}
+
+    def _failed(self, res: dict[str, Any], f: Failure, stage: int) -> dict[str, Any]:
+        return {**res, "status": TIMEOUT if f.kind == "timeout" else CRASH, "stage": stage,
+                "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}
+
+
+def format_wire(rep: dict[str, Any]) -> str:
+    c = rep["config"]
+    lines = [f"wire {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, wire {c['wire']}, "
+             f"target {rep['target']}",
+             f"{'cuts':<12} {'status':<11} {'tokens':>8} {'max|Δlogit|':>12} {'nmse':>10}  note"]
+    for r in rep["results"]:
+        m = r.get("vs_unsplit") or {}
+        figures = f"{m['token_agreement']:>8} {m['max_abs_dlogit']:>12.3g} {m['nmse']:>10.2e}" if m else \
+            f"{'-':>8} {'-':>12} {'-':>10}"
+        lines.append(f"{','.join(map(str, r['cuts'])):<12} {r['status']:<11} {figures}  "
+                     + (r.get("reason") or "") + (f" (first differing layer {r['layer']})" if "layer" in r else ""))
+    n = {s: sum(r["status"] == s for r in rep["results"]) for s in (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)}
+    lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in n.items() if v)
+                 + f"; policy: {rep['policy']['tokens']}")
+    return "\n".join(lines)
+
+
+def report(fixture: Path, cfg: WireConfig) -> Report:
+    data = Wire(fixture, cfg).run()
+    findings = [Finding(oracle="wire", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
+                        phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
+                        layer=r.get("layer"), reproduced=r.get("reproduced"), detail=r,
+                        message=f"cuts {','.join(map(str, r['cuts']))}: {r.get('reason')}")
+                for r in data["results"] if r["status"] in FAILING]
+    return make_report("wire", fixture, data, results=data["results"], findings=findings, extra=("policy",))
+
+
+ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_wire(rep.native), per_cut=True,
+                shrink=(("tokens", 1), ("prompt_len", 2)),
+                case_fields=("wire", "tokens", "prompt_len", "chunk", "seed"))
