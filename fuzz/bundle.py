@@ -208,16 +208,18 @@ def bundle_name(fixture: Path, f: Finding, per_cut: bool) -> str:
     return "-".join([Path(fixture).stem, f.oracle, *where, str(f.phase)])
 
 
-def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3) -> list[Path]:
+def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3,
+                    seen: list[dict[str, Any]] | None = None) -> list[Path]:
     """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then
-    shrunk and bundled. `config` is the run's case config (Oracle.case_config)."""
+    shrunk and bundled. `config` is the run's case config (Oracle.case_config); `seen`: fingerprints bundled
+    already (another run of the same lane), shared and extended."""
     oracle = get_oracle(report.oracle)
-    seen: list[dict[str, Any]] = []
+    seen = [] if seen is None else seen
     paths = []
     for f in report.findings:
         # the same finding on another sequence of the batch is the same bug: bundled once, for its first sequence
         key = {k: v for k, v in f.fingerprint.items() if k != "seq"}
-        if (oracle.per_cut and f.cuts is None) or key in seen or len(seen) >= max_bundles:
+        if (oracle.per_cut and f.cuts is None) or key in seen or len(paths) >= max_bundles:
             continue
         seen.append(key)
         case = Case(report.oracle, Path(report.fixture), list(f.cuts or []) if oracle.per_cut else [], dict(config),

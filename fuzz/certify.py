@@ -138,8 +138,22 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
     else:
         cfg = SweepConfig(cuts="all", tokens=16, target=target_spec)
     rep, case = oracle_run("sweep", path, cfg)
-    return LaneResult(row.key, lane, rep.status, sweep_detail(rep), {"summary": rep.summary,
-                      "control": rep.extra["control"]}, reports=[rep], cases=[case])
+    res = LaneResult(row.key, lane, rep.status, sweep_detail(rep), {"summary": rep.summary,
+                     "control": rep.extra["control"]}, reports=[rep], cases=[case])
+    if lane == "fixed-split":
+        return res
+    # again with the batches real stages see: a prefill chunk of 37 rows (hidden states, past the first stage)
+    # split by llama.cpp into ubatches of 16, 16 and 5 — larger than n_ubatch and not a multiple of it
+    shaped, case = oracle_run("sweep", path, replace(cfg, prompt_len=40, chunk=37, n_ubatch=SPLIT_UBATCH))
+    res.reports.append(shaped)
+    res.cases.append(case)
+    res.status = worst([rep.status, shaped.status])
+    res.detail = f"ubatch 64, chunk 7: {res.detail} | ubatch {SPLIT_UBATCH}, chunk 37: " + (
+        sweep_detail(shaped) if shaped.findings else f"{shaped.summary[PASS]}/{len(shaped.results)} pass")
+    return res
+
+
+SPLIT_UBATCH = 16  # the lanes' second batch shape: chunks of 37 rows split into ubatches of 16, 16, 5
 
 
 def counts(rep: Report) -> str:
@@ -256,19 +270,30 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
     rep, case = oracle_run("handoff", path, cfg)
     if rep.summary[UNSUPPORTED] == len(rep.results):  # no split expressible: hand off the unsplit model's state
         why = rep.results[0].get("reason")
-        rep, case = oracle_run("handoff", path, replace(cfg, cuts="none", period=None))
+        cfg = replace(cfg, cuts="none", period=None)
+        rep, case = oracle_run("handoff", path, cfg)
         cuts = f"none; every split unsupported: {why}"
     detail = f"{len(rep.results)} cut sets ({cuts}): {counts(rep)}"
     if rep.findings:
         detail += f"; first: {rep.findings[0].message}"
     elif rep.status == UNSUPPORTED:
         detail += f"; {rep.results[0].get('reason')}"
-    return LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
+    res = LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
+    # again with prefill chunks of 5 rows split into ubatches of 3 and 2 (larger than n_ubatch, not a multiple)
+    shaped, case = oracle_run("handoff", path, replace(cfg, n_ubatch=3))
+    res.reports.append(shaped)
+    res.cases.append(case)
+    res.status = worst([rep.status, shaped.status])
+    res.detail += " | ubatch 3, chunk 5: " + (f"first: {shaped.findings[0].message}" if shaped.findings
+                                             else counts(shaped))
+    return res
 
 
 def lane_determinism(row: Row, path: Path, target_spec: str, *, cfg: DeterminismConfig | None = None,
                      lane: str = "determinism") -> LaneResult:
-    cfg = cfg or DeterminismConfig(repeats=2, tokens=8)
+    # the lane's chains too: every cut offset modulo the interleave, under every schedule (ubatch, chunking,
+    # flash attention), bit-exact with the full model under the same schedule
+    cfg = cfg or DeterminismConfig(repeats=2, tokens=8, cuts="period", period=row.sweep_period)
     rep, case = oracle_run("determinism", path, replace(cfg, target=target_spec))
     if rep.findings:
         return LaneResult(row.key, lane, rep.status, f"{len(rep.findings)} findings; first: {rep.findings[0].message}",
@@ -384,9 +409,10 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
             res.pictures.append(name)
     if res.status not in FAILING:
         return
+    seen: list[dict[str, Any]] = []  # a finding both batch shapes show is bundled once
     for rep, case in zip(res.reports, res.cases, strict=True):
         if rep.findings:
-            made = bundle_findings(rep, case, out / "bundles" / res.row)
+            made = bundle_findings(rep, case, out / "bundles" / res.row, seen=seen)
             res.bundles += [str(p.relative_to(out)) for p in made]
 
 

@@ -85,6 +85,8 @@ def sweep_cmd(
     prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 7,
     n_seq: Annotated[int, Opt("--n-seq", "--seqs", help="sequences in the batched-decode phase")] = 3,
+    n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64): below --chunk, every batch of hidden "
+                                      "states splits into ubatches inside each stage")] = 64,
     phases: Annotated[str, Opt(help="comma list of prefill,decode,batched")] = ",".join(PHASES),
     target: TargetOpt = "llama-cpp",
     report: ReportOpt = None,
@@ -113,7 +115,8 @@ def sweep_cmd(
         if v < 1:
             raise UserError(f"{name} {v}: must be at least 1")
     cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=n_seq,
-                      phases=ph, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+                      n_ubatch=n_ubatch, phases=ph, period=period, target=target, timeout=timeout, seed=seed,
+                      workdir=keep)
     return run_oracle("sweep", fixture, cfg, report, bundle)
 
 
@@ -171,6 +174,7 @@ def handoff_cmd(
     prompt_len: Annotated[int, Opt(help="prompt tokens (every offset in it is a hand-off point)")] = 12,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
     modes: Annotated[str, Opt(help="full,partial")] = "full,partial",
+    n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64)")] = 64,
     target: TargetOpt = "llama-cpp",
     report: ReportOpt = None,
     keep: KeepOpt = None,
@@ -187,7 +191,7 @@ def handoff_cmd(
     if prompt_len < 3 or chunk < 1 or tokens < 1:
         raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
     cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
-                           period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+                           n_ubatch=n_ubatch, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     return run_oracle("handoff", fixture, cfg, report, bundle)
 
 

@@ -67,6 +67,7 @@ class HandoffConfig:
     tokens: int = 4  # decode steps after the prompt
     prompt_len: int = 12
     chunk: int = 5
+    n_ubatch: int = 64  # ubatch rows (n_batch 64): below the chunk, each stage's batches split inside llama.cpp
     decode_offsets: int = 2  # hand-offs after this many decode steps, too
     modes: tuple[str, ...] = MODES
     period: int | None = None
@@ -140,6 +141,8 @@ def with_seq(steps: list[Step], seq: int) -> list[Step]:
 class Handoff:
     def __init__(self, fixture: Path, cfg: HandoffConfig):
         check_config(cfg)
+        if cfg.n_ubatch > 64:
+            raise UserError(f"--n-ubatch {cfg.n_ubatch}: n_ubatch cannot exceed n_batch (64)")
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)
@@ -175,15 +178,15 @@ class Handoff:
                 "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
                 "llama_cpp_commit": commit,
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
-                           "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "tokens": cfg.tokens,
-                           "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
+                           "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_ubatch": cfg.n_ubatch,
+                           "tokens": cfg.tokens, "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
                 "summary": summary, "results": [r.to_dict() for r in results],
                 "timing": {"wall_s": round(time.perf_counter() - t0, 3),
                            "llama_decode_s": round(self.decode_seconds, 3)}}
 
     @property
     def params(self) -> dict[str, Any]:
-        return context_params(n_seq=2)
+        return context_params(n_seq=2, n_ubatch=self.cfg.n_ubatch)
 
     def _offsets(self) -> list[int]:
         P = self.cfg.prompt_len
@@ -432,4 +435,4 @@ def report(fixture: Path, cfg: HandoffConfig) -> Report:
 
 ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
                 per_cut=True, narrow=select("modes", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 3)),
-                case_fields=("tokens", "prompt_len", "chunk", "modes", "seed"))
+                case_fields=("tokens", "prompt_len", "chunk", "n_ubatch", "modes", "seed"))

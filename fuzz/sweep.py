@@ -73,6 +73,8 @@ class SweepConfig:
     prompt_len: int = 24
     chunk: int = 7
     n_seq: int = 3
+    n_ubatch: int = 64  # llama.cpp splits each batch (n_batch 64) into ubatches of this many rows: a chunk of
+    # hidden states larger than it, fed to a later stage, takes the split path every real stage takes
     phases: tuple[str, ...] = PHASES
     period: int | None = None
     target: str = "llama-cpp"
@@ -254,6 +256,8 @@ class Sweep:
         """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
         broken ones to prove the oracle catches them."""
         check_config(cfg)
+        if cfg.n_ubatch > 64:
+            raise UserError(f"--n-ubatch {cfg.n_ubatch}: n_ubatch cannot exceed n_batch (64)")
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.slicer = slicer
@@ -300,13 +304,14 @@ class Sweep:
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers)},
+                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers),
+                    "n_batch": self._params["n_batch"], "n_ubatch": self._params["n_ubatch"]},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
                     "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
 
     def _load_params(self, n_seq: int) -> dict[str, Any]:
-        return context_params(n_seq=n_seq)
+        return context_params(n_seq=n_seq, n_ubatch=self.cfg.n_ubatch)
 
     def _load_full(self, t: Target) -> Reply:
         """Load the full model on t, or take the load started for it at the beginning."""
@@ -654,4 +659,4 @@ def report(fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None) -> 
 ORACLE = Oracle(name="sweep", config=SweepConfig, run=report, format=lambda rep: format_report(rep.native),
                 per_cut=True, narrow=select("phases", lambda f: f.phase),
                 shrink=(("tokens", 1), ("prompt_len", 2), ("n_seq", 2)),
-                case_fields=("tokens", "prompt_len", "chunk", "n_seq", "phases", "seed"))
+                case_fields=("tokens", "prompt_len", "chunk", "n_seq", "n_ubatch", "phases", "seed"))

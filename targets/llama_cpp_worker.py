@@ -80,6 +80,26 @@ def ggml_base(L: Any) -> ctypes.CDLL:
     return ggml
 
 
+def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int] | None:
+    """For each batch row, the row of the ubatch-ordered captures that holds it: the logits llama.cpp returns per
+    batch row matched bit for bit with the logits node's rows as the ubatches computed them. None when they are
+    in batch order already (or cannot be matched: the captures stay as computed)."""
+    size = 4 * n_vocab
+    ub = [ubatch_logits[size * r:size * (r + 1)] for r in range(len(ubatch_logits) // size)]
+    want = [ctypes.string_at(p, size) for p in ptrs]
+    if ub == want or len(ub) != len(want):
+        return None
+    free: dict[bytes, list[int]] = {}
+    for r, row in enumerate(ub):
+        free.setdefault(row, []).append(r)
+    order = []
+    for row in want:
+        if not free.get(row):
+            return None
+        order.append(free[row].pop(0))
+    return order
+
+
 class LlamaWorker:
     def __init__(self) -> None:
         L = self.L = llama_bindings()
@@ -214,6 +234,10 @@ class LlamaWorker:
         else:
             out = [bool(x) for x in _per_token(outputs, n, "logits")]
         capture = [int(k) for k in req.get("capture", [])]
+        beyond = [k for k in capture if k >= native.OUTPUT_SLOT]  # that slot holds the logits node, not a layer
+        if beyond:
+            raise RequestError("bad_request", f"decode: no tensor l_out-{beyond[0]} in this graph "
+                               f"(layers 0..{info['n_layer'] - 1})")
         if capture and not self.params["capture"]:
             raise RequestError("bad_request", "decode: capture needs a context loaded with capture=true")
         # capturing the last layer needs every row to reach it (llama.cpp prunes non-output rows there);
@@ -224,10 +248,15 @@ class LlamaWorker:
             raise RequestError("bad_request", "decode: trace needs a context loaded with trace=true")
         if trace is not None and trace != "all" and not isinstance(trace, int):
             raise RequestError("bad_request", f"decode: trace {trace!r}: a layer index or \"all\"")
+        # with several sequences in one batch llama.cpp may order the rows into ubatches otherwise than the batch
+        # (split_equal: recurrent and hybrid memory); its logits come back in batch order, the captured rows in
+        # ubatch order — the logits node captured too gives the permutation (every row is an output here)
+        reorder = bool(capture) and len(set(seqs)) > 1 and all(computed)
+        wanted = [*capture, native.OUTPUT_SLOT] if reorder else capture
         if trace is not None:
-            self.capturer.begin(capture, trace=trace)
+            self.capturer.begin(wanted, trace=trace)
         else:
-            self.capturer.begin(capture)
+            self.capturer.begin(wanted)
         captured: dict[int, tuple[bytes, int]] = {}
 
         batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0, 1)
@@ -265,12 +294,19 @@ class LlamaWorker:
         if req.get("return_logits", True) and rows:
             resp["logits"] = b64(b"".join(ctypes.string_at(p, 4 * n_vocab) for p in ptrs))
         if capture:
+            every = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in range(n)] \
+                if reorder else []  # every row computed (reorder), sent back or not
+            order = batch_order(captured.get(native.OUTPUT_SLOT, (b"", 0))[0], every, n_vocab) if reorder else None
             resp["captures"] = {}
             for k in capture:
                 if k not in captured:
                     raise RequestError("bad_request", f"decode: no tensor l_out-{k} in this graph "
                                        f"(layers 0..{info['n_layer'] - 1})")
-                resp["captures"][str(k)] = b64(captured[k][0])
+                data, width = captured[k]
+                if order is not None:
+                    rows_ = [data[4 * width * r:4 * width * (r + 1)] for r in range(len(data) // (4 * width))]
+                    data = b"".join(rows_[r] for r in order)
+                resp["captures"][str(k)] = b64(data)
         if trace is not None:
             resp["nodes"] = [{**nd, "data": b64(nd["data"])} for nd in nodes]
         return resp

@@ -2,7 +2,8 @@
  *
  * ggml's scheduler asks the callback about every graph node of every llama_decode (hundreds per decode);
  * answering from Python costs more than the decode itself on tiny fixtures. This callback answers in C and
- * copies the wanted residuals (tensors named "l_out-N") into buffers the worker reads after the decode.
+ * copies the wanted residuals (tensors named "l_out-N", and the logits "result_output" when asked) into buffers
+ * the worker reads after the decode.
  * Likewise llama.cpp logs ~500 lines per model load: the log callback keeps the last non-debug ones in C.
  * Built on first use by targets/native.py (cc -O2 -shared); the ggml functions come in as pointers from the
  * libggml-base the worker already loaded, so no headers or link flags are needed.
@@ -64,7 +65,12 @@ int fc_want(const int *layers, int n) {
     return 0;
 }
 
+/* The logits node ("result_output") goes into the last slot: rows in ubatch order, which tells the worker how
+ * llama.cpp ordered a batch's rows into ubatches (its logits come back in batch order). */
+#define FC_OUTPUT_SLOT (FC_MAX_LAYERS - 1)
+
 static int wanted_layer(const char *name) {
+    if (strcmp(name, "result_output") == 0) return want[FC_OUTPUT_SLOT] ? FC_OUTPUT_SLOT : -1;
     if (strncmp(name, "l_out-", 6) != 0) return -1;
     char *end;
     long k = strtol(name + 6, &end, 10);

@@ -23,6 +23,7 @@ from typing import Any
 
 SOURCE = Path(__file__).with_name("native.c")
 MAX_LAYERS = 4096  # FC_MAX_LAYERS in native.c
+OUTPUT_SLOT = MAX_LAYERS - 1  # FC_OUTPUT_SLOT: the logits node "result_output", rows in ubatch order
 LOG_LINES = 200  # FC_LOG_LINES
 LOG_LEVEL_DEBUG = 1  # GGML_LOG_LEVEL_DEBUG (NONE is 0)
 F32 = 0  # GGML_TYPE_F32
@@ -137,7 +138,7 @@ class Python:
     def begin(self, layers: list[int], trace: int | str | None = None) -> None:
         """Capture these layers' residuals during the next decode; trace: also every node of that layer (named
         `<name>-k`), or with "all" every node of the graph."""
-        self.want = {f"l_out-{k}".encode(): k for k in layers}
+        self.want = {(b"result_output" if k == OUTPUT_SLOT else f"l_out-{k}".encode()): k for k in layers}
         self.got, self.width = {}, {}
         self.trace_layer = None if trace is None else b"" if trace == "all" else f"-{trace}".encode()
         self.nodes = []

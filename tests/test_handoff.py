@@ -172,3 +172,12 @@ def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     assert all(r["node"]["name"].startswith("cache_k_l") and r["reproduced"]
                for r in bad["results"] if r["status"] == "finding")
     assert handoff(path, cuts="period", period=4)["summary"]["pass"] == 4
+
+
+@pytest.mark.parametrize("family,knobs", [("jamba", {"layers": 8, "period": 4}),
+                                          ("qwen3next", {"layers": 8, "period": 4}), ("llama", {"layers": 4}),
+                                          ("mamba2", {"layers": 4})])
+def test_hand_offs_with_chunks_larger_than_a_ubatch(fixtures, family, knobs):
+    """Prefill chunks of 5 rows split into ubatches of 3 and 2 inside every stage, on both sides of each hand-off."""
+    rep = handoff(fixtures(family, **knobs), cuts="period" if "period" in knobs else "all", n_ubatch=3)
+    assert rep["summary"]["pass"] == len(rep["results"]) and rep["config"]["n_ubatch"] == 3, rep["results"]

@@ -166,3 +166,29 @@ def test_an_engine_error_in_the_pipeline_is_raised_not_reported(fixtures):
 
     with pytest.raises(RuntimeError, match="slicer bug"):
         Sweep(fixtures("llama", layers=4), SweepConfig(cuts="2", tokens=2), slicer=broken).run()
+
+
+@pytest.mark.parametrize("family", ["jamba", "qwen3next", "mamba2", "lfm2", "llama"])
+def test_batches_of_hidden_states_larger_than_a_ubatch(fixtures, family):
+    """A prefill chunk of 37 rows split by llama.cpp into ubatches of 16, 16 and 5 in every stage, and the batched
+    phase's 3 × 12 rows too: recurrent and hybrid memory orders a multi-sequence batch's rows into ubatches by
+    sequence (split_equal), so the worker puts captured rows back in batch order (from the logits llama.cpp
+    returns in batch order) — before it did, every cut of these families failed in the batched phase."""
+    knobs = {"layers": 8, "period": 4} if family in ("jamba", "qwen3next", "lfm2") else {"layers": 4}
+    rep = Sweep(fixtures(family, **knobs), SweepConfig(cuts="all", tokens=4, prompt_len=40, chunk=37,
+                                                       n_ubatch=16)).run()
+    assert rep.exit_code == 0 and rep.summary["pass"] == len(rep.results), [r.to_dict() for r in rep.results]
+    assert (rep.config["n_batch"], rep.config["n_ubatch"]) == (64, 16)
+
+
+def test_batch_order_matches_rows_by_their_logits():
+    import ctypes
+
+    from targets.llama_cpp_worker import batch_order
+
+    rows = [np.arange(4, dtype="<f4") + i for i in range(3)]  # batch order 0, 1, 2
+    bufs = [ctypes.create_string_buffer(r.tobytes(), 16) for r in rows]
+    ptrs = [ctypes.addressof(b) for b in bufs]
+    ubatch = b"".join(rows[i].tobytes() for i in (2, 0, 1))  # the ubatches computed 2, 0, 1
+    assert batch_order(ubatch, ptrs, 4) == [1, 2, 0]  # batch row 0 is ubatch row 1, ...
+    assert batch_order(b"".join(r.tobytes() for r in rows), ptrs, 4) is None  # already in batch order
