@@ -42,7 +42,7 @@ from fuzz.parity import (
     run_script,
     script_steps,
 )
-from fuzz.schedule import Step, prompt_tokens
+from fuzz.schedule import Step, prompt_tokens, sequential_steps
 from fuzz.stages import FixtureStages
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
@@ -151,11 +151,7 @@ def first_token_flip(a: dict[str, tuple[str, np.ndarray]], b: dict[str, tuple[st
 
 
 def steps_for(prompt: list[int], chunk: int, n_decode: int) -> list[Step]:
-    steps = [Step(prompt[i:i + chunk], [0] * len(prompt[i:i + chunk]), list(range(i, i + len(prompt[i:i + chunk]))),
-                  "prefill") for i in range(0, len(prompt), chunk)]
-    for d in range(n_decode):
-        steps.append(Step([f"argmax@{len(steps[-1].tokens) - 1 if d == 0 else 0}"], [0], [len(prompt) + d], "decode"))
-    return steps
+    return sequential_steps(prompt, chunk, n_decode)
 
 
 def outputs(tr: Trace, n_prefill: int) -> tuple[list[int], np.ndarray]:

@@ -47,7 +47,7 @@ from fuzz.parity import (
     script_steps,
 )
 from fuzz.progress import Progress
-from fuzz.schedule import Step, prompt_tokens
+from fuzz.schedule import Step, prompt_tokens, sequential_steps
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
@@ -119,16 +119,9 @@ def split_schedule(prompt: list[int], t: int, chunk: int, n_decode: int, seq: in
     """Prefill chunks over [0, t) then [t, P), then greedy decode steps; and the step index where t begins.
     An offset t >= P hands off after t - P decode steps."""
     P = len(prompt)
-    steps: list[Step] = []
     cut = min(t, P)
-    for lo, hi in ((0, cut), (cut, P)):
-        for i in range(lo, hi, chunk):
-            j = min(i + chunk, hi)
-            steps.append(Step(prompt[i:j], [seq] * (j - i), list(range(i, j)), "prefill"))
-    k = sum(1 for s in steps if s.pos[0] < cut)
-    last = len(steps[-1].tokens) - 1
-    for d in range(n_decode):
-        steps.append(Step([f"argmax@{last if d == 0 else 0}"], [seq], [P + d], "decode"))
+    steps = sequential_steps(prompt, chunk, n_decode, split_at=cut, seq=seq)
+    k = sum(1 for s in steps if s.phase == "prefill" and s.pos[0] < cut)
     if t >= P:
         k += t - P
     return steps, k

@@ -54,16 +54,18 @@ class RunFailure:
 
 def script_steps(steps: list[Step], *, tokens: list[list[int]] | None = None,
                  embd: list[np.ndarray] | None = None, capture: list[int] = (),
-                 n_pos_per_token: int = 1, logits_mode: str = "all") -> list[dict[str, Any]]:
+                 n_pos_per_token: int = 1, logits_mode: str = "all", wire: str | None = None) -> list[dict[str, Any]]:
     """Protocol steps for a schedule: its own tokens, resolved tokens, or embedding rows per step.
     logits_mode "all" (every row: no run prunes rows in its last layer), "last" (as a server decodes) or "none"
-    (nothing sent back: a non-final stage, whose logits nobody compares)."""
+    (nothing sent back: a non-final stage, whose logits nobody compares); wire: embedding rows cross a wire."""
     out = []
     for k, st in enumerate(steps):
         d: dict[str, Any] = {"seq": st.seq, "pos": st.pos, "logits": logits_mode, "capture": list(capture),
                              "n_pos_per_token": n_pos_per_token}
         if embd is not None:
             d["embd"] = embd[k]
+            if wire is not None:
+                d["wire"] = wire  # the rows arrive through a split runtime's wire (protocol decode `wire`)
         else:
             d["tokens"] = tokens[k] if tokens is not None else st.tokens
         out.append(d)

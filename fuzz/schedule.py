@@ -44,20 +44,31 @@ def batch_width(n_seq: int, phases: tuple[str, ...]) -> int:
     return n_seq if "batched" in phases else 1
 
 
+def sequential_steps(prompt: list[int], chunk: int, n_decode: int, *, split_at: int | None = None,
+                     seq: int = 0) -> list[Step]:
+    """One sequence's run, the one builder every oracle uses: the prompt prefilled in chunks (restarting at
+    split_at: a hand-off point, so no chunk spans it), then n_decode greedy steps, each taking the argmax of
+    the previous step's last row."""
+    n = len(prompt)
+    bounds = [0, n] if split_at is None else [0, min(split_at, n), n]
+    steps: list[Step] = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        for i in range(lo, hi, chunk):
+            j = min(i + chunk, hi)
+            steps.append(Step(list(prompt[i:j]), [seq] * (j - i), list(range(i, j)), "prefill"))
+    last = len(steps[-1].tokens) - 1 if steps else 0
+    for d in range(n_decode):
+        steps.append(Step([f"argmax@{last if d == 0 else 0}"], [seq], [n + d], "decode"))
+    return steps
+
+
 def build_schedule(*, n_vocab: int, prompt_len: int = 24, chunk: int = 7, n_decode: int = 32,
                    n_seq: int = 3, batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
                    phases: tuple[str, ...] = PHASES) -> Schedule:
     sched = Schedule(n_seq=batch_width(n_seq, phases))
     prompt = prompt_tokens(seed, prompt_len, n_vocab)
     if "prefill" in phases or "decode" in phases:
-        for i in range(0, prompt_len, chunk):
-            part = prompt[i:i + chunk]
-            sched.sequential.append(Step(list(part), [0] * len(part), list(range(i, i + len(part))), "prefill"))
-        if "decode" in phases:
-            last_row = len(sched.sequential[-1].tokens) - 1
-            for k in range(n_decode):
-                tok = f"argmax@{last_row if k == 0 else 0}"
-                sched.sequential.append(Step([tok], [0], [prompt_len + k], "decode"))
+        sched.sequential = sequential_steps(prompt, chunk, n_decode if "decode" in phases else 0)
     if "batched" in phases and n_seq > 1:
         prompts = [prompt_tokens(seed + 1 + s, batched_prompt_len, n_vocab) for s in range(n_seq)]
         toks, seqs, pos = [], [], []

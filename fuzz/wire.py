@@ -115,10 +115,7 @@ class Wire:
             return r.failure
         capture = list(range(n_layer)) if capture_all else [] if last else [n_layer - 1]
         reqs = script_steps(steps, tokens=tokens, embd=embd, capture=capture, n_pos_per_token=self.n_pos,
-                            logits_mode="all" if last else "none")
-        if wire is not None:
-            for q in reqs:
-                q["wire"] = wire
+                            logits_mode="all" if last else "none", wire=wire)
         return run_script(t, reqs, reset=True)
 
     def _cut(self, cuts: list[int], steps, full: Trace, workers: list[Target]) -> dict[str, Any]:
