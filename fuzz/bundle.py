@@ -25,7 +25,7 @@ from fuzz.configs import config_from
 from fuzz.contract import CRASH, FINDING, Finding, Report, describe
 from fuzz.oracles import ORACLES, get_oracle
 from fuzz.parity import describe_node
-from synth.errors import UserError, read_text
+from synth.errors import UserError, read_json
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
 from synth.make import write_fixture
@@ -258,10 +258,7 @@ def read_bundle(path: Path) -> dict[str, Any]:
     f = path / BUNDLE
     if not f.is_file():
         raise UserError(f"{path}: no {BUNDLE}; pass a directory written by `fuzz sweep/handoff --bundle`")
-    try:
-        data = json.loads(read_text(f, "bundle file", "re-create the bundle"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{f}: not valid JSON ({e.msg}); re-create the bundle") from None
+    data = read_json(f, "bundle file", "re-create the bundle")
     if not isinstance(data, dict):
         raise UserError(f"{f}: a JSON {type(data).__name__}, not an object; re-create the bundle")
     if data.get("schema") not in (1, SCHEMA) or data.get("oracle") not in ORACLES:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.contract import FAILING, KNOWN, MISSING, SKIPPED, STATUSES, UNSUPPORTED, toolkit_version
-from synth.errors import UserError, read_text
+from synth.errors import UserError, read_json
 from synth.manifest import LANES
 
 RUN_SCHEMA = 1
@@ -48,10 +48,7 @@ def read_run(path: Path) -> dict[str, Any]:
     f = path / "report.json" if path.is_dir() else path
     if not f.is_file():
         raise UserError(f"{path}: no report.json; pass a directory written by `family-certify run --out DIR`")
-    try:
-        data = json.loads(read_text(f, "run report", "re-run family-certify run --out"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{f}: not valid JSON ({e.msg}); re-run family-certify run --out") from None
+    data = read_json(f, "run report", "re-run family-certify run --out")
     if not isinstance(data, dict) or data.get("kind") != "family-certify-run" or data.get("schema") != RUN_SCHEMA:
         raise UserError(f"{f}: not a family-certify run report (schema {RUN_SCHEMA}); re-run family-certify run --out")
     return data

@@ -15,3 +15,13 @@ def read_text(path, what: str, fix: str) -> str:
         raise UserError(f"{path}: {what} is not UTF-8 text (byte {e.start}); {fix}") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read the {what} ({e.strerror}); {fix}") from None
+
+
+def read_json(path, what: str, fix: str) -> object:
+    """A JSON file's value, or a UserError naming it as `what` with `fix` (unreadable, not UTF-8, not JSON)."""
+    import json
+
+    try:
+        return json.loads(read_text(path, what, fix))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e.msg}); {fix}") from None

@@ -86,28 +86,10 @@ def zero_recurrent_data(partial: bytes, n_recurrent_layers: int) -> bytes:
 
 
 def kv_cache_k_rows(b: bytes, off: int) -> tuple[list[tuple[int, int]], int]:
-    """(offset, length) of every K row block of one llama_kv_cache::state_write (a cache without V, as MLA and the
-    DSA indexer caches are), and where it ends. Layout: u32 n_stream; per stream u32 cell count, then per cell
-    i32 pos, u32 n_seq_id, the seq ids; u32 v_trans, u32 n_layer; per layer i32 type, u64 row size, the rows."""
-    (n_stream,) = struct.unpack_from("<I", b, off)
-    off += 4
-    rows = []
-    for _ in range(n_stream):
-        (cells,) = struct.unpack_from("<I", b, off)
-        off += 4
-        if not cells:
-            continue
-        for _ in range(cells):
-            (n_seq,) = struct.unpack_from("<I", b, off + 4)
-            off += 8 + 4 * n_seq
-        (_v_trans, n_layer) = struct.unpack_from("<II", b, off)
-        off += 8
-        for _ in range(n_layer):
-            (row,) = struct.unpack_from("<Q", b, off + 4)
-            off += 12
-            rows.append((off, cells * row))
-            off += cells * row
-    return rows, off
+    """(offset, length) of every K row block of one llama_kv_cache::state_write of a cache without V (MLA, the
+    DSA indexer), and where it ends."""
+    layers, end = kv_cache_layers(b, off, has_v=False)
+    return [(k[0], k[1] * k[2]) for k in (x["k"] for x in layers)], end
 
 
 def zero_indexer_rows(full: bytes) -> bytes:
@@ -126,13 +108,13 @@ def zero_indexer_rows(full: bytes) -> bytes:
     return bytes(b)
 
 
-def kv_cache_layers(b: bytes, off: int) -> tuple[list[dict[str, Any]], int]:
+def kv_cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str, Any]], int]:
     """Every layer's K and V blocks of one llama_kv_cache::state_write (one stream with cells), and where it ends:
     [{"k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
     n_embd_v) | None}]. Layout: u32 n_stream; per stream u32 cell count, per cell i32 pos, u32 n_seq_id, the seq
     ids; u32 v_trans, u32 n_layer; per layer i32 type, u64 K row size, the K rows; then per layer V: i32 type and
     u64 row size and the rows, or (transposed) u32 element size, u32 n_embd_v_gqa and n_embd_v_gqa runs of cells
-    elements. A cache without V (MLA) ends after K."""
+    elements. A cache without V (MLA, the DSA indexer; has_v False) ends after K."""
     (n_stream,) = struct.unpack_from("<I", b, off)
     off += 4
     layers: list[dict[str, Any]] = []
@@ -151,7 +133,7 @@ def kv_cache_layers(b: bytes, off: int) -> tuple[list[dict[str, Any]], int]:
             off += 12
             layers.append({"k": (off, cells, row), "v": None})
             off += cells * row
-        for layer in layers[-n_layer:]:
+        for layer in layers[-n_layer:] if has_v else ():
             if off >= len(b):
                 break
             if v_trans:
