@@ -181,3 +181,36 @@ def test_hand_offs_with_chunks_larger_than_a_ubatch(fixtures, family, knobs):
     """Prefill chunks of 5 rows split into ubatches of 3 and 2 inside every stage, on both sides of each hand-off."""
     rep = handoff(fixtures(family, **knobs), cuts="period" if "period" in knobs else "all", n_ubatch=3)
     assert rep["summary"]["pass"] == len(rep["results"]) and rep["config"]["n_ubatch"] == 3, rep["results"]
+
+
+def test_a_restored_window_in_other_cells_is_numerics_a_lost_one_is_not(tmp_path, llama):
+    """gemma3 unsplit, 32-token prompt: the full hand-off at t=20 moves logits by ~1e-5 at position 34. The
+    exports just before that step hold the same K/V bits at the same positions in both contexts, only in other
+    cells of the sliding-window ring: attention sums them in another order — numerics, with that cause (exit 0).
+    A restore that lost or changed a window row would not compare equal: a finding."""
+    from fuzz.handoff import same_cells
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / "gemma3.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("gemma3").spec(), path)
+    out = tmp_path / "h.json"
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "none", "--prompt-len", "32", "--report", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (res,) = json.loads(out.read_text())["results"]
+    assert (res["status"], res["mode"], res["offset"], res["cause"]["kind"]) == ("numerics", "full", 20, "cell order")
+    assert res["node"]["cells"]["same"] and res["node"]["cells"]["positions"] > 30
+
+    def export(prompt):
+        assert llama.load(str(path), n_seq_max=2).ok
+        assert llama.script([{"tokens": prompt, "seq": 0, "pos": list(range(len(prompt))), "logits": "last"}]).ok
+        return llama.state_get(0).data["blob"]
+
+    a = export(list(range(1, 21)))
+    assert same_cells(a, export(list(range(1, 21))))["same"]
+    other = same_cells(a, export([*range(1, 20), 33]))  # the last position holds another token's rows
+    assert not other["same"] and other["changed"] == [19] and not other["lost"]
+    shorter = same_cells(a, export(list(range(1, 20))))
+    assert not shorter["same"] and shorter["lost"] == [19]
