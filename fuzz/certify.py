@@ -286,6 +286,19 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
     res.status = worst([rep.status, shaped.status])
     res.detail += " | ubatch 3, chunk 5: " + (f"first: {shaped.findings[0].message}" if shaped.findings
                                              else counts(shaped))
+    if lane == "handoff" and row.tier == 1:
+        # and at the prompt offsets one either side of each constant a prefill crosses (the ubatch, the sliding
+        # window, a delta-net chunk), the prompt prefilled in chunks of 64 so a chunk really reaches them
+        from fuzz.handoff import structural_offsets
+
+        offs = structural_offsets(path, SPLIT_UBATCH)
+        edges, case = oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64, offsets=tuple(offs),
+                                                          prompt_len=max(offs) + 2))
+        res.reports.append(edges)
+        res.cases.append(case)
+        res.status = worst([res.status, edges.status])
+        res.detail += f" | offsets {','.join(map(str, offs))} (ubatch {SPLIT_UBATCH}, chunk 64): " + (
+            f"first: {edges.findings[0].message}" if edges.findings else counts(edges))
     return res
 
 

@@ -29,7 +29,7 @@ def check_config(cfg: Any) -> None:
         v, default = getattr(cfg, f.name), f.default if f.default is not MISSING else None
         what = f"{flag(f.name)} {v!r}"
         if isinstance(default, tuple) and all(type(x) is int for x in default):  # e.g. thread counts
-            if not isinstance(v, tuple) or not v or any(type(x) is not int or x < 1 for x in v):
+            if not isinstance(v, tuple) or (not v and default) or any(type(x) is not int or x < 1 for x in v):
                 raise UserError(f"{what}: must be one or more integers >= 1")
         elif isinstance(default, tuple):  # a selection: phases, modes, KV layouts, flash attention on/off
             if not isinstance(v, tuple) or not v or any(x not in default for x in v):

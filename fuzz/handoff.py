@@ -71,6 +71,7 @@ class HandoffConfig:
     prompt_len: int = 12
     chunk: int = 5
     n_ubatch: int = 64  # ubatch rows (n_batch 64): below the chunk, each stage's batches split inside llama.cpp
+    offsets: tuple[int, ...] = ()  # hand off at these prompt offsets only (default: every one), e.g. 15,16,17
     decode_offsets: int = 2  # hand-offs after this many decode steps, too
     modes: tuple[str, ...] = MODES
     period: int | None = None
@@ -140,6 +141,9 @@ class Handoff:
         check_config(cfg)
         if cfg.n_ubatch > 64:
             raise UserError(f"--n-ubatch {cfg.n_ubatch}: n_ubatch cannot exceed n_batch (64)")
+        if any(not 0 < t < cfg.prompt_len for t in cfg.offsets):
+            raise UserError(f"--offsets {','.join(map(str, cfg.offsets))}: each must be in 1..{cfg.prompt_len - 1} "
+                            "(inside the prompt)")
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)
@@ -177,6 +181,7 @@ class Handoff:
                 "llama_cpp_commit": commit,
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
                            "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_ubatch": cfg.n_ubatch,
+                           "offsets": list(cfg.offsets),
                            "tokens": cfg.tokens, "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
                 "summary": summary, "results": [r.to_dict() for r in results],
                 "timing": {"wall_s": round(time.perf_counter() - t0, 3),
@@ -188,7 +193,8 @@ class Handoff:
 
     def _offsets(self) -> list[int]:
         P = self.cfg.prompt_len
-        return list(range(1, P)) + list(range(P, P + min(self.cfg.decode_offsets, self.cfg.tokens)))
+        prompt = list(self.cfg.offsets) or list(range(1, P))
+        return prompt + list(range(P, P + min(self.cfg.decode_offsets, self.cfg.tokens)))
 
     def _cut(self, cuts: list[int], ref: Target, src: list[Target], dst: list[Target]) -> HandoffResult:
         cfg = self.cfg
@@ -439,6 +445,22 @@ def exit_code(rep: dict[str, Any]) -> int:
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
+DELTA_NET_CHUNK = {"gated-deltanet": 64, "kda": 16}  # build_delta_net_chunking's CS (models/delta-net-base.cpp)
+
+
+def structural_offsets(path: Path, n_ubatch: int) -> list[int]:
+    """Prompt offsets one either side of the constants a prefill crosses: the ubatch size, the sliding window and
+    a chunked delta-net's chunk size (a hand-off there splits a chunk, a window or a ubatch at its edge)."""
+    from synth.gguf_io import GGUFFile
+
+    info = inspect_file(str(path))
+    consts = {n_ubatch} | {DELTA_NET_CHUNK[x.mixer] for x in info.layers if x.mixer in DELTA_NET_CHUNK}
+    window = GGUFFile(path).kv.get(f"{info.arch}.attention.sliding_window")
+    if isinstance(window, int) and window > 0 and any(x.swa for x in info.layers):
+        consts.add(window)
+    return sorted({c + d for c in consts for d in (-1, 0, 1) if c + d > 0})
+
+
 def same_cells(straight: bytes, restored: bytes) -> dict[str, Any] | None:
     """Do two exports of a sliding-window model's caches (the base and the window) hold the same rows at the
     same positions, wherever the cells sit? None if the blobs are not that layout."""
@@ -473,4 +495,4 @@ def report(fixture: Path, cfg: HandoffConfig) -> Report:
 
 ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
                 per_cut=True, narrow=select("modes", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 3)),
-                case_fields=("tokens", "prompt_len", "chunk", "n_ubatch", "modes", "seed"))
+                case_fields=("tokens", "prompt_len", "chunk", "n_ubatch", "offsets", "modes", "seed"))

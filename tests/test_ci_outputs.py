@@ -37,9 +37,10 @@ def test_a_clean_run_writes_summary_junit_report_and_pictures(tmp_path):
     run = json.loads((out / "report.json").read_text())
     validate(run, "certify-run")
     assert run["exit_code"] == 0 and run["totals"] == {"pass": 6}
-    # parity and hand-off each run twice: the default batch shape and chunks split into several ubatches
+    # parity and hand-off in the default batch shape and with chunks split into several ubatches; the tier-1
+    # hand-off also at the offsets either side of the ubatch size (16), with chunks of 64
     assert {x["lane"]: [r["config"]["n_ubatch"] for r in x["reports"]] for x in run["results"]
-            if x["row"] == "jamba"} == {"load": [], "parity": [64, 16], "handoff": [64, 3]}
+            if x["row"] == "jamba"} == {"load": [], "parity": [64, 16], "handoff": [64, 3, 16]}
     summary = (out / "summary.md").read_text()
     commit = run["build"]["llama_cpp_commit"]
     assert summary.startswith("## family-certify: PASS — 6 lanes") and commit[:12] in summary

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from fuzz.handoff import Handoff, HandoffConfig, split_schedule
+from synth.errors import UserError
 from synth.inspect import inspect_file
 
 from conftest import run_cli
@@ -214,3 +215,29 @@ def test_a_restored_window_in_other_cells_is_numerics_a_lost_one_is_not(tmp_path
     assert not other["same"] and other["changed"] == [19] and not other["lost"]
     shorter = same_cells(a, export(list(range(1, 20))))
     assert not shorter["same"] and shorter["lost"] == [19]
+
+
+def test_hand_offs_one_either_side_of_the_constants_a_prefill_crosses(fixtures, tmp_path):
+    """The tier-1 lane's third run: offsets at the ubatch size, the sliding window and a chunked delta-net's chunk
+    size ±1 (qwen3next: gated delta-net chunks of 64; kimi-linear: KDA chunks of 16; laguna: a window of 4), the
+    prompt prefilled in chunks of 64 so a single batch really reaches them."""
+    from fuzz.handoff import structural_offsets
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    m = load_manifest(ROOT / "family_tiers.toml")
+    got = {}
+    for row in ("qwen3next", "kimi-linear", "laguna", "llama"):
+        path = tmp_path / f"{row}.gguf"
+        write_fixture(m.row(row).spec(), path)
+        got[row] = structural_offsets(path, 16)
+    assert got == {"qwen3next": [15, 16, 17, 63, 64, 65], "kimi-linear": [15, 16, 17],
+                   "laguna": [3, 4, 5, 15, 16, 17], "llama": [15, 16, 17]}
+    rep = Handoff(tmp_path / "qwen3next.gguf", HandoffConfig(cuts="period", period=4, offsets=(63, 64, 65),
+                                                           prompt_len=67, tokens=3, chunk=64, n_ubatch=16)).run()
+    assert rep["summary"]["pass"] == len(rep["results"]) == 4
+    assert all(r["offsets"] == 3 + 2 for r in rep["results"])  # the three offsets and two decode steps
+    with pytest.raises(UserError):
+        handoff(tmp_path / "llama.gguf", offsets=(9,))  # past the prompt
