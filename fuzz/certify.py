@@ -102,6 +102,13 @@ class LaneResult:
     bundles: list[str] = field(default_factory=list)  # relative to the run's --out directory
     pictures: list[str] = field(default_factory=list)
 
+    def add(self, rep: Report, case: dict[str, Any]) -> Report:
+        """One more oracle run of the lane: the lane's status is then the worst of its runs."""
+        self.reports.append(rep)
+        self.cases.append(case)
+        self.status = worst([r.status for r in self.reports])
+        return rep
+
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "lane": self.lane, "status": self.status, "detail": self.detail,
                 "seconds": round(self.seconds, 2), "data": self.data, "bundles": self.bundles,
@@ -144,10 +151,7 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
         return res
     # again with the batches real stages see: a prefill chunk of 37 rows (hidden states, past the first stage)
     # split by llama.cpp into ubatches of 16, 16 and 5 — larger than n_ubatch and not a multiple of it
-    shaped, case = oracle_run("sweep", path, replace(cfg, prompt_len=40, chunk=37, n_ubatch=SPLIT_UBATCH))
-    res.reports.append(shaped)
-    res.cases.append(case)
-    res.status = worst([rep.status, shaped.status])
+    shaped = res.add(*oracle_run("sweep", path, replace(cfg, prompt_len=40, chunk=37, n_ubatch=SPLIT_UBATCH)))
     res.detail = f"ubatch 64, chunk 7: {res.detail} | ubatch {SPLIT_UBATCH}, chunk 37: " + (
         sweep_detail(shaped) if shaped.findings else f"{shaped.summary[PASS]}/{len(shaped.results)} pass")
     return res
@@ -178,7 +182,7 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     if not row.dtypes:
         return LaneResult(row.key, "dtype", SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
     cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    res = LaneResult(row.key, "dtype", PASS)
+    res = LaneResult(row.key, "dtype", UNSUPPORTED)
     parts, why = [], ""
     for dtype in row.dtypes:
         path = workdir / f"{row.key}.{dtype}.gguf"
@@ -186,15 +190,12 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
         if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
             knobs = replace(knobs, embd=256)
         write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
-        rep, case = oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
-                                                          target=target_spec))
-        res.reports.append(rep)
-        res.cases.append(case)
+        rep = res.add(*oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
+                                                             target=target_spec)))
         why = why or next((r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")), "")
         label = f"{dtype}@{knobs.embd}" if knobs.embd else dtype
         parts.append(f"{label}: {sweep_detail(rep)}" if rep.status in FAILING else
                      f"{label} {rep.summary[PASS]}/{len(rep.results)}")
-    res.status = worst([r.status for r in res.reports])
     res.detail = f"cut sets passing per dtype ({cuts}): " + ", ".join(parts) + \
         (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
     return res
@@ -209,24 +210,21 @@ def lane_wire(row: Row, path: Path, target_spec: str) -> LaneResult:
     if not row.wires:
         return LaneResult(row.key, "wire", SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
     cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    res = LaneResult(row.key, "wire", PASS)
+    res = LaneResult(row.key, "wire", UNSUPPORTED)
     parts = []
     for w in row.wires:
         try:
-            rep, case = oracle_run("wire", path, WireConfig(wire=w, cuts=cuts, period=row.sweep_period, tokens=8,
-                                                            target=target_spec))
+            rep = res.add(*oracle_run("wire", path, WireConfig(wire=w, cuts=cuts, period=row.sweep_period,
+                                                               tokens=8, target=target_spec)))
         except UserError as e:  # a wire the model's width cannot carry (q8_0 blocks of 32)
             parts.append(f"{w}: unsupported ({e})")
             continue
-        res.reports.append(rep)
-        res.cases.append(case)
         m = [r["vs_unsplit"] for r in rep.results if r.get("vs_unsplit")]
         agree = min((x["token_agreement"] for x in m), default=None)
         parts.append(f"{w}: {rep.findings[0].message}" if rep.findings else
                      f"{w} {rep.summary[PASS]}/{len(rep.results)}" + (
                          f" (tokens ≥ {agree:.0%}, max |Δlogit| {max(x['max_abs_dlogit'] for x in m):.2g})" if m
                          else ""))
-    res.status = worst([r.status for r in res.reports])
     why = next((r["reason"] for rep in res.reports for r in rep.results if r["status"] == UNSUPPORTED), "")
     res.detail = f"cut sets passing per wire ({cuts}): " + ", ".join(parts) + \
         (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
@@ -280,10 +278,7 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
         detail += f"; {rep.results[0].get('reason')}"
     res = LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
     # again with prefill chunks of 5 rows split into ubatches of 3 and 2 (larger than n_ubatch, not a multiple)
-    shaped, case = oracle_run("handoff", path, replace(cfg, n_ubatch=3))
-    res.reports.append(shaped)
-    res.cases.append(case)
-    res.status = worst([rep.status, shaped.status])
+    shaped = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=3)))
     res.detail += " | ubatch 3, chunk 5: " + (f"first: {shaped.findings[0].message}" if shaped.findings
                                              else counts(shaped))
     if lane == "handoff" and row.tier == 1:
@@ -292,11 +287,8 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
         from fuzz.handoff import structural_offsets
 
         offs = structural_offsets(path, SPLIT_UBATCH)
-        edges, case = oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64, offsets=tuple(offs),
-                                                          prompt_len=max(offs) + 2))
-        res.reports.append(edges)
-        res.cases.append(case)
-        res.status = worst([res.status, edges.status])
+        edges = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64,
+                                                             offsets=tuple(offs), prompt_len=max(offs) + 2)))
         res.detail += f" | offsets {','.join(map(str, offs))} (ubatch {SPLIT_UBATCH}, chunk 64): " + (
             f"first: {edges.findings[0].message}" if edges.findings else counts(edges))
     return res

@@ -67,10 +67,6 @@ class Finding:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if getattr(self, f.name) is not None or f.name in ("oracle", "status", "message")}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
 
 def layer_strip(path: Path) -> list[dict[str, Any]]:
     """Per layer what pictures and fingerprints show: kind, sliding window, MoE (read from the file)."""
@@ -133,15 +129,14 @@ class Report:
 
 
 def make_report(oracle: str, fixture: Path, data: dict[str, Any], *, results: list[dict[str, Any]],
-                findings: list[Finding], numerics: list[Finding] = (), kinds: str | None = None,
-                extra: tuple[str, ...] = (), native: Any = None) -> Report:
+                findings: list[Finding], numerics: list[Finding] = (), extra: tuple[str, ...] = (),
+                native: Any = None) -> Report:
     """A Report from an oracle's run: the common fields read from its data (and the fixture where it has none),
     `extra` the names of its own sections to keep, `native` what its formatter prints (default: data)."""
-
     native = data if native is None else native
     fixture = Path(fixture)
     layers = layer_strip(fixture)
-    kinds = kinds or data.get("kinds") or "".join(KIND_LETTER[x["kind"]] for x in layers)
+    kinds = data.get("kinds") or "".join(KIND_LETTER[x["kind"]] for x in layers)
     for f in (*findings, *numerics):
         f.fingerprint = f.fingerprint or fingerprint(f, kinds)
     return Report(oracle=oracle, fixture=str(fixture),

@@ -93,59 +93,55 @@ class DeterminismConfig:
 ROUNDING = 1e-2  # router scores moved by at most this are moved by kernel rounding (sigmoid/softmax scores in [0, 1])
 
 
-def token_rows(steps: list[list[dict[str, Any]]]) -> dict[str, tuple[str, np.ndarray]]:
-    """The MoE router's traced nodes of a run (`ffn_moe_logits/probs/argsort-L`), their rows in token order over
-    all steps and ubatches: name → (dtype, rows × width); and each layer's top-k view as ("k", an empty
-    0 × k array: its width). (The last layer keeps output rows only: its rows are not one per token, and the
-    comparison skips what does not pair.)"""
-    parts: dict[str, list[np.ndarray]] = {}
-    kinds: dict[str, str] = {}
+def by_name(schedules, names: list[str]) -> list[Schedule]:
+    return [next(x for x in schedules if x.name == n) for n in names]
+
+
+def token_rows(steps: list[list[dict[str, Any]]]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The MoE router's traced nodes of a run (`ffn_moe_logits/probs/argsort-L`), each with its rows in token order
+    over all steps and ubatches; and each layer's k (the width of its top-k view, whose bytes are a strided view's,
+    not rows). (The last layer keeps output rows only: its rows are not one per token; what does not pair is
+    skipped.)"""
+    rows: dict[str, list[np.ndarray]] = {}
+    k: dict[str, int] = {}
     for nodes in steps:
         for n in nodes:
-            name = n["name"]
-            if name.startswith("ffn_moe_topk") and n["ne"][0]:  # a strided view: its width is k, its bytes not rows
-                parts.setdefault(name, [np.zeros((0, n["ne"][0]), "<i4")])
-                kinds[name] = "k"
-                continue
-            if not name.startswith(("ffn_moe_argsort", "ffn_moe_probs", "ffn_moe_logits")) or \
-                    n["type"] not in (GGML_TYPE_F32, GGML_TYPE_I32) or not n["ne"][0]:
-                continue
-            dt = "<i4" if n["type"] == GGML_TYPE_I32 else "<f4"
-            kinds[name] = dt
-            parts.setdefault(name, []).append(np.frombuffer(n["data"], dt).reshape(-1, n["ne"][0]))
-    return {k: (kinds[k], np.concatenate(v)) for k, v in parts.items()}
+            name, layer = n["name"], n["name"].rsplit("-", 1)[-1]
+            if name.startswith("ffn_moe_topk") and n["ne"][0]:
+                k[layer] = n["ne"][0]
+            elif name.startswith(("ffn_moe_argsort", "ffn_moe_probs", "ffn_moe_logits")) and n["ne"][0] and \
+                    n["type"] in (GGML_TYPE_F32, GGML_TYPE_I32):
+                dt = "<i4" if n["type"] == GGML_TYPE_I32 else "<f4"
+                rows.setdefault(name, []).append(np.frombuffer(n["data"], dt).reshape(-1, n["ne"][0]))
+    return {name: np.concatenate(parts) for name, parts in rows.items()}, k
 
 
-def first_token_flip(a: dict[str, tuple[str, np.ndarray]], b: dict[str, tuple[str, np.ndarray]]) \
-        -> dict[str, Any] | None:
-    """The earliest token whose chosen experts (a layer's top-k set) differ between two runs, and the router's
-    scores there (the argsort's input: biased probabilities where the arch has them) in both: how far they moved
-    and the first run's gap between its last chosen and first unchosen expert."""
+def first_token_flip(a: tuple[dict[str, np.ndarray], dict[str, int]],
+                     b: tuple[dict[str, np.ndarray], dict[str, int]]) -> dict[str, Any] | None:
+    """The earliest token whose chosen experts (a layer's top-k set) differ between two runs (token_rows), and the
+    router's scores there (the argsort's input: biased probabilities where the arch has them) in both: how far
+    they moved and the first run's gap between its last chosen and first unchosen expert."""
+    (ra, ka), (rb, _) = a, b
     best = None
-    for name, (kind, width) in a.items():
-        if kind != "k":
-            continue
-        layer = name.rsplit("-", 1)[-1]
+    for layer, k in ka.items():
         order = f"ffn_moe_argsort-{layer}"
-        if order not in a or order not in b or a[order][1].shape != b[order][1].shape:
+        if order not in ra or order not in rb or ra[order].shape != rb[order].shape:
             continue
-        k = width.shape[1]
-        x, y = a[order][1][:, :k], b[order][1][:, :k]
-        diff = [i for i in range(len(x)) if sorted(x[i]) != sorted(y[i])]
-        if diff and (best is None or diff[0] < best[1]):
-            best = (name, diff[0], sorted(x[diff[0]].tolist()), sorted(y[diff[0]].tolist()))
+        x, y = ra[order][:, :k], rb[order][:, :k]
+        tok = next((i for i in range(len(x)) if sorted(x[i]) != sorted(y[i])), None)
+        if tok is not None and (best is None or tok < best[1]):
+            best = (layer, tok, sorted(x[tok].tolist()), sorted(y[tok].tolist()))
     if best is None:
         return None
-    name, tok, xa, yb = best
-    layer = name.rsplit("-", 1)[-1]
-    out: dict[str, Any] = {"node": name, "token": tok, "a": xa, "b": yb}
-    x = xa
+    layer, tok, chosen_a, chosen_b = best
+    out: dict[str, Any] = {"node": f"ffn_moe_topk-{layer}", "token": tok, "a": chosen_a, "b": chosen_b}
+    k = len(chosen_a)
     for scores in (f"ffn_moe_probs_biased-{layer}", f"ffn_moe_probs-{layer}", f"ffn_moe_logits-{layer}"):
-        if scores in a and scores in b and a[scores][1].shape == b[scores][1].shape:
-            sa, sb = a[scores][1][tok].astype(np.float64), b[scores][1][tok].astype(np.float64)
+        if scores in ra and scores in rb and ra[scores].shape == rb[scores].shape:
+            sa, sb = ra[scores][tok].astype(np.float64), rb[scores][tok].astype(np.float64)
             top = np.sort(sa)[::-1]
             out |= {"scores": scores, "scores_max_abs": float(np.max(np.abs(sa - sb))),
-                    "margin": float(top[len(x) - 1] - top[len(x)]) if len(x) < len(top) else float("inf")}
+                    "margin": float(top[k - 1] - top[k]) if k < len(top) else float("inf")}
             break
     return out
 
@@ -238,14 +234,13 @@ class Determinism:
             pair = [f["schedule"]] * 2 if f["class"] == "same-schedule" else f.get("pair") \
                 if f["class"] == "threads-only" else None
             if pair:
-                f["node"] = self._localize([next(x for x in runs if x.name == n) for n in pair], runs, prompt)
+                f["node"] = self._localize(by_name(runs, pair), runs, prompt)
         report["numerics"] = []
         for f in list(report["findings"]):
             if f["class"] == "tokens":  # a clear-margin flip across kernels: numerics a routing choice amplified?
                 entry = next(p for p in report["pairs"] if p["pair"] == f["pair"])
-                f["cause"] = entry["cause"] = self._token_cause(
-                    [next(x for x in runs if x.name == n) for n in f["pair"]], prompt,
-                    entry["first_token_diff"]["step"])
+                f["cause"] = entry["cause"] = self._token_cause(by_name(runs, f["pair"]), prompt,
+                                                                entry["first_token_diff"]["step"])
                 if f["cause"]["kind"] == "routing flip":
                     report["findings"].remove(f)
                     report["numerics"].append(f)
@@ -435,10 +430,6 @@ def format_determinism(rep: dict[str, Any]) -> str:
     lines.append(f"{len(rep['findings'])} findings" + (f", {len(rep['numerics'])} numerics" if rep.get("numerics")
                                                       else "") + f"; wall {rep['timing']['wall_s']:.2f}s")
     return "\n".join(lines)
-
-
-def exit_code(rep: dict[str, Any]) -> int:
-    return 1 if rep["findings"] else 0
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------

@@ -382,13 +382,12 @@ class Handoff:
                 return (f"stage {s} ({sb.range[0]}:{sb.range[1]}, first layer {sb.first_layer}) has "
                         f"{sb.recurrent_layers} recurrent and {sb.swa_layers} sliding-window layer(s) but exported no "
                         f"partial (recurrent/SWA) state at t={t}")
+            # the non-partial bytes grow by the same amount for every position (plus constant per-layer headers)
+            if s not in kv_first:
+                kv_first[s] = (t, kv)
+                continue
+            per = (kv - kv_first[s][1]) / (t - kv_first[s][0])
             if sb.attention_layers:
-                # KV bytes grow by the same amount for every position (plus constant per-layer headers)
-                if s not in kv_first:
-                    kv_first[s] = (t, kv)
-                    continue
-                t1, kv1 = kv_first[s]
-                per = (kv - kv1) / (t - t1)
                 if sb.kv_bytes_per_token is not None and per != sb.kv_bytes_per_token:
                     return (f"stage {s} exported KV bytes that do not grow by the same amount per position "
                             f"({sb.kv_bytes_per_token:g} then {per:g} at t={t})")
@@ -396,19 +395,13 @@ class Handoff:
                 if per < sb.kv_row_bytes:
                     return (f"stage {s} exports {per:g} KV bytes per position, less than the {sb.kv_row_bytes} bytes "
                             "its attention layers' K/V (and indexer) rows need")
-            elif kv:
+            elif per > CELL_META:
                 # no full-attention layer: no K/V rows, but a sliding-window model's base cache (llama.cpp's iSWA
                 # pair) still writes each cell's metadata with no layer at all — position, sequence count, one
                 # sequence id: CELL_META bytes a position
-                if s not in kv_first:
-                    kv_first[s] = (t, kv)
-                    continue
-                t1, kv1 = kv_first[s]
-                per = (kv - kv1) / (t - t1)
-                if per > CELL_META:
-                    return (f"stage {s} has no full-attention layer but its non-partial export grows by {per:g} bytes "
-                            f"per position at t={t}, more than a KV cell's metadata ({CELL_META} B): rows it cannot "
-                            "have")
+                return (f"stage {s} has no full-attention layer but its non-partial export grows by {per:g} bytes "
+                        f"per position at t={t}, more than a KV cell's metadata ({CELL_META} B): rows it cannot "
+                        "have")
             if sb.attention_layers and sb.kv_bytes_per_token is None and t == self._offsets()[-1]:
                 return f"stage {s}: a single hand-off offset cannot show KV bytes per position; use a longer prompt"
         return ""
@@ -437,11 +430,6 @@ def format_handoff(rep: dict[str, Any]) -> str:
     lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
                  + f"; wall {rep['timing']['wall_s']:.2f}s")
     return "\n".join(lines)
-
-
-def exit_code(rep: dict[str, Any]) -> int:
-    s = rep["summary"]
-    return 1 if s[FINDING] or s[CRASH] or s[TIMEOUT] else 0
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
@@ -479,18 +467,19 @@ def same_cells(straight: bytes, restored: bytes) -> dict[str, Any] | None:
 
 def report(fixture: Path, cfg: HandoffConfig) -> Report:
     data = Handoff(fixture, cfg).run()
-    findings = [Finding(oracle="handoff", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
-                        offset=r.get("offset"), phase=r.get("mode"), position=r.get("position"), where=r.get("where"),
-                        node=r.get("node"), reproduced=r.get("reproduced"), detail=r,
-                        message=f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason') or r['status']}"
-                        + (f"; first node {describe_node(r['node'])}" if describe_node(r.get("node")) else ""))
-                for r in data["results"] if r["status"] in FAILING]
-    numerics = [Finding(oracle="handoff", status=NUMERICS, cuts=list(r["cuts"]), stage=r.get("stage"),
-                        offset=r.get("offset"), phase=r.get("mode"), position=r.get("position"), where=r.get("where"),
-                        cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r,
-                        message=f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason')}; numerics: "
-                                f"{r['cause']['detail']}") for r in data["results"] if r["status"] == NUMERICS]
+    findings = [finding_of(r) for r in data["results"] if r["status"] in FAILING]
+    numerics = [finding_of(r) for r in data["results"] if r["status"] == NUMERICS]
     return make_report("handoff", fixture, data, results=data["results"], findings=findings, numerics=numerics)
+
+
+def finding_of(r: dict[str, Any]) -> Finding:
+    """A cut set's record as a Finding (a divergence, a crash, or numerics with its cause)."""
+    what = f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason') or r['status']}"
+    what += f"; first node {describe_node(r['node'])}" if describe_node(r.get("node")) else ""
+    what += f"; numerics: {r['cause']['detail']}" if r.get("cause") else ""
+    return Finding(oracle="handoff", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
+                   offset=r.get("offset"), phase=r.get("mode"), position=r.get("position"), where=r.get("where"),
+                   node=r.get("node"), cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r, message=what)
 
 
 ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
