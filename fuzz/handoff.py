@@ -36,7 +36,6 @@ from fuzz.contract import (
     make_report,
     select,
 )
-from fuzz.kvstate import kv_caches
 from fuzz.parity import (
     Trace,
     compare,
@@ -56,6 +55,7 @@ from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target, close_all, open_target
+from targets.kvstate import kv_caches
 from targets.target import script_request
 
 MODES = ("full", "partial")

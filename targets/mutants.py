@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from targets.kvstate import HEADER, cache_layers
 from targets.llama_cpp_worker import LlamaWorker, main_with
 from targets.llama_server_worker import ServerWorker
 
@@ -86,9 +87,8 @@ def zero_recurrent_data(partial: bytes, n_recurrent_layers: int) -> bytes:
 
 
 def kv_cache_k_rows(b: bytes, off: int) -> tuple[list[tuple[int, int]], int]:
-    """(offset, length) of every K row block of one llama_kv_cache::state_write of a cache without V (MLA, the
-    DSA indexer), and where it ends."""
-    layers, end = kv_cache_layers(b, off, has_v=False)
+    """(offset, length) of every K row block of one cache without V (MLA, the DSA indexer), and where it ends."""
+    layers, end = cache_layers(b, off, has_v=False)
     return [(k[0], k[1] * k[2]) for k in (x["k"] for x in layers)], end
 
 
@@ -96,7 +96,7 @@ def zero_indexer_rows(full: bytes) -> bytes:
     """A DSA sequence state (state_seq_get_data's magic and seq id, then the MLA cache, then the indexer cache)
     with the indexer cache's k_idx rows zeroed; unchanged if the layout is not that."""
     try:
-        _, mla_end = kv_cache_k_rows(full, 8)
+        _, mla_end = kv_cache_k_rows(full, HEADER)
         lid_rows, end = kv_cache_k_rows(full, mla_end)
     except struct.error:
         return full
@@ -108,52 +108,11 @@ def zero_indexer_rows(full: bytes) -> bytes:
     return bytes(b)
 
 
-def kv_cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str, Any]], int]:
-    """Every layer's K and V blocks of one llama_kv_cache::state_write (one stream with cells), and where it ends:
-    [{"k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
-    n_embd_v) | None}]. Layout: u32 n_stream; per stream u32 cell count, per cell i32 pos, u32 n_seq_id, the seq
-    ids; u32 v_trans, u32 n_layer; per layer i32 type, u64 K row size, the K rows; then per layer V: i32 type and
-    u64 row size and the rows, or (transposed) u32 element size, u32 n_embd_v_gqa and n_embd_v_gqa runs of cells
-    elements. A cache without V (MLA, the DSA indexer; has_v False) ends after K."""
-    (n_stream,) = struct.unpack_from("<I", b, off)
-    off += 4
-    layers: list[dict[str, Any]] = []
-    for _ in range(n_stream):
-        (cells,) = struct.unpack_from("<I", b, off)
-        off += 4
-        if not cells:
-            continue
-        for _ in range(cells):
-            (n_seq,) = struct.unpack_from("<I", b, off + 4)
-            off += 8 + 4 * n_seq
-        (v_trans, n_layer) = struct.unpack_from("<II", b, off)
-        off += 8
-        for _ in range(n_layer):
-            (row,) = struct.unpack_from("<Q", b, off + 4)
-            off += 12
-            layers.append({"k": (off, cells, row), "v": None})
-            off += cells * row
-        for layer in layers[-n_layer:] if has_v else ():
-            if off >= len(b):
-                break
-            if v_trans:
-                (el, n_embd) = struct.unpack_from("<II", b, off + 4)
-                off += 12
-                layer["v"] = ("trans", off, cells, el, n_embd)
-                off += n_embd * cells * el
-            else:
-                (row,) = struct.unpack_from("<Q", b, off + 4)
-                off += 12
-                layer["v"] = (off, cells, row)
-                off += cells * row
-    return layers, off
-
-
 def uniform_kv_rows(full: bytes) -> bytes:
     """A sequence state whose first KV cache was written as if every layer had its first layer's K/V row size:
     the part of each wider row past that width zero-filled (sizes intact); unchanged if the layout is not that."""
     try:
-        layers, end = kv_cache_layers(full, 8)  # after state_seq_get_data's magic and source seq id
+        layers, end = cache_layers(full, HEADER)
     except struct.error:
         return full
     if not layers or end > len(full):

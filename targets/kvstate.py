@@ -1,0 +1,91 @@
+"""The layout of a sequence state llama.cpp exports (protocol `state_get`), read in one place: the mutants that
+re-create export bugs write into it, and the hand-off oracle's cause analysis reads what it holds.
+
+llama_context::state_seq_get_data writes u32 magic, i32 source seq id, then the memory's state: one KV cache, or
+an iSWA model's base and sliding-window caches in that order (llama_kv_cache::state_write). A cache: u32 n_stream;
+per stream u32 cell count, per cell i32 pos, u32 n_seq_id and the seq ids; u32 v_trans, u32 n_layer; per layer
+i32 type, u64 K row size and the K rows; then per layer V: i32 type, u64 row size and the rows, or (transposed)
+u32 element size, u32 n_embd_v_gqa and n_embd_v_gqa runs of cell-count elements. A cache without V (MLA, the DSA
+indexer) ends after K.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+HEADER = 8  # u32 magic, i32 source seq id
+
+
+def cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str, Any]], int]:
+    """Every layer of one cache, stream by stream, and where the cache ends: [{"pos": the stream's cell positions,
+    "k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
+    n_embd_v) | None}]. Raises struct.error on a blob too short for the layout."""
+    (n_stream,) = struct.unpack_from("<I", b, off)
+    off += 4
+    layers: list[dict[str, Any]] = []
+    for _ in range(n_stream):
+        (cells,) = struct.unpack_from("<I", b, off)
+        off += 4
+        if not cells:
+            continue
+        pos = []
+        for _ in range(cells):
+            p, n_seq = struct.unpack_from("<iI", b, off)
+            pos.append(p)
+            off += 8 + 4 * n_seq
+        (v_trans, n_layer) = struct.unpack_from("<II", b, off)
+        off += 8
+        stream = []
+        for _ in range(n_layer):
+            (row,) = struct.unpack_from("<Q", b, off + 4)
+            off += 12
+            stream.append({"pos": pos, "k": (off, cells, row), "v": None})
+            off += cells * row
+        for layer in stream if has_v else ():
+            if off >= len(b):  # no V here: the blob ends (or a cache without V was read as one with)
+                break
+            if v_trans:
+                (el, n_embd) = struct.unpack_from("<II", b, off + 4)
+                off += 12
+                layer["v"] = ("trans", off, cells, el, n_embd)
+                off += n_embd * cells * el
+            else:
+                (row,) = struct.unpack_from("<Q", b, off + 4)
+                off += 12
+                layer["v"] = (off, cells, row)
+                off += cells * row
+        layers += stream
+    return layers, off
+
+
+def rows_by_position(b: bytes, layers: list[dict[str, Any]]) -> dict[int, bytes]:
+    """What a cache holds, wherever its cells sit: each position's K and V rows of every layer, concatenated."""
+    out: dict[int, list[bytes]] = {}
+    for layer in layers:
+        off, cells, row = layer["k"]
+        v = layer["v"]
+        for c, p in enumerate(layer["pos"]):
+            parts = out.setdefault(p, [])
+            parts.append(b[off + c * row:off + (c + 1) * row])
+            if v and v[0] == "trans":
+                _, voff, _, el, n_embd = v
+                parts.append(b"".join(b[voff + (j * cells + c) * el:voff + (j * cells + c + 1) * el]
+                                      for j in range(n_embd)))
+            elif v:
+                voff, _, vrow = v
+                parts.append(b[voff + c * vrow:voff + (c + 1) * vrow])
+    return {p: b"".join(parts) for p, parts in out.items()}
+
+
+def kv_caches(blob: bytes, n_caches: int) -> list[dict[int, bytes]] | None:
+    """The first n_caches KV caches of a full sequence export, each {position: rows}; None if the blob is not
+    that (another memory, another layout)."""
+    off, out = HEADER, []
+    try:
+        for _ in range(n_caches):
+            layers, off = cache_layers(blob, off)
+            out.append(rows_by_position(blob, layers))
+    except struct.error:
+        return None
+    return out if off == len(blob) else None
