@@ -234,7 +234,9 @@ def isolation_cmd(
     n_seq: Annotated[int, Opt(help="sequences per batch")] = 4,
     prompt_len: Annotated[int, Opt(help="prompt tokens of sequence 0 (sequence i has 3 i more)")] = 12,
     tokens: Annotated[int, Opt(help="decode steps")] = 6,
-    tol: Annotated[float, Opt(help="max |Δlogit| vs the sequence alone")] = 0.1,
+    tol: Annotated[float, Opt(help="the least tolerance: max |Δlogit| vs the sequence alone")] = 0.1,
+    noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape "
+                                            "numerics, measured on each sequence alone (0: --tol only)")] = 4.0,
     target: TargetOpt = "llama-cpp",
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -243,8 +245,8 @@ def isolation_cmd(
 ) -> int:
     """Each sequence alone vs all in one batch (KV cache unified and per sequence): a sequence's logits must not
     depend on the others in its batch; a context that cannot hold N sequences is a finding too."""
-    cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol, target=target,
-                              timeout=timeout, seed=seed)
+    cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol,
+                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed)
     return run_oracle("isolation", fixture, cfg, report, bundle)
 
 

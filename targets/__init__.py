@@ -40,11 +40,11 @@ def worker_argv(spec: str) -> list[str]:
     if spec == "llama-server":
         return [sys.executable, "-m", "targets.llama_server_worker"]
     if spec.startswith("mutant:"):
-        from targets.mutants import MUTANTS
+        from targets.mutants import MUTANTS, NOT_BUGS
 
         name = spec[len("mutant:"):]
-        if name not in MUTANTS:
-            raise UserError(f"--target {spec!r}: unknown mutant; mutants: {', '.join(MUTANTS)}")
+        if name not in MUTANTS and name not in NOT_BUGS:
+            raise UserError(f"--target {spec!r}: unknown mutant; mutants: {', '.join([*MUTANTS, *NOT_BUGS])}")
         return [sys.executable, "-m", "targets.mutants", name]
     if spec.startswith("cmd:"):
         import shlex

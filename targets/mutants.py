@@ -28,6 +28,13 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
                          that holds one prompt twice leaves a request for it running forever, so a slot never frees.
+
+And one that is not a bug, which the battery must not flag (NOT_BUGS):
+  batch-shape-noise      Real weights' numerics, large: every logits row of a batch holding more than one token
+                         moves by 0.3 × a fixed ±1 pattern (a kernel path that rounds otherwise for several rows,
+                         as quantized matmuls on real models do by up to ~2), and a row's sequence sharing a unified
+                         cache with another moves it by 0.2 × the same pattern (summation order over more cells) —
+                         whatever the other rows and cells hold: no sequence's data reaches another.
 """
 
 from __future__ import annotations
@@ -198,6 +205,32 @@ class Perturb2Threads(LlamaWorker):
         return out
 
 
+class BatchShapeNoise(LlamaWorker):
+    SHAPE, CELLS = np.float32(0.3), np.float32(0.2)
+
+    def op_load(self, req: dict) -> dict:
+        self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
+        return super().op_load(req)
+
+    def op_decode(self, req: dict) -> dict:
+        out = super().op_decode(req)
+        if "logits" not in out:
+            return out
+        n = len(b64_f32(req["embd"])) // self.info["n_embd_inp"] if "embd" in req else len(req.get("tokens", ()))
+        seqs = req.get("seq", 0)
+        seqs = seqs if isinstance(seqs, list) else [seqs] * n
+        mem = self.L.llama_get_memory(self.ctx)
+        held = {s for s in range(self.params["n_seq_max"]) if self.L.llama_memory_seq_pos_max(mem, s) >= 0}
+        rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+        pattern = np.where(np.arange(rows.shape[1]) % 3 == 0, 1, -1).astype(np.float32)
+        for k, row in enumerate(out["rows"]):
+            rows[k] += (self.SHAPE if n > 1 else 0) * pattern
+            rows[k] += (self.CELLS if self.unified and held - {int(seqs[row])} else 0) * pattern
+        out["logits"] = f32_b64(rows)
+        out["argmax"] = [int(np.argmax(r)) for r in rows]
+        return out
+
+
 class BatchedRowsSwapped(LlamaWorker):
     def op_decode(self, req: dict) -> dict:
         seqs = req.get("seq", 0)
@@ -271,12 +304,16 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "server-dup-leak": ServerDuplicateLeak}
 
 
+NOT_BUGS: dict[str, Any] = {"batch-shape-noise": BatchShapeNoise}
+
+
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else ""
-    if name not in MUTANTS:
-        sys.stderr.write(f"unknown mutant {name!r}; mutants: {', '.join(MUTANTS)}\n")
+    every = {**MUTANTS, **NOT_BUGS}
+    if name not in every:
+        sys.stderr.write(f"unknown mutant {name!r}; mutants: {', '.join(every)}\n")
         sys.exit(2)
-    main_with(MUTANTS[name])
+    main_with(every[name])
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ def test_clean_families_keep_their_sequences_apart(fixtures, family, knobs):
     assert rep["status"] == "pass", rep["findings"]
     assert {r["kv_unified"] for r in rep["results"]} == {True, False} and len(rep["results"]) == 8
     assert max(r["max_abs_dlogit"] for r in rep["results"]) < 0.01  # batch-shape noise, far below tol 0.1
+    # the model's own batch-shape control moves as little, so the measured tolerance stays at its floor
+    assert set(rep["noise"]) == {"unified-kv", "per-seq-kv"}
+    assert all(x["batch_shape"] < 0.01 and x["tolerance"] == 0.1 for x in rep["noise"].values())
 
 
 DSA_TIES = ROOT / "corpora" / "repros" / "deepseek32-isolation-unified-kv" / "fixture.gguf"  # a 2-head indexer
@@ -63,15 +66,46 @@ def test_batch_shape_numerics_are_told_from_a_leak(fixtures):
     lengths) it gets the very same bits as before: the batch's shape changes its numerics, no data leaks in —
     reported as numerics, not a finding."""
     path = fixtures("lfm2", pattern="AAAARRRR", kv_heads=(2, 1, 1, 1, 0, 0, 0, 0), dtype="bf16", seed=7575)
-    rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(True,))).run()
+    rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(True,), noise_factor=0)).run()
     assert rep["status"] == "pass" and not rep["findings"]
     (f,) = rep["numerics"]
     assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and f["cause"]["placed_vs_alone"] == 0.0
     assert [r["status"] for r in rep["results"]].count("numerics") == 1
-    # the same with per-sequence caches (laguna, q5_1, MoE: found by the fuzz lane too)
+    # the same with per-sequence caches (laguna, q5_1, MoE: found by the fuzz lane too), at the fixed tolerance 0.1
     path = fixtures("laguna", layers=8, kv_heads=(1, 4, 1, 1, 4, 2, 2, 1), dtype="q5_1", seed=6136)
-    (f,) = Isolation(path, IsolationConfig(tokens=3, kv_unified=(False,))).run()["numerics"]
+    (f,) = Isolation(path, IsolationConfig(tokens=3, kv_unified=(False,), noise_factor=0)).run()["numerics"]
     assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and "own cache stream" in f["cause"]["detail"]
+    # its own batch-shape control (alone, other chunks) moves exactly as much: 4 × that is its tolerance, and it passes
+    rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(False,))).run()
+    noise = rep["noise"]["per-seq-kv"]
+    assert noise["batch_shape"] == pytest.approx(f["max_abs_dlogit"], rel=1e-3) and noise["batch_shape"] > 0.1
+    assert noise["tolerance"] == pytest.approx(4 * noise["batch_shape"])
+    assert rep["status"] == "pass" and not rep["numerics"] and all(r["status"] == "pass" for r in rep["results"])
+
+
+def test_the_tolerance_is_measured_on_the_model(fixtures):
+    """A model whose batches move its logits far more than our fixtures' (the batch-shape-noise mutant: 0.3 for a
+    batch of several tokens, 0.2 more for sharing a unified cache — as real quantized weights move them by up to ~2):
+    its batch-shape control measures 0.3, so the tolerance is 1.2 and every sequence passes; at the fixed tolerance
+    0.1 every sequence moves more, and the cause tells numerics from a leak by itself — with a unified cache neither
+    the cells (0.2) nor the batch (0.3) alone explain the 0.5, and the same bits with other neighbours say both at
+    once. The seq-leak mutant stays caught under the measured tolerance."""
+    path = fixtures("llama", layers=4)
+    rep = Isolation(path, IsolationConfig(target="mutant:batch-shape-noise")).run()
+    assert set(rep["noise"]) == {"unified-kv", "per-seq-kv"}
+    for v in rep["noise"].values():  # 0.3 and the fixture's own noise (below 1e-3)
+        assert v["batch_shape"] == pytest.approx(0.3, abs=1e-3) and v["tolerance"] == 4 * v["batch_shape"]
+    assert rep["status"] == "pass" and [r["status"] for r in rep["results"]] == ["pass"] * 8
+    fixed = Isolation(path, IsolationConfig(target="mutant:batch-shape-noise", noise_factor=0)).run()
+    assert fixed["status"] == "pass" and not fixed["findings"] and len(fixed["numerics"]) == 8
+    kinds = {(f["kv_unified"], f["cause"]["kind"]) for f in fixed["numerics"]}
+    assert kinds == {(True, "cells and batch shape"), (False, "batch shape")}
+    both = next(f["cause"] for f in fixed["numerics"] if f["kv_unified"])
+    assert both["placed_vs_alone"] == pytest.approx(0.2, abs=1e-3)
+    assert both["placed_vs_batched"] == pytest.approx(0.3, abs=1e-3)
+    leak = Isolation(path, IsolationConfig(target="mutant:seq-leak")).run()
+    assert leak["noise"]["unified-kv"]["tolerance"] == 0.1  # alone, the leak has nothing to leak
+    assert leak["status"] == "finding" and all(f["cause"]["kind"] == "batch" for f in leak["findings"])
 
 
 @pytest.mark.parametrize("family", ["deepseek32", "glm-dsa"])
