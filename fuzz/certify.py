@@ -5,6 +5,8 @@
   family-certify run [--tier N] [ROW ...]     run each row's lanes against a target; exit 1 on any failure
                                               (--out DIR: summary.md, junit.xml, report.json, bundles/, pictures/)
   family-certify aggregate DIR ...            merge shards' --out directories; fails closed on a missing lane
+  family-certify bump --candidate C [ROW ...]  a llama.cpp bump or patch series: every lane on both builds and a
+                                              cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
   family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
 """
@@ -25,6 +27,7 @@ import numpy as np
 import typer
 
 from fuzz.bundle import bundle_findings
+from fuzz.cli import LlamaCppOpt, PatchesOpt, use_build
 from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
@@ -474,9 +477,12 @@ def run_cmd(
     target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
     report: ReportOpt = None,
     out: OutOpt = None,
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
 ) -> int:
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
+    use_build(llama_cpp, patches)
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
@@ -496,11 +502,14 @@ def scan(
     target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
     report: ReportOpt = None,
     out: OutOpt = None,
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
 ) -> int:
     """Every selected row (every tier) through sweep, hand-off, isolation and determinism at every cut — what the
     lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
     findings. Same outputs as `run`."""
     m: Manifest = load_manifest(manifest)
+    use_build(llama_cpp, patches)
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
@@ -542,6 +551,83 @@ def aggregate(
     if missing:
         print(f"MISSING (planned, no shard reported them): {', '.join(missing)}")
     return finish_run(run, out, report)
+
+
+@app.command()
+def bump(
+    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier)")] = None,
+    base: Annotated[str, Opt(help="the build in use: pinned, pypi:VERSION or a source tree's path")] = "pinned",
+    candidate: Annotated[str | None, Opt(help="the build to move to (same forms; default: the base, with "
+                                              "--patches)")] = None,
+    patches: Annotated[Path | None, Opt(help="a patch series applied onto the candidate's tree")] = None,
+    base_patches: Annotated[Path | None, Opt(help="a patch series applied onto the base's tree")] = None,
+    tier: Annotated[int | None, Opt(help="only this tier")] = None,
+    lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
+    manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+    out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json (and base/, candidate/: each "
+                                         "build's run) here")] = None,
+    report: ReportOpt = None,
+) -> int:
+    """Certify a llama.cpp bump: the selected rows' lanes on the base and the candidate build, and a cross-build lane
+    per row (the same prompt through both, unsplit); a verdict per row × lane — unchanged, broke, fixed, drifted,
+    newly unsupported. Both builds are built (or taken from the cache) before any lane. Exit 1 if anything broke."""
+    from fuzz import bump as bp
+    from targets.builds import activate, resolve
+
+    if candidate is None and patches is None:
+        raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
+                        "to certify a patch series on the base")
+    m: Manifest = load_manifest(manifest)
+    selected = m.select(tier, rows)
+    if not selected:
+        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
+    unknown = sorted(set(lane or ()) - set(LANES))
+    if unknown:
+        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
+    t0 = time.perf_counter()
+    builds = {"base": resolve(base, base_patches), "candidate": resolve(candidate or base, patches)}
+    plan = [(row, [x for x in row.lanes if not lane or x in lane]) for row in selected]
+    command = "family-certify bump " + " ".join(sys.argv[2:])
+    runs = {}
+    for which, b in builds.items():
+        activate(b)
+        print(f"== {which}: {b.spec}" + (f" + {b.identity['patches']['files']}" if b.identity.get("patches") else ""),
+              flush=True)
+        runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=m.path,
+                                  command=f"{command} ({which})")
+        if out is not None:
+            write_outputs(out / which, runs[which])
+    activate(resolve("pinned"))
+    cross = {}
+    with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
+            open_target("llama-cpp", env=builds["base"].env()) as ta, \
+            open_target("llama-cpp", env=builds["candidate"].env()) as tb:
+        for row, _ in plan:
+            if not row.runnable:
+                continue
+            path = Path(d) / f"{row.key}.gguf"
+            write_fixture(row.spec(), path)
+            cross[row.key] = bp.cross_build(str(path), row.spec().n_vocab, ta, tb)
+            print(f"{row.key:<16} {bp.CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} "
+                  f"{cross[row.key]['detail']}", flush=True)
+    rep = bp.bump_report(runs["base"]["build"], runs["candidate"]["build"],
+                         bp.verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
+                         build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
+                         manifest=manifest_identity(m.path))
+    print(", ".join(f"{v} {k}" for k, v in rep["totals"].items()) + f"; wall {rep['wall_s']:.0f} s")
+    for x in rep["results"]:
+        if x["verdict"] != bp.UNCHANGED:
+            print(f"  {x['verdict'].upper()}: {x['row']} / {x['lane']}: {x['detail']}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (out / "summary.md").write_text(bp.bump_md(rep))
+        (out / "junit.xml").write_bytes(bp.bump_junit(rep))
+        print(f"wrote {out}/summary.md, junit.xml, report.json, base/, candidate/")
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(rep, indent=2) + "\n")
+    return rep["exit_code"]
 
 
 # mutant → the manifest row and lane that must catch it (every mutant has one: tests/test_manifest.py)

@@ -38,6 +38,12 @@ SeedOpt = Annotated[int, Opt(help="prompt seed")]
 StagesOpt = Annotated[int, Opt(help="stages per chain (with --cuts all|period)")]
 PeriodOpt = Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")]
 BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")]
+LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build to run: pinned (default), "
+                                        "pypi:VERSION (the tree a llama-cpp-python sdist vendors, with its own "
+                                        "bindings) or a source tree's path; built once and cached "
+                                        "[env: FAMILY_CERTIFY_LLAMA_CPP]")]
+PatchesOpt = Annotated[Path | None, Opt(help="apply this patch series (*.patch, in name order) onto the build's tree "
+                                             "[env: FAMILY_CERTIFY_PATCHES]")]
 
 
 @app.command("run")
@@ -47,8 +53,11 @@ def run_cmd(
     prompt: Annotated[str, Opt(help="prompt token ids")] = DEFAULT_PROMPT,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 64,
     target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
 ) -> int:
     """Load FIXTURE in the target and greedy-decode; print what llama.cpp reports."""
+    use_build(llama_cpp, patches)
     path = fixture_path(fixture)
     toks = parse_tokens(prompt)
     with open_target(target) as t:
@@ -61,7 +70,7 @@ def run_cmd(
         d = loaded.data
         print(f"loaded {path} in {target}: arch {d['arch']}, {d['n_layer']} layers, n_embd {d['n_embd']}, "
               f"vocab {d['n_vocab']}, recurrent={d['is_recurrent']} hybrid={d['is_hybrid']}, "
-              f"llama.cpp {d['llama_cpp_commit'][:9]}")
+              f"llama.cpp {build_label(d['llama_cpp_commit'])}")
         out = t.generate(toks, tokens, chunk=chunk)
         if not out.ok:
             print(f"FAIL decode: {out.failure.message}")
@@ -89,6 +98,8 @@ def sweep_cmd(
                                       "states splits into ubatches inside each stage")] = 64,
     phases: Annotated[str, Opt(help="comma list of prefill,decode,batched")] = ",".join(PHASES),
     target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -107,7 +118,7 @@ def sweep_cmd(
             raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
         cfg = WireConfig(wire=wire, cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk,
                          period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-        return run_oracle("wire", fixture, cfg, report, bundle)
+        return run_oracle("wire", fixture, cfg, report, bundle, (llama_cpp, patches))
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not ph or set(ph) - set(PHASES):
         raise UserError(f"--phases {phases!r}: choose from {','.join(PHASES)}")
@@ -117,11 +128,34 @@ def sweep_cmd(
     cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=n_seq,
                       n_ubatch=n_ubatch, phases=ph, period=period, target=target, timeout=timeout, seed=seed,
                       workdir=keep)
-    return run_oracle("sweep", fixture, cfg, report, bundle)
+    return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
-def run_oracle(name: str, fixture: str, cfg: object, report: Path | None, bundle: Path | None) -> int:
-    """Every oracle command's body: run, print, write the report, bundle each distinct finding; exit 1 on any."""
+def build_label(commit: str | None) -> str:
+    """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
+    from targets.builds import current_identity
+
+    b = current_identity()
+    spec = "" if b.get("spec") == "pinned" and not b.get("patches") else f" (build {b.get('spec')}" + (
+        f" + {len(b['patches']['files'])} patches" if b.get("patches") else "") + f", tree {b['tree_sha256'][:12]})"
+    return (commit[:9] if commit else "commit unknown") + spec
+
+
+def use_build(spec: str | None, patches: Path | None) -> None:
+    """--llama-cpp / --patches: the build every worker of this command runs, built (or taken from the cache) and
+    its API checked before anything else runs."""
+    from targets.builds import use
+
+    b = use(spec, patches)
+    if b.seconds:
+        print(f"built {b.spec} in {b.seconds:.0f} s (cached for later runs)")
+
+
+def run_oracle(name: str, fixture: str, cfg: object, report: Path | None, bundle: Path | None,
+               build: tuple[str | None, Path | None] = (None, None)) -> int:
+    """Every oracle command's body: the build, then run, print, write the report, bundle each distinct finding;
+    exit 1 on any."""
+    use_build(*build)
     oracle = get_oracle(name)
     rep = oracle.run(fixture_path(fixture), cfg)
     print(oracle.format(rep))
@@ -176,6 +210,8 @@ def handoff_cmd(
     modes: Annotated[str, Opt(help="full,partial")] = "full,partial",
     n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64)")] = 64,
     target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -192,7 +228,7 @@ def handoff_cmd(
         raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
     cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
                            n_ubatch=n_ubatch, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    return run_oracle("handoff", fixture, cfg, report, bundle)
+    return run_oracle("handoff", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("determinism")
@@ -208,6 +244,8 @@ def determinism_cmd(
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 16,
     period: PeriodOpt = None,
     target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -225,7 +263,7 @@ def determinism_cmd(
     cfg = det.DeterminismConfig(threads=int_list(threads, "--threads"), ubatch=ub, chunks=int_list(chunks, "--chunks"),
                                 flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens, cuts=cuts,
                                 stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    return run_oracle("determinism", fixture, cfg, report, bundle)
+    return run_oracle("determinism", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("isolation")
@@ -238,6 +276,8 @@ def isolation_cmd(
     noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape "
                                             "numerics, measured on each sequence alone (0: --tol only)")] = 4.0,
     target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
@@ -247,7 +287,7 @@ def isolation_cmd(
     depend on the others in its batch; a context that cannot hold N sequences is a finding too."""
     cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol,
                               noise_factor=noise_factor, target=target, timeout=timeout, seed=seed)
-    return run_oracle("isolation", fixture, cfg, report, bundle)
+    return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("prefix-cache")
@@ -258,6 +298,8 @@ def prefix_cache_cmd(
     tokens: Annotated[int, Opt(help="greedy tokens per request")] = 8,
     n_ctx: Annotated[int, Opt(help="server context (all slots)")] = 1024,
     target: Annotated[str, Opt(help="llama-server, or mutant:server-dup-leak")] = "llama-server",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
@@ -272,7 +314,7 @@ def prefix_cache_cmd(
         raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
                                timeout=timeout, seed=seed)
-    return run_oracle("prefix-cache", fixture, cfg, report, bundle)
+    return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("inputs")

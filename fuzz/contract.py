@@ -34,6 +34,14 @@ STATUSES = (PASS, FINDING, UNSUPPORTED, KNOWN, NUMERICS, CRASH, TIMEOUT, MISSING
 FAILING = (FINDING, CRASH, TIMEOUT, MISSING)  # a run with any of these exits 1
 
 
+def build_identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:
+    """What every report, bundle and summary records of the build: the llama.cpp build the workers ran (spec,
+    commit, tree and patch-series hashes, options: targets.builds) and the toolkit's version."""
+    from targets.builds import identity
+
+    return {**identity(llama_cpp_commit), "toolkit": toolkit_version()}
+
+
 def toolkit_version() -> str:
     try:
         return version("family-certify")
@@ -143,7 +151,7 @@ def make_report(oracle: str, fixture: Path, data: dict[str, Any], *, results: li
                   sha256=data.get("sha256") or hashlib.sha256(fixture.read_bytes()).hexdigest(),
                   arch=data["arch"], n_layer=data["n_layer"], kinds=kinds, layers=layers,
                   target=data.get("target") or data["config"].get("target", ""),
-                  build={"llama_cpp_commit": data.get("llama_cpp_commit"), "toolkit": toolkit_version()},
+                  build=build_identity(data.get("llama_cpp_commit")),
                   config=data["config"], results=results, findings=list(findings), numerics=list(numerics),
                   timing=data.get("timing", {}), extra={k: data[k] for k in extra if k in data}, native=native)
 

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fuzz.contract import FAILING, KNOWN, MISSING, SKIPPED, STATUSES, UNSUPPORTED, toolkit_version
+from fuzz.contract import FAILING, KNOWN, MISSING, SKIPPED, STATUSES, UNSUPPORTED, build_identity
 from synth.errors import UserError, read_json
 from synth.manifest import LANES
 
@@ -27,8 +27,10 @@ def manifest_identity(path: Path) -> dict[str, str]:
 
 
 def run_report(lanes: list[dict[str, Any]], *, plan: list[tuple[str, list[str]]], manifest: dict[str, str],
-               target: str, llama_cpp_commit: str | None, wall_s: float, command: str) -> dict[str, Any]:
-    """The run's report: every planned row × lane exactly once (a planned lane with no result is `missing`)."""
+               target: str, llama_cpp_commit: str | None, wall_s: float, command: str,
+               build: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's report: every planned row × lane exactly once (a planned lane with no result is `missing`).
+    `build`: the build identity (default: the active build's, with the commit the target reported)."""
     got = {(x["row"], x["lane"]): x for x in lanes}
     results = []
     for row, planned in plan:
@@ -38,7 +40,7 @@ def run_report(lanes: list[dict[str, Any]], *, plan: list[tuple[str, list[str]]]
     totals = Counter(x["status"] for x in results)
     failed = sum(totals[s] for s in FAILING)
     return {"schema": RUN_SCHEMA, "kind": "family-certify-run", "command": command, "target": target,
-            "build": {"llama_cpp_commit": llama_cpp_commit, "toolkit": toolkit_version()}, "manifest": manifest,
+            "build": build or build_identity(llama_cpp_commit), "manifest": manifest,
             "plan": [{"row": r, "lanes": ls} for r, ls in plan], "results": results,
             "totals": {s: totals[s] for s in STATUSES if totals[s]}, "wall_s": round(wall_s, 2),
             "exit_code": 1 if failed else 0}
@@ -63,13 +65,30 @@ def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifes
         if r["manifest"]["sha256"] != manifest["sha256"]:
             raise UserError(f"a shard ran on manifest {r['manifest']['sha256'][:12]}, not {manifest['sha256'][:12]} "
                             f"({manifest['path']}); re-run every shard on the same commit")
-    commits = {r["build"]["llama_cpp_commit"] for r in runs if r["build"]["llama_cpp_commit"]}
-    if len(commits) > 1:
-        raise UserError(f"shards ran on different llama.cpp builds ({', '.join(sorted(commits))}); re-run them on one")
+    builds = {build_name(r["build"]) for r in runs}
+    if len(builds) > 1:
+        raise UserError(f"shards ran on different llama.cpp builds ({', '.join(sorted(builds))}); re-run them on one")
     lanes = [x for r in runs for x in r["results"] if x["status"] != MISSING] + list(also)
+    commits = [r["build"]["llama_cpp_commit"] for r in runs if r["build"]["llama_cpp_commit"]]
     return run_report(lanes, plan=plan, manifest=manifest, target=runs[0]["target"] if runs else "",
                       llama_cpp_commit=next(iter(commits), None), wall_s=max((r["wall_s"] for r in runs), default=0.0),
-                      command="family-certify aggregate")
+                      command="family-certify aggregate", build=runs[0]["build"] if runs else None)
+
+
+def build_name(b: dict[str, Any]) -> str:
+    """A build in one word: its cache key (a built tree), else its llama.cpp commit (the pinned build)."""
+    return str(b.get("key") or b.get("llama_cpp_commit"))
+
+
+def build_note(b: dict[str, Any]) -> str:
+    """The build beyond its commit, for a summary's header: its spec, tree hash and patch series when not pinned."""
+    if b.get("spec", "pinned") == "pinned" and not b.get("patches"):
+        return ""
+    out = f" (build `{b.get('spec')}`"
+    out += f", tree `{b['tree_sha256'][:12]}`" if b.get("tree_sha256") else ""
+    p = b.get("patches")
+    out += f", patches {', '.join(p['files'])} `{p['sha256'][:12]}`" if p else ""
+    return out + ")"
 
 
 def summary_md(run: dict[str, Any], *, links: str = "") -> str:
@@ -84,7 +103,7 @@ def summary_md(run: dict[str, Any], *, links: str = "") -> str:
     b = run["build"]
     verdict = f"FAIL — {len(failed)} of {len(results)} lanes" if failed else f"PASS — {len(results)} lanes"
     out = [f"## family-certify: {verdict}", "",
-           f"llama.cpp `{str(b['llama_cpp_commit'])[:12]}` · family-certify {b['toolkit']} · manifest "
+           f"llama.cpp `{str(b['llama_cpp_commit'])[:12]}`{build_note(b)} · family-certify {b['toolkit']} · manifest "
            f"`{run['manifest']['sha256'][:12]}` · target `{run['target']}` · {len(rows_order)} rows × "
            f"{len(lanes_order)} lanes · wall {run['wall_s']:.0f} s", ""]
     out.append("| row | " + " | ".join(lanes_order) + " |")
@@ -132,6 +151,7 @@ def junit_xml(run: dict[str, Any]) -> bytes:
                        errors="0", skipped=str(skipped), time=f"{wall:.2f}")
     props = ET.SubElement(suite, "properties")
     for k, v in (("llama_cpp_commit", run["build"]["llama_cpp_commit"]), ("toolkit", run["build"]["toolkit"]),
+                 ("build", build_name(run["build"])),
                  ("manifest_sha256", run["manifest"]["sha256"]), ("target", run["target"])):
         ET.SubElement(props, "property", name=k, value=str(v))
     for x in results:

@@ -29,8 +29,19 @@ ORACLE = {"enum": list(ORACLES)}
 CUTS = {"type": "array", "items": {"type": "integer", "minimum": 1}}
 
 BUILD = {"type": "object", "required": ["llama_cpp_commit", "toolkit"], "properties": {
-    "llama_cpp_commit": {**STR_OR_NULL, "description": "the llama.cpp commit the target reported"},
-    "toolkit": {"type": "string", "description": "family-certify's version"}}}
+    "llama_cpp_commit": {**STR_OR_NULL, "description": "the llama.cpp commit the target reported (null where the "
+                         "tree does not say: a pypi: sdist's vendored tree, a directory that is not a git checkout)"},
+    "toolkit": {"type": "string", "description": "family-certify's version"},
+    "spec": {"type": "string", "description": "--llama-cpp: pinned, pypi:VERSION or a source tree's path"},
+    "llama_cpp_python": {**STR_OR_NULL, "description": "the llama-cpp-python version whose bindings ran it"},
+    "patches": {"type": ["object", "null"], "description": "the patch series applied (--patches)",
+                "required": ["dir", "files", "sha256"], "properties": {
+                    "dir": {"type": "string"}, "files": {"type": "array", "items": {"type": "string"}},
+                    "sha256": {"type": "string", "description": "over the patches' names and contents, in order"}}},
+    "tree_sha256": {"type": "string", "description": "the source tree after the patches, every file's path and bytes"},
+    "bindings_sha256": STR_OR_NULL,
+    "options": {"type": "array", "items": {"type": "string"}, "description": "the CMake options it was built with"},
+    "key": {"type": "string", "description": "its cache key ($FAMILY_CERTIFY_CACHE/builds/KEY)"}}}
 
 FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "description": "what stays fixed while "
                "shrinking: oracle, status, phase, where, and the kinds of layer at the cut and the divergence",

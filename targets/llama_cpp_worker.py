@@ -26,6 +26,13 @@ PROTOCOL_VERSION = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
 
+
+def build_commit() -> str | None:
+    """The llama.cpp commit of the build this worker runs: the pinned one, or what the build's identity says
+    (targets/builds.py puts it in FAMILY_CERTIFY_BUILD; None where the tree does not say)."""
+    raw = os.environ.get("FAMILY_CERTIFY_BUILD")
+    return json.loads(raw).get("llama_cpp_commit") if raw else PINNED_LLAMA_CPP_COMMIT
+
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
             "capture": True, "trace": False}
@@ -120,8 +127,9 @@ class LlamaWorker:
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
         return {"protocol": PROTOCOL_VERSION, "target": "llama-cpp",
-                "llama_cpp_python": self.L.__version__, "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT,
-                "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON, "helpers": self.native.kind,
+                "llama_cpp_python": self.L.__version__, "llama_cpp_commit": build_commit(),
+                "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON and not os.environ.get("FAMILY_CERTIFY_BUILD"),
+                "helpers": self.native.kind,
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
@@ -135,7 +143,8 @@ class LlamaWorker:
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
         self.native.log_clear()
         mp = L.llama_model_default_params()
-        mp.use_mmap = bool(req.get("mmap", True))
+        if "mmap" in req:  # (llama.cpp's default otherwise: auto)
+            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if req["mmap"] else L.LLAMA_LOAD_MODE_NONE
         model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise RequestError("load_failed", "load: " + self._last_error("failed to load model"))
@@ -178,7 +187,7 @@ class LlamaWorker:
                 "n_vocab": L.llama_vocab_n_tokens(L.llama_model_get_vocab(m)),
                 "is_recurrent": bool(L.llama_model_is_recurrent(m)), "is_hybrid": bool(L.llama_model_is_hybrid(m)),
                 "rope_type": L.llama_model_rope_type(m), "params": self.params,
-                "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT}
+                "llama_cpp_commit": build_commit()}
 
     def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
         from targets.wire import WIRES, roundtrip

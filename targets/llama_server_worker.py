@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT, PINNED_LLAMA_CPP_PYTHON, RequestError, main_with
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON, RequestError, build_commit, main_with
 from targets.native import cache_dir
 
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
@@ -56,7 +56,7 @@ class ServerWorker:
     def op_hello(self, _req: dict) -> dict:
         binary = server_binary()
         return {"protocol": 1, "target": "llama-server", "binary": str(binary) if binary else None,
-                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON, "llama_cpp_commit": PINNED_LLAMA_CPP_COMMIT}
+                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON, "llama_cpp_commit": build_commit()}
 
     def op_load(self, req: dict) -> dict:
         self._stop()

@@ -1,0 +1,224 @@
+"""`family-certify bump`: what a llama.cpp bump (or a patch series) changes for split serving.
+
+The selected rows' lanes run on the base build and on the candidate build (each built, or taken from the cache,
+before any lane), and a cross-build lane per row runs the same fixture and prompt through both, unsplit. Each
+row × lane gets a verdict:
+
+  unchanged           the same outcome on both (both pass, or both fail the same way)
+  broke               passes on the base, fails on the candidate — exit 1
+  fixed               fails on the base, passes on the candidate
+  newly unsupported   ran on the base, unsupported on the candidate
+  drifted             the cross-build lane only: greedy tokens differ between the builds
+
+The cross-build policy (upstream promises no bit-exactness across commits, as across batch shapes): both builds
+are teacher-forced with the base's greedy tokens; max |Δlogit| and NMSE (mse(a − b) / mse(a), llama.cpp's own test
+measure) are reported; the first step whose greedy choice differs is `drifted`, with the base's top-1/top-2 margin
+there (a near-tie flips on rounding; a wide margin is a real change)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fuzz.contract import FAILING, KNOWN, NUMERICS, PASS, SKIPPED, UNSUPPORTED
+from fuzz.schedule import prompt_tokens
+
+UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
+VERDICTS = (BROKE, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
+CROSS_LANE = "cross-build"
+POLICY = ("cross-build: not promised bit-exact; both builds teacher-forced with the base's greedy tokens, max |Δlogit| "
+          "and NMSE reported, the first greedy choice that differs is `drifted` (with the base's margin there)")
+PROMPT_LEN, TOKENS = 16, 16
+
+
+def outcome(status: str) -> str:
+    """A lane's status as the bump compares it: ok, failing, unsupported (or skipped)."""
+    if status in (PASS, NUMERICS, KNOWN):
+        return "ok"
+    if status in FAILING:
+        return "failing"
+    return "unsupported" if status in (UNSUPPORTED, SKIPPED) else status
+
+
+def verdict(base: str, candidate: str) -> str:
+    a, b = outcome(base), outcome(candidate)
+    if a == b:
+        return UNCHANGED
+    if b == "unsupported":
+        return NEWLY_UNSUPPORTED
+    if a == "ok" and b == "failing":
+        return BROKE
+    if a == "failing" and b == "ok":
+        return FIXED
+    return BROKE if b == "failing" else UNCHANGED  # unsupported on the base, failing on the candidate: broke
+
+
+def teacher_forced(target: Any, path: str, prompt: list[int], tokens: list[int] | None, n: int) \
+        -> tuple[list[int], np.ndarray] | str:
+    """Prefill, then n steps fed `tokens` (None: greedy, each step's own argmax): the greedy choice and the logits
+    row of every step; or why it failed."""
+    r = target.load(path)
+    if not r.ok:
+        return f"load: {r.failure.message}"
+    steps = [{"tokens": prompt, "pos": list(range(len(prompt))), "logits": "last"}]
+    for k in range(n):
+        steps.append({"tokens": [tokens[k] if tokens else f"argmax@{len(prompt) - 1 if k == 0 else 0}"],
+                      "pos": [len(prompt) + k], "logits": "last"})
+    r = target.script(steps, reset=True)
+    if not r.ok:
+        return f"{r.failure.kind}: {r.failure.message}"
+    res = r.data["results"]
+    return [int(x["argmax"][-1]) for x in res], np.stack([x["logits"][-1] for x in res]).astype(np.float64)
+
+
+def cross_build(path: str, n_vocab: int, base: Any, candidate: Any, *, seed: int = 0) -> dict[str, Any]:
+    """The cross-build lane on one fixture: base greedy, then both builds fed the base's tokens."""
+    prompt = prompt_tokens(seed + 101, PROMPT_LEN, n_vocab)
+    first = teacher_forced(base, path, prompt, None, TOKENS)
+    if isinstance(first, str):  # nothing to compare with: does the candidate run it?
+        other = teacher_forced(candidate, path, prompt, None, TOKENS)
+        return {"verdict": UNCHANGED if isinstance(other, str) else FIXED,
+                "detail": f"the base fails: {first}; the candidate " + (f"too: {other}" if isinstance(other, str)
+                                                                        else "runs it")}
+    fed = first[0][:TOKENS]
+    a = teacher_forced(base, path, prompt, fed, TOKENS)
+    b = teacher_forced(candidate, path, prompt, fed, TOKENS)
+    if isinstance(a, str):
+        return {"verdict": UNCHANGED, "detail": f"the base fails teacher-forced: {a}"}
+    if isinstance(b, str):
+        return {"verdict": BROKE, "detail": f"the candidate fails where the base runs: {b}"}
+    (ta, la), (tb, lb) = a, b
+    states = {"base → candidate": state_across(path, prompt, fed, base, candidate, lb),
+              "candidate → base": state_across(path, prompt, fed, candidate, base, la)}
+    wrong = [f"{k}: {v['detail']}" for k, v in states.items() if v["status"] == "wrong"]
+    if wrong:
+        return {"verdict": BROKE, "states": states, "detail": "sequence state imported silently wrong across the "
+                "builds: " + "; ".join(wrong)}
+    diff = la - lb
+    nmse = float(np.mean(diff ** 2) / max(np.mean(la ** 2), 1e-30))
+    out: dict[str, Any] = {"max_abs_dlogit": float(np.max(np.abs(diff))), "nmse": nmse, "tokens": len(ta),
+                           "bit_exact": bool(np.array_equal(la, lb)), "states": states}
+    crossing = "; state " + ", ".join(f"{k} {v['status']}" for k, v in states.items())
+    step = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y), None)
+    if step is None:
+        return out | {"verdict": UNCHANGED, "detail": f"{len(ta)} greedy choices equal; max |Δlogit| "
+                      f"{out['max_abs_dlogit']:.3g}, NMSE {nmse:.3g}" + (", bit-exact" if out["bit_exact"] else "")
+                      + crossing}
+    top = np.sort(la[step])[-2:]
+    margin = float(top[1] - top[0])
+    return out | {"verdict": DRIFTED, "step": step, "base_token": ta[step], "candidate_token": tb[step],
+                  "base_margin": margin,
+                  "detail": f"greedy choice differs at step {step} ({ta[step]} → {tb[step]}, the base's top-1/top-2 "
+                            f"margin {margin:.3g}); max |Δlogit| {out['max_abs_dlogit']:.3g}, NMSE {nmse:.3g}"
+                            + crossing}
+
+
+def state_across(path: str, prompt: list[int], fed: list[int], src: Any, dst: Any, own: np.ndarray) \
+        -> dict[str, Any]:
+    """A rolling upgrade's hand-off: the prompt's sequence state exported by one build and imported by the other,
+    which goes on teacher-forced. It must continue as the importing build's own uninterrupted run (`own`: its
+    logits rows, the first after the prompt) — `crosses` (bit-exact) or `crosses (numerics)` with the same greedy
+    choices — or be refused with an error (`refused`); an import that takes the bytes and goes on otherwise is
+    `wrong`."""
+    r = src.load(path)
+    got = src.script([{"tokens": prompt, "pos": list(range(len(prompt))), "logits": "last"}], reset=True) \
+        if r.ok else r
+    blob = src.state_get(0) if got.ok else got
+    if not blob.ok:
+        return {"status": "unrun", "detail": f"the exporter fails: {blob.failure.message}"}
+    r = dst.load(path)
+    put = dst.state_set(blob.data["blob"], 0) if r.ok else r
+    if not put.ok:
+        return {"status": "refused", "detail": f"import refused: {put.failure.message}"}
+    steps = [{"tokens": [t], "pos": [len(prompt) + k], "logits": "last"} for k, t in enumerate(fed)]
+    cont = dst.script(steps)
+    if not cont.ok:
+        return {"status": "refused", "detail": f"imported, then decoding fails: {cont.failure.message}"}
+    rows = np.stack([x["logits"][-1] for x in cont.data["results"]]).astype(np.float64)
+    want = own[1:len(rows) + 1]
+    d, size = float(np.max(np.abs(rows - want))), len(blob.data["blob"])
+    if np.array_equal(rows, want):
+        return {"status": "crosses", "max_abs_dlogit": 0.0, "bytes": size, "detail": "continues bit-exact"}
+    same = [int(np.argmax(x)) for x in rows] == [int(np.argmax(x)) for x in want]
+    return {"status": "crosses (numerics)" if same else "wrong", "max_abs_dlogit": d, "bytes": size,
+            "detail": f"continues with max |Δlogit| {d:.3g} from the importer's own run"
+                      + ("" if same else ", and other greedy choices")}
+
+
+def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str, dict[str, Any]]) \
+        -> list[dict[str, Any]]:
+    """Every row × lane of the two runs (the base's plan order), then each row's cross-build lane."""
+    theirs = {(x["row"], x["lane"]): x for x in cand_run["results"]}
+    out = []
+    for a in base_run["results"]:
+        b = theirs.get((a["row"], a["lane"]), {"status": "missing", "detail": "the candidate run has no result"})
+        v = verdict(a["status"], b["status"])
+        detail = b["detail"] if v in (BROKE, NEWLY_UNSUPPORTED) else a["detail"] if v == FIXED else b["detail"]
+        out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
+                    "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
+    for row, x in cross.items():
+        out.append({"row": row, "lane": CROSS_LANE, "verdict": x["verdict"], "base": None, "candidate": None,
+                    "detail": x["detail"], **{k: v for k, v in x.items() if k not in ("verdict", "detail")}})
+    return out
+
+
+def bump_report(base: dict[str, Any], candidate: dict[str, Any], rows: list[dict[str, Any]], *, wall_s: float,
+                build_s: dict[str, float], command: str, manifest: dict[str, str]) -> dict[str, Any]:
+    totals = {v: sum(x["verdict"] == v for x in rows) for v in VERDICTS}
+    return {"schema": 1, "kind": "family-certify-bump", "command": command, "manifest": manifest,
+            "base": base, "candidate": candidate, "policy": POLICY, "results": rows,
+            "totals": {k: v for k, v in totals.items() if v}, "build_s": build_s, "wall_s": round(wall_s, 2),
+            "exit_code": 1 if totals[BROKE] else 0}
+
+
+SYMBOL = {UNCHANGED: "·", BROKE: "❌ broke", FIXED: "✅ fixed", NEWLY_UNSUPPORTED: "⚪ unsupported",
+          DRIFTED: "〰️ drifted"}
+
+
+def bump_md(rep: dict[str, Any]) -> str:
+    """One screen: the verdict, both builds, the grid of what changed, and each change in a line."""
+    from fuzz.outputs import build_note, one_line
+
+    rows = rep["results"]
+    broke = [x for x in rows if x["verdict"] == BROKE]
+    head = f"FAIL — {len(broke)} lanes broke" if broke else "PASS — nothing broke"
+
+    def name(b: dict[str, Any]) -> str:
+        commit = b.get("llama_cpp_commit")
+        return f"`{b.get('spec')}` (llama.cpp " + (f"`{commit[:12]}`" if commit else "commit unknown") \
+            + f"{build_note(b)})"
+
+    out = [f"## family-certify bump: {head}", "", f"base {name(rep['base'])} → candidate {name(rep['candidate'])}",
+           "", "Totals: " + ", ".join(f"{v} {k}" for k, v in rep["totals"].items())
+           + f" · builds {', '.join(f'{k} {v:.0f} s' for k, v in rep['build_s'].items())} · wall {rep['wall_s']:.0f} s",
+           ""]
+    lanes = list(dict.fromkeys(x["lane"] for x in rows))
+    order = list(dict.fromkeys(x["row"] for x in rows))
+    cell = {(x["row"], x["lane"]): x["verdict"] for x in rows}
+    out += ["| row | " + " | ".join(lanes) + " |", "|---|" + "---|" * len(lanes)]
+    out += [f"| {r} | " + " | ".join(SYMBOL[cell[(r, ln)]] if (r, ln) in cell else "" for ln in lanes) + " |"
+            for r in order]
+    changed = [x for x in rows if x["verdict"] != UNCHANGED]
+    if changed:
+        out += ["", "### What changed", ""]
+        out += [f"- **{x['row']} / {x['lane']}** — {x['verdict']}"
+                + (f" ({x['base']} → {x['candidate']})" if x["base"] else "") + f": {one_line(x['detail'])}"
+                + "".join(f" · [bundle](candidate/{p}/README.md)" for p in x.get("bundles", ()))
+                for x in changed]
+    out += ["", f"Policy: {rep['policy']}", ""]
+    return "\n".join(out)
+
+
+def bump_junit(rep: dict[str, Any]) -> bytes:
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", name="family-certify bump", tests=str(len(rep["results"])),
+                       failures=str(rep["totals"].get(BROKE, 0)), errors="0", skipped="0")
+    for x in rep["results"]:
+        case = ET.SubElement(suite, "testcase", classname=x["row"], name=x["lane"])
+        if x["verdict"] == BROKE:
+            ET.SubElement(case, "failure", message=x["detail"][:500], type=BROKE).text = x["detail"]
+        elif x["verdict"] != UNCHANGED:
+            ET.SubElement(case, "system-out").text = f"{x['verdict']}: {x['detail']}"
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True)

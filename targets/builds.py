@@ -1,0 +1,422 @@
+"""llama.cpp builds as an input: which llama.cpp the workers run.
+
+A build is named by a spec:
+  pinned         the default: the tree vendored in llama-cpp-python 0.3.36, the bindings installed in .venv
+  pypi:VERSION   the tree vendored in that llama-cpp-python sdist on the index, run with that version's own
+                 bindings (its llama_cpp package: ctypes declarations written for its own llama.h)
+  PATH           a llama.cpp source tree, run with the pinned bindings — so its llama.h must declare what the
+                 pinned one does (the structs the bindings pass, the state-format versions): checked, never assumed
+and optionally a patch series (`--patches DIR`: every *.patch in name order, applied onto a copy of the tree).
+
+Anything but the bare pinned build is built once, by one CMake build of the tree: the shared libraries the worker
+loads and llama-server, cached under $FAMILY_CERTIFY_CACHE/builds/<key>, the key a content hash of the tree, the
+patches, the bindings and the build options. A worker runs a build through its environment (Build.env): PYTHONPATH
+puts the build's llama_cpp package (its bindings, lib/ holding the built libraries) before the venv's, and
+FAMILY_CERTIFY_LLAMA_SERVER names its llama-server. Before any lane runs, `check` refuses (exit 2, one line) a
+build whose API the worker cannot drive: a function or struct field the worker calls missing from the bindings, a
+header that declares a struct otherwise than the bindings expect, a ggml_tensor laid out otherwise than the
+worker's capture helper reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth.errors import UserError
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
+from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
+from targets.native import cache_dir
+
+ENV = "FAMILY_CERTIFY_LLAMA_CPP"  # the build spec, for workflows (the --llama-cpp option wins)
+PATCHES_ENV = "FAMILY_CERTIFY_PATCHES"
+IDENTITY_ENV = "FAMILY_CERTIFY_BUILD"  # set in a worker's environment: the identity of the build it runs
+# the structs the bindings pass by value or read fields of, and the constants that version the state format
+STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_model_quantize_params",
+           "llama_sampler_chain_params", "llama_token_data", "llama_token_data_array")
+VERSIONS = ("LLAMA_SESSION_VERSION", "LLAMA_STATE_SEQ_VERSION", "LLAMA_DEFAULT_SEED")
+CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                 "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                 "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
+
+
+@dataclass(frozen=True)
+class Build:
+    spec: str
+    identity: dict[str, Any]
+    bindings: Path | None = None  # a directory holding a llama_cpp package with lib/; None: the venv's own
+    server: Path | None = None  # its llama-server; None: the pinned one (scripts/build_llama_server.sh)
+    seconds: float = 0.0  # how long building it took (0 when it came from the cache)
+    notes: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        """The environment a worker runs this build in."""
+        out = {IDENTITY_ENV: json.dumps(self.identity, sort_keys=True)}
+        if self.bindings is not None:
+            # (the environment's own PYTHONPATH, not another active build's)
+            base = _ORIGINAL["PYTHONPATH"] if "PYTHONPATH" in _ORIGINAL else os.environ.get("PYTHONPATH")
+            out["PYTHONPATH"] = os.pathsep.join(x for x in (str(self.bindings), base) if x)
+        if self.server is not None:
+            out["FAMILY_CERTIFY_LLAMA_SERVER"] = str(self.server)
+        return out
+
+
+def identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:
+    """The active build's identity (spec, llama-cpp-python version, commit where known, tree and patch-series
+    hashes, build options, cache key), with the commit a target reported where it did."""
+    out = current_identity()
+    return {**out, "llama_cpp_commit": llama_cpp_commit or out.get("llama_cpp_commit")}
+
+
+def pinned_identity() -> dict[str, Any]:
+    return {"spec": "pinned", "llama_cpp_python": PINNED, "llama_cpp_commit": PINNED_COMMIT, "patches": None}
+
+
+def current_identity() -> dict[str, Any]:
+    """The identity of the build this process runs (a worker: from its environment), else the pinned one's."""
+    raw = os.environ.get(IDENTITY_ENV)
+    return json.loads(raw) if raw else pinned_identity()
+
+
+_ORIGINAL: dict[str, str | None] = {}  # the variables activate() changed, as they were before
+
+
+def activate(build: Build) -> Build:
+    """Run every worker started from now on (and llama-server) on this build: its environment goes into this
+    process's, which workers inherit; activating the pinned build puts the environment back as it was."""
+    for k, v in _ORIGINAL.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _ORIGINAL.clear()
+    if build.bindings is None and build.server is None:
+        return build
+    for k, v in build.env().items():
+        _ORIGINAL[k] = os.environ.get(k)
+        os.environ[k] = v
+    return build
+
+
+def use(spec: str | None = None, patches: str | Path | None = None) -> Build:
+    """The command line's --llama-cpp / --patches (or the environment's): resolved, built if needed, activated."""
+    return activate(resolve(spec, patches))
+
+
+def say(msg: str) -> None:
+    print(f"build: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- sources ---------------------------------------------------------------------------------------------
+def sdist(version: str) -> Path:
+    """The llama-cpp-python sdist of that version, from the cache or the index."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+\w*", version):
+        raise UserError(f"--llama-cpp pypi:{version}: not a version (e.g. pypi:0.3.35)")
+    d = cache_dir() / "sdist"
+    out = d / f"llama_cpp_python-{version}.tar.gz"
+    if out.is_file():
+        return out
+    d.mkdir(parents=True, exist_ok=True)
+    say(f"downloading llama-cpp-python {version} (sdist)")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                        "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not out.is_file():
+        last = (r.stderr.strip().splitlines() or ["no sdist"])[-1]
+        raise UserError(f"--llama-cpp pypi:{version}: cannot download llama-cpp-python {version} ({last}); "
+                        "pick a version the index has (pip index versions llama-cpp-python)")
+    return out
+
+
+def extract_sdist(path: Path, into: Path) -> tuple[Path, Path]:
+    """(its vendored llama.cpp tree, its llama_cpp bindings package), extracted under `into`."""
+    with tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers()
+                   if re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/") and "/.git" not in m.name]
+        tar.extractall(into, members=members, filter="data")
+    (top,) = {m.name.split("/")[0] for m in members}
+    return into / top / "vendor" / "llama.cpp", into / top / "llama_cpp"
+
+
+def venv_bindings() -> Path:
+    """The pinned bindings package installed in this environment (its python files are what a tree build runs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("llama_cpp is not installed: run `make bootstrap` first")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def pinned_headers() -> Path:
+    """The directory holding the pinned llama.h and ggml.h (installed beside the pinned bindings)."""
+    inc = venv_bindings().parent / "include"
+    if not (inc / "llama.h").is_file():
+        raise UserError(f"{inc}/llama.h is missing: the pinned llama-cpp-python install is incomplete; rerun "
+                        "`make bootstrap`")
+    return inc
+
+
+def check_tree(tree: Path, what: str) -> None:
+    for rel in ("CMakeLists.txt", "include/llama.h", "ggml/include/ggml.h"):
+        if not (tree / rel).is_file():
+            raise UserError(f"--llama-cpp {what}: {tree} is not a llama.cpp source tree ({rel} is missing)")
+
+
+def patch_series(patches: Path) -> list[Path]:
+    """The series' *.patch files in name order (checked before anything is extracted or built)."""
+    if not patches.is_dir():
+        raise UserError(f"--patches {patches}: not a directory of *.patch files")
+    series = sorted(patches.glob("*.patch"))
+    if not series:
+        raise UserError(f"--patches {patches}: no *.patch files in it")
+    return series
+
+
+def apply_patches(tree: Path, series: list[Path]) -> list[tuple[str, str]]:
+    """Every patch of the series, in order, onto `tree` (a copy); [(name, sha256)]. A patch that does not apply is
+    bad input: exit 2, naming it."""
+    out = []
+    for p in series:
+        r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-p1", str(p.resolve())], cwd=tree,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            why = (r.stderr.strip().splitlines() or ["git apply failed"])[0]
+            raise UserError(f"--patches: {p.name} does not apply to the tree ({why}); rebase it onto that tree "
+                            "or drop it from the series")
+        out.append((p.name, hashlib.sha256(p.read_bytes()).hexdigest()))
+    return out
+
+
+def tree_hash(root: Path) -> str:
+    """sha256 over every file's path and bytes (sorted; .git and build directories left out)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_dir() or rel.split("/")[0] in (".git", "build") or "/.git/" in f"/{rel}/":
+            continue
+        h.update(rel.encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+# ---- the API the worker needs ------------------------------------------------------------------------------
+def struct_body(header: str, name: str) -> str | None:
+    """A struct's member declarations, comments and whitespace normalized away; None if it is not declared."""
+    m = re.search(r"struct\s+" + re.escape(name) + r"\s*\{(.*?)\n\s*\};", header, re.S)
+    if not m:
+        return None
+    body = re.sub(r"//[^\n]*|/\*.*?\*/", "", m.group(1), flags=re.S)
+    return " ".join(body.split())
+
+
+def define(header: str, name: str) -> str | None:
+    m = re.search(r"#define\s+" + re.escape(name) + r"\s+(\S+)", header)
+    return m.group(1) if m else None
+
+
+def header_changes(tree: Path, reference: Path) -> list[str]:
+    """What the tree's llama.h / ggml.h declare otherwise than the reference headers, for what the bindings and
+    the capture helper depend on: [] when nothing."""
+    mine = (tree / "include" / "llama.h").read_text(errors="replace")
+    ref = (reference / "llama.h").read_text(errors="replace")
+    out = []
+    for s in STRUCTS:
+        a, b = struct_body(mine, s), struct_body(ref, s)
+        if a != b:
+            out.append(f"struct {s} " + ("is not declared" if a is None else
+                                         "changed (the bindings would pass it in the old layout)"))
+    for d in VERSIONS:
+        a, b = define(mine, d), define(ref, d)
+        if a != b:
+            out.append(f"{d} {b} → {a}")
+    g_mine = (tree / "ggml" / "include" / "ggml.h").read_text(errors="replace")
+    g_ref = (reference / "ggml.h").read_text(errors="replace")
+    if struct_body(g_mine, "ggml_tensor") != struct_body(g_ref, "ggml_tensor"):
+        out.append("struct ggml_tensor changed (the worker's capture helper reads its fields)")
+    return out
+
+
+def worker_needs() -> tuple[set[str], set[str]]:
+    """The llama.cpp functions the worker and its mutants call through the bindings, and the fields of
+    llama_model_params / llama_context_params they set: read from their code."""
+    here = Path(__file__).parent
+    text = "".join((here / f).read_text() for f in ("llama_cpp_worker.py", "mutants.py", "kvstate.py"))
+    funcs = set(re.findall(r"\bL\.(llama_\w+)\s*\(", text))
+    fields = set(re.findall(r"\b(?:cp|mp)\.(\w+)\s*=", text))
+    return funcs, fields
+
+
+def bindings_problems(package: Path) -> list[str]:
+    """What the worker needs that these bindings (a llama_cpp package's llama_cpp.py) do not declare."""
+    text = (package / "llama_cpp.py").read_text(errors="replace")
+    funcs, fields = worker_needs()
+    declared = set(re.findall(r"^def (llama_\w+)\s*\(", text, re.M))
+    out = [f"{f}()" for f in sorted(funcs - declared)]
+    members = set()
+    for cls in ("llama_model_params", "llama_context_params"):
+        m = re.search(r"^class " + cls + r"\(ctypes\.Structure\):(.*?)(?=^\S)", text, re.S | re.M)
+        members |= set(re.findall(r'\(\s*"(\w+)"\s*,', m.group(1))) if m else set()
+    out += [f"field {f}" for f in sorted(fields - members)]
+    return out
+
+
+# ---- resolving a spec into a build -------------------------------------------------------------------------
+def requested(spec: str | None = None, patches: str | Path | None = None) -> tuple[str, Path | None]:
+    """The spec and patch series asked for: the options, else the environment, else pinned."""
+    spec = spec or os.environ.get(ENV) or "pinned"
+    patches = patches or os.environ.get(PATCHES_ENV) or None
+    return spec, Path(patches) if patches else None
+
+
+def resolve(spec: str | None = None, patches: str | Path | None = None) -> Build:
+    """The build a spec names, built now if it is not cached. Bad input (no such version or tree, a patch that does
+    not apply, an API the worker cannot drive) raises UserError before anything is built."""
+    spec, series = requested(spec, patches)
+    if spec == "pinned" and series is None:
+        return Build("pinned", pinned_identity())
+    files = patch_series(series) if series else []
+    with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
+        work = Path(tmp)
+        if spec == "pinned" or spec.startswith("pypi:"):
+            version = PINNED if spec == "pinned" else spec[len("pypi:"):]
+            src, py = extract_sdist(sdist(version), work / "src")
+            identity = {"spec": spec, "llama_cpp_python": version,
+                        "llama_cpp_commit": PINNED_COMMIT if version == PINNED else None}
+            own_bindings = True
+            base = f"pypi-{version}"
+        else:
+            given = Path(spec).expanduser()
+            check_tree(given, spec)
+            src = work / "src" / "llama.cpp"
+            shutil.copytree(given, src, ignore=shutil.ignore_patterns(".git", "build", "build-*"), symlinks=True)
+            py = venv_bindings()
+            identity = {"spec": str(given.resolve()), "llama_cpp_python": None, "llama_cpp_commit": git_commit(given)}
+            own_bindings = False
+            base = "tree-" + hashlib.sha256(str(given.resolve()).encode()).hexdigest()[:12]
+        check_tree(src, spec)
+        # the headers the bindings were written for: the pinned ones for a tree run with the pinned bindings,
+        # else the unpatched tree's own
+        ref = work / "ref"
+        ref.mkdir()
+        for h in (src / "include" / "llama.h", src / "ggml" / "include" / "ggml.h"):
+            shutil.copy(h, ref / h.name)
+        applied = apply_patches(src, files)
+        identity["patches"] = ({"dir": str(series), "files": [n for n, _ in applied],
+                                "sha256": hashlib.sha256(json.dumps(applied).encode()).hexdigest()}
+                               if series else None)
+        # the API: the bindings must declare what the worker calls, and the (patched) tree must declare the structs
+        # and versions the bindings were written for
+        problems = bindings_problems(py) + header_changes(src, ref if own_bindings else pinned_headers())
+        if problems:
+            raise UserError(f"--llama-cpp {spec}{' with ' + str(series) if series else ''}: the worker cannot drive "
+                            f"this build's API: {', '.join(problems[:6])}"
+                            + (f" (and {len(problems) - 6} more)" if len(problems) > 6 else "")
+                            + "; use a tree whose llama.h matches its bindings (pypi:VERSION runs a version's own)")
+        identity["tree_sha256"] = tree_hash(src)
+        identity["bindings_sha256"] = tree_hash(py) if not own_bindings else None
+        identity["options"] = list(CMAKE_OPTIONS)
+        key = hashlib.sha256(json.dumps({k: identity[k] for k in ("tree_sha256", "bindings_sha256", "options",
+                                                                  "llama_cpp_python")}, sort_keys=True)
+                             .encode()).hexdigest()[:16]
+        identity["key"] = key
+        dest = cache_dir() / "builds" / key
+        if (dest / "identity.json").is_file():
+            return Build(spec, identity, dest / "py", dest / "bin" / "llama-server")
+        seconds = cmake_build(src, py, dest, spec, cache_dir() / "builds" / f"work-{base}")
+        (dest / "identity.json").write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
+        return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", seconds=seconds)
+
+
+def git_commit(tree: Path) -> str | None:
+    r = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ (so an incremental build in
+    it recompiles only what changed: another patch series on the same tree costs a few objects). Returns how many
+    files were written or removed."""
+    changed = 0
+    want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() or p.is_symlink()}
+    for rel in sorted(want):
+        a, b = src / rel, dst / rel
+        if b.is_file() and not b.is_symlink() and not a.is_symlink() and a.read_bytes() == b.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        if b.is_symlink() or b.exists():
+            b.unlink()
+        shutil.copy2(a, b, follow_symlinks=False)
+        changed += 1
+    for p in sorted(dst.rglob("*"), reverse=True):
+        rel = p.relative_to(dst)
+        if (p.is_file() or p.is_symlink()) and rel not in want:
+            p.unlink()
+            changed += 1
+    return changed
+
+
+def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> float:
+    """One CMake build of the tree: its shared libraries (into dest/py/llama_cpp/lib, beside a copy of the
+    bindings' python files) and llama-server (dest/bin). The tree is synced into `work/src` and built in
+    `work/build`, both kept: the next build of this tree with other patches is incremental. Returns the seconds
+    it took."""
+    import fcntl
+
+    t0 = time.perf_counter()
+    work.mkdir(parents=True, exist_ok=True)
+    with (work / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time in one work tree
+        changed = sync_tree(src, work / "src")
+        build = work / "build"
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        jobs = str(os.cpu_count() or 2)
+        fresh = not (build / "CMakeCache.txt").is_file()
+        say(f"building {spec}: llama.cpp's libraries and llama-server, one CMake build "
+            + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
+        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *CMAKE_OPTIONS]),
+                 ("compile", ["cmake", "--build", str(build), "--target", "llama", "llama-server", "-j", jobs])]
+        for what, argv in steps:
+            log = work / f"{what}.log"
+            with log.open("w") as f:
+                r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
+            if r.returncode != 0:
+                tail = log.read_text(errors="replace").strip().splitlines()[-12:]
+                raise UserError(f"--llama-cpp {spec}: the build failed ({what}; log {log}): "
+                                + " | ".join(tail)[-600:])
+            say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
+        stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+        install(build / "bin", bindings, stage)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(stage, dest)
+    seconds = time.perf_counter() - t0
+    say(f"{spec} built in {seconds:.0f} s: {dest}")
+    return seconds
+
+
+def install(out: Path, bindings: Path, stage: Path) -> None:
+    """A build's outputs as a worker runs them: stage/py/llama_cpp (the bindings' python files, lib/ the shared
+    libraries) and stage/bin (llama-server, the libraries beside it for its $ORIGIN rpath)."""
+    pkg = stage / "py" / "llama_cpp"
+    shutil.copytree(bindings, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__", "server"))
+    (pkg / "lib").mkdir()
+    for lib in sorted(out.glob("lib*.so*")):
+        shutil.copy2(lib, pkg / "lib" / lib.name, follow_symlinks=False)
+    (stage / "bin").mkdir()
+    for lib in sorted(out.glob("lib*.so*")):  # llama-server's $ORIGIN rpath finds them beside it
+        shutil.copy2(lib, stage / "bin" / lib.name, follow_symlinks=False)
+    shutil.copy2(out / "llama-server", stage / "bin" / "llama-server")
