@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.contract import FAILING, KNOWN, NUMERICS, PASS, SKIPPED, UNSUPPORTED
+from fuzz.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
 from fuzz.schedule import prompt_tokens
 
 UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
-VERDICTS = (BROKE, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
+VERDICTS = (BROKE, MISSING, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
+FAILED = (BROKE, MISSING)  # what makes a bump exit 1 (missing: planned, but no shard reported it)
 CROSS_LANE = "cross-build"
 POLICY = ("cross-build: not promised bit-exact; both builds teacher-forced with the base's greedy tokens, max |Δlogit| "
           "and NMSE reported, the first greedy choice that differs is `drifted` (with the base's margin there)")
@@ -152,7 +153,7 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
     theirs = {(x["row"], x["lane"]): x for x in cand_run["results"]}
     out = []
     for a in base_run["results"]:
-        b = theirs.get((a["row"], a["lane"]), {"status": "missing", "detail": "the candidate run has no result"})
+        b = theirs.get((a["row"], a["lane"]), {"status": MISSING, "detail": "the candidate run has no result"})
         v = verdict(a["status"], b["status"])
         detail = b["detail"] if v in (BROKE, NEWLY_UNSUPPORTED) else a["detail"] if v == FIXED else b["detail"]
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
@@ -169,11 +170,11 @@ def bump_report(base: dict[str, Any], candidate: dict[str, Any], rows: list[dict
     return {"schema": 1, "kind": "family-certify-bump", "command": command, "manifest": manifest,
             "base": base, "candidate": candidate, "policy": POLICY, "results": rows,
             "totals": {k: v for k, v in totals.items() if v}, "build_s": build_s, "wall_s": round(wall_s, 2),
-            "exit_code": 1 if totals[BROKE] else 0}
+            "exit_code": 1 if any(totals[v] for v in FAILED) else 0}
 
 
 SYMBOL = {UNCHANGED: "·", BROKE: "❌ broke", FIXED: "✅ fixed", NEWLY_UNSUPPORTED: "⚪ unsupported",
-          DRIFTED: "〰️ drifted"}
+          DRIFTED: "〰️ drifted", MISSING: "⛔ missing"}
 
 
 def bump_md(rep: dict[str, Any]) -> str:
@@ -181,8 +182,8 @@ def bump_md(rep: dict[str, Any]) -> str:
     from fuzz.outputs import build_note, one_line
 
     rows = rep["results"]
-    broke = [x for x in rows if x["verdict"] == BROKE]
-    head = f"FAIL — {len(broke)} lanes broke" if broke else "PASS — nothing broke"
+    broke = [x for x in rows if x["verdict"] in FAILED]
+    head = f"FAIL — {len(broke)} lanes broke or missing" if broke else "PASS — nothing broke"
 
     def name(b: dict[str, Any]) -> str:
         commit = b.get("llama_cpp_commit")
@@ -214,11 +215,40 @@ def bump_junit(rep: dict[str, Any]) -> bytes:
     import xml.etree.ElementTree as ET
 
     suite = ET.Element("testsuite", name="family-certify bump", tests=str(len(rep["results"])),
-                       failures=str(rep["totals"].get(BROKE, 0)), errors="0", skipped="0")
+                       failures=str(sum(rep["totals"].get(v, 0) for v in FAILED)), errors="0", skipped="0")
     for x in rep["results"]:
         case = ET.SubElement(suite, "testcase", classname=x["row"], name=x["lane"])
-        if x["verdict"] == BROKE:
-            ET.SubElement(case, "failure", message=x["detail"][:500], type=BROKE).text = x["detail"]
+        if x["verdict"] in FAILED:
+            ET.SubElement(case, "failure", message=x["detail"][:500], type=x["verdict"]).text = x["detail"]
         elif x["verdict"] != UNCHANGED:
             ET.SubElement(case, "system-out").text = f"{x['verdict']}: {x['detail']}"
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+
+
+def merge_bumps(reports: list[dict[str, Any]], plan: list[tuple[str, list[str]]], runnable: set[str], *,
+                manifest: dict[str, str]) -> dict[str, Any]:
+    """Shards' bump reports as one, against the plan (every planned row × lane, and a cross-build lane per runnable
+    row): a planned lane no shard reported is `missing` and fails the merge, like a broken one; shards on other
+    builds or another manifest are refused."""
+    from fuzz.outputs import build_name
+    from synth.errors import UserError
+
+    if not reports:
+        raise UserError("no bump reports to aggregate: every shard was lost; re-run the bump")
+    for r in reports:
+        if r["manifest"]["sha256"] != manifest["sha256"]:
+            raise UserError(f"a bump shard ran on manifest {r['manifest']['sha256'][:12]}, not "
+                            f"{manifest['sha256'][:12]}; re-run every shard on the same commit")
+    pairs = {(build_name(r["base"]), build_name(r["candidate"])) for r in reports}
+    if len(pairs) > 1:
+        raise UserError(f"bump shards compared different builds ({sorted(pairs)}); re-run them on one pair")
+    got = {(x["row"], x["lane"]): x for r in reports for x in r["results"]}
+    rows = []
+    for row, lanes in plan:
+        for lane in [*lanes, *([CROSS_LANE] if row in runnable else [])]:
+            rows.append(got.get((row, lane)) or {"row": row, "lane": lane, "verdict": MISSING, "base": None,
+                                                 "candidate": None, "detail": "planned, but no shard reported it"})
+    return bump_report(reports[0]["base"], reports[0]["candidate"], rows,
+                       wall_s=max(r["wall_s"] for r in reports), command="family-certify aggregate",
+                       build_s={k: max(r["build_s"].get(k, 0.0) for r in reports) for k in ("base", "candidate")},
+                       manifest=manifest)

@@ -5,6 +5,7 @@
   family-certify run [--tier N] [ROW ...]     run each row's lanes against a target; exit 1 on any failure
                                               (--out DIR: summary.md, junit.xml, report.json, bundles/, pictures/)
   family-certify aggregate DIR ...            merge shards' --out directories; fails closed on a missing lane
+  family-certify build [--llama-cpp B]        build a llama.cpp once (cached), check its API; print where it is
   family-certify bump --candidate C [ROW ...]  a llama.cpp bump or patch series: every lane on both builds and a
                                               cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
@@ -520,7 +521,8 @@ def scan(
 
 @app.command()
 def aggregate(
-    dirs: Annotated[list[Path], typer.Argument(help="directories written by `family-certify run --out` (shards)")],
+    dirs: Annotated[list[Path], typer.Argument(help="directories written by `family-certify run --out` or "
+                                                    "`family-certify bump --out` (shards)")],
     tier: Annotated[int | None, Opt(help="the tier the shards were planned from")] = None,
     rows: Annotated[list[str] | None, Opt("--row", help="the rows planned (repeatable; default: every row of --tier)")]
     = None,
@@ -529,11 +531,19 @@ def aggregate(
     out: OutOpt = None,
     report: ReportOpt = None,
 ) -> int:
-    """Merge shards' reports against the plan from the manifest: fails closed (exit 1) when a planned row × lane
-    reported nothing; writes the combined summary.md and junit.xml."""
+    """Merge shards' reports (of `run`, or of `bump`: their verdicts) against the plan from the manifest: fails
+    closed (exit 1) when a planned row × lane reported nothing; writes the combined summary.md and junit.xml."""
     m = load_manifest(manifest)
     selected = m.select(tier, rows)
     plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in selected]
+    bumps = [read_bump(d) for d in dirs if is_bump(d)]
+    if bumps:  # shards of `family-certify bump`
+        if len(bumps) != len(dirs):
+            raise UserError("aggregate: some directories hold bump reports, others runs; aggregate one kind at a time")
+        from fuzz import bump as bp
+
+        rep = bp.merge_bumps(bumps, plan, {r.key for r in selected if r.runnable}, manifest=manifest_identity(m.path))
+        return finish_bump(rep, out, report)
     # rows not runnable on the pinned llama.cpp get no shard (matrix plans runnable rows): unsupported, with why
     known_here = [{"row": r.key, "lane": x, "status": UNSUPPORTED, "detail": r.reason or "", "seconds": 0.0}
                   for r, (_, ls) in zip(selected, plan, strict=True) if not r.runnable for x in ls]
@@ -551,6 +561,25 @@ def aggregate(
     if missing:
         print(f"MISSING (planned, no shard reported them): {', '.join(missing)}")
     return finish_run(run, out, report)
+
+
+@app.command("build")
+def build_cmd(
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    as_json: Annotated[bool, Opt("--json", help="print the build's identity as JSON")] = False,
+) -> int:
+    """Build a llama.cpp (or take it from the cache) and check its API, without running anything: what a workflow's
+    builder job runs once, so test jobs only download it. Prints where it is ($FAMILY_CERTIFY_CACHE/builds/KEY)."""
+    from targets.builds import resolve
+
+    b = resolve(llama_cpp, patches)
+    where = b.bindings.parent if b.bindings else "the pinned install (.venv) and scripts/build_llama_server.sh"
+    if as_json:
+        print(json.dumps({**b.identity, "path": str(where), "seconds": round(b.seconds, 1)}, indent=1))
+    else:
+        print(f"{b.spec}: {'built in ' + format(b.seconds, '.0f') + ' s' if b.seconds else 'ready'}: {where}")
+    return 0
 
 
 @app.command()
@@ -614,6 +643,25 @@ def bump(
                          bp.verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
                          build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
                          manifest=manifest_identity(m.path))
+    return finish_bump(rep, out, report)
+
+
+def is_bump(d: Path) -> bool:
+    f = d / "report.json" if d.is_dir() else d
+    try:
+        return json.loads(f.read_text()).get("kind") == "family-certify-bump"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_bump(d: Path) -> dict[str, Any]:
+    return json.loads((d / "report.json" if d.is_dir() else d).read_text())
+
+
+def finish_bump(rep: dict[str, Any], out: Path | None, report: Path | None) -> int:
+    """A bump's verdict: one line of totals, a line per lane that changed; summary.md, junit.xml, report.json."""
+    from fuzz import bump as bp
+
     print(", ".join(f"{v} {k}" for k, v in rep["totals"].items()) + f"; wall {rep['wall_s']:.0f} s")
     for x in rep["results"]:
         if x["verdict"] != bp.UNCHANGED:
@@ -623,7 +671,7 @@ def bump(
         (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
         (out / "summary.md").write_text(bp.bump_md(rep))
         (out / "junit.xml").write_bytes(bp.bump_junit(rep))
-        print(f"wrote {out}/summary.md, junit.xml, report.json, base/, candidate/")
+        print(f"wrote {out}/summary.md, junit.xml, report.json")
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(rep, indent=2) + "\n")

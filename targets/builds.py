@@ -214,12 +214,17 @@ def tree_hash(root: Path) -> str:
 
 # ---- the API the worker needs ------------------------------------------------------------------------------
 def struct_body(header: str, name: str) -> str | None:
-    """A struct's member declarations, comments and whitespace normalized away; None if it is not declared."""
-    m = re.search(r"struct\s+" + re.escape(name) + r"\s*\{(.*?)\n\s*\};", header, re.S)
+    """A struct's member declarations (up to its matching brace), comments and whitespace normalized away; None if
+    it is not declared."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", header, flags=re.S)
+    m = re.search(r"struct\s+" + re.escape(name) + r"\s*\{", text)
     if not m:
         return None
-    body = re.sub(r"//[^\n]*|/\*.*?\*/", "", m.group(1), flags=re.S)
-    return " ".join(body.split())
+    depth, i = 1, m.end()
+    while depth and i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    return " ".join(text[m.end():i - 1].split())
 
 
 def define(header: str, name: str) -> str | None:
@@ -227,9 +232,11 @@ def define(header: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def header_changes(tree: Path, reference: Path) -> list[str]:
-    """What the tree's llama.h / ggml.h declare otherwise than the reference headers, for what the bindings and
-    the capture helper depend on: [] when nothing."""
+def header_changes(tree: Path, reference: Path, pinned: Path | None = None) -> list[str]:
+    """What the tree's llama.h / ggml.h declare otherwise than the headers the run depends on: the llama.h structs
+    and state versions against `reference` (what the bindings were written for), struct ggml_tensor against the
+    pinned ggml.h (`pinned`, default: the reference; the worker's capture helper is compiled for it). [] when
+    nothing."""
     mine = (tree / "include" / "llama.h").read_text(errors="replace")
     ref = (reference / "llama.h").read_text(errors="replace")
     out = []
@@ -243,7 +250,7 @@ def header_changes(tree: Path, reference: Path) -> list[str]:
         if a != b:
             out.append(f"{d} {b} → {a}")
     g_mine = (tree / "ggml" / "include" / "ggml.h").read_text(errors="replace")
-    g_ref = (reference / "ggml.h").read_text(errors="replace")
+    g_ref = ((pinned or reference) / "ggml.h").read_text(errors="replace")
     if struct_body(g_mine, "ggml_tensor") != struct_body(g_ref, "ggml_tensor"):
         out.append("struct ggml_tensor changed (the worker's capture helper reads its fields)")
     return out
@@ -319,7 +326,8 @@ def resolve(spec: str | None = None, patches: str | Path | None = None) -> Build
                                if series else None)
         # the API: the bindings must declare what the worker calls, and the (patched) tree must declare the structs
         # and versions the bindings were written for
-        problems = bindings_problems(py) + header_changes(src, ref if own_bindings else pinned_headers())
+        problems = bindings_problems(py) + header_changes(src, ref if own_bindings else pinned_headers(),
+                                                          pinned_headers())
         if problems:
             raise UserError(f"--llama-cpp {spec}{' with ' + str(series) if series else ''}: the worker cannot drive "
                             f"this build's API: {', '.join(problems[:6])}"
@@ -335,7 +343,8 @@ def resolve(spec: str | None = None, patches: str | Path | None = None) -> Build
         dest = cache_dir() / "builds" / key
         if (dest / "identity.json").is_file():
             return Build(spec, identity, dest / "py", dest / "bin" / "llama-server")
-        seconds = cmake_build(src, py, dest, spec, cache_dir() / "builds" / f"work-{base}")
+        label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "")
+        seconds = cmake_build(src, py, dest, label, cache_dir() / "builds" / f"work-{base}")
         (dest / "identity.json").write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
         return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", seconds=seconds)
 

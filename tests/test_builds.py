@@ -1,0 +1,135 @@
+"""llama.cpp builds as an input (targets/builds.py): what is refused before anything is built — a patch that does
+not apply, a tree whose llama.h no longer matches the bindings that would run it, bindings missing what the worker
+calls, a spec that names nothing — each in one line with exit 2; and the build identity every report records.
+Building a tree takes minutes: those lanes are in tests/test_bump.py (slow)."""
+
+import json
+import os
+
+import pytest
+
+from fuzz.contract import build_identity
+from fuzz.isolation import IsolationConfig
+from fuzz.oracles import ORACLES
+from targets import builds
+
+from conftest import ROOT, run_cli
+
+PATCHES = ROOT / "tests" / "data" / "patches"
+
+
+def one_line_exit_2(r) -> str:
+    """The error: one line, last on stderr (progress lines like "build: downloading ..." may come before it)."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-1500:])
+    lines = r.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ": error: " in ln]
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in r.stderr, r.stderr
+    assert all(ln.startswith("build: ") for ln in lines[:-1]), r.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize("prog,args", [("fuzz", ["isolation", "llama"]), ("family-certify", ["run", "llama"])])
+def test_a_patch_that_does_not_apply_is_refused_naming_it(prog, args):
+    line = one_line_exit_2(run_cli(prog, *args, "--patches", str(PATCHES / "stale")))
+    assert "0001-does-not-apply.patch does not apply" in line and "src/llama-memory-recurrent.cpp" in line
+
+
+def test_a_tree_whose_structs_changed_is_refused_before_it_is_built():
+    """The patch adds a field to llama_context_params: the pinned bindings would pass the struct in the old layout
+    (silently wrong, not a crash), so the build is refused, naming the struct — before any compiling."""
+    line = one_line_exit_2(run_cli("fuzz", "isolation", "llama", "--patches", str(PATCHES / "api-change")))
+    assert "struct llama_context_params changed" in line and "cannot drive this build's API" in line
+
+
+@pytest.mark.parametrize("spec,says", [("pypi:not-a-version", "not a version"),
+                                       ("/nonexistent/llama.cpp", "not a llama.cpp source tree"),
+                                       ("pypi:0.0.0", "cannot download llama-cpp-python 0.0.0")])
+def test_a_build_spec_that_names_nothing_is_refused(spec, says):
+    assert says in one_line_exit_2(run_cli("fuzz", "run", "llama", "--llama-cpp", spec))
+
+
+def test_an_empty_patch_series_is_refused(tmp_path):
+    assert "no *.patch files" in one_line_exit_2(run_cli("fuzz", "run", "llama", "--patches", str(tmp_path)))
+
+
+def test_the_header_check_names_what_changed(tmp_path):
+    """Struct bodies compare without comments and whitespace; each changed struct, state version and ggml_tensor
+    is named."""
+    ref = builds.pinned_headers()
+    tree = tmp_path / "tree"
+    (tree / "include").mkdir(parents=True)
+    (tree / "ggml" / "include").mkdir(parents=True)
+    llama = (ref / "llama.h").read_text()
+    ggml = (ref / "ggml.h").read_text()
+    # comments and spacing only: nothing changed
+    (tree / "include" / "llama.h").write_text(llama.replace("bool kv_unified;", "bool    kv_unified; /* same */"))
+    (tree / "ggml" / "include" / "ggml.h").write_text(ggml)
+    assert builds.header_changes(tree, ref) == []
+    llama = llama.replace("#define LLAMA_STATE_SEQ_VERSION 3", "#define LLAMA_STATE_SEQ_VERSION 4")
+    llama = llama.replace("struct llama_batch {", "struct llama_batch {\n        int32_t n_extra;", 1)
+    (tree / "include" / "llama.h").write_text(llama)
+    (tree / "ggml" / "include" / "ggml.h").write_text(ggml.replace("struct ggml_tensor {",
+                                                                   "struct ggml_tensor {\n        int flags2;", 1))
+    assert builds.header_changes(tree, ref) == [
+        "struct llama_batch changed (the bindings would pass it in the old layout)", "LLAMA_STATE_SEQ_VERSION 3 → 4",
+        "struct ggml_tensor changed (the worker's capture helper reads its fields)"]
+
+
+def test_bindings_must_declare_what_the_worker_calls(tmp_path):
+    """Read from the worker's code: every llama_* function it calls and every params field it sets. The pinned
+    bindings declare them all; bindings without one of each are named."""
+    funcs, fields = builds.worker_needs()
+    assert {"llama_decode", "llama_state_seq_get_data_ext", "llama_memory_seq_rm"} <= funcs
+    assert {"kv_unified", "n_ubatch", "flash_attn_type", "load_mode"} <= fields
+    assert builds.bindings_problems(builds.venv_bindings()) == []
+    pkg = tmp_path / "llama_cpp"
+    pkg.mkdir()
+    text = (builds.venv_bindings() / "llama_cpp.py").read_text()
+    text = text.replace("def llama_memory_seq_rm(", "def llama_memory_seq_rm_gone(", 1)
+    text = text.replace('("kv_unified", ctypes.c_bool),', "", 1)
+    (pkg / "llama_cpp.py").write_text(text)
+    assert builds.bindings_problems(pkg) == ["llama_memory_seq_rm()", "field kv_unified"]
+
+
+def test_every_report_records_the_build(fixtures):
+    rep = ORACLES["isolation"].run(fixtures("llama", layers=2), IsolationConfig(tokens=1, n_seq=2))
+    b = rep.to_dict()["build"]
+    assert b["spec"] == "pinned" and b["llama_cpp_python"] == "0.3.36" and b["patches"] is None
+    assert b["llama_cpp_commit"] == builds.PINNED_COMMIT and b["toolkit"]
+    assert build_identity()["llama_cpp_commit"] == builds.PINNED_COMMIT
+
+
+def test_activating_a_build_sets_the_workers_environment_and_puts_it_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", "/my/llama-server")
+    ident = {"spec": "pypi:0.3.35", "llama_cpp_python": "0.3.35", "llama_cpp_commit": None, "patches": None}
+    b = builds.Build("pypi:0.3.35", ident, bindings=tmp_path / "py", server=tmp_path / "bin" / "llama-server")
+    builds.activate(b)
+    try:
+        assert os.environ["PYTHONPATH"] == f"{tmp_path / 'py'}{os.pathsep}/somewhere"
+        assert os.environ["FAMILY_CERTIFY_LLAMA_SERVER"] == str(tmp_path / "bin" / "llama-server")
+        assert json.loads(os.environ[builds.IDENTITY_ENV]) == ident
+        assert build_identity()["spec"] == "pypi:0.3.35"
+        builds.activate(b)  # again: not stacked
+        assert os.environ["PYTHONPATH"] == f"{tmp_path / 'py'}{os.pathsep}/somewhere"
+    finally:
+        builds.activate(builds.resolve("pinned"))
+    assert os.environ["PYTHONPATH"] == "/somewhere" and os.environ["FAMILY_CERTIFY_LLAMA_SERVER"] == "/my/llama-server"
+    assert builds.IDENTITY_ENV not in os.environ
+
+
+def test_syncing_a_tree_rewrites_only_what_changed(tmp_path):
+    """What keeps a second patch series on the same tree an incremental build: unchanged files keep their mtime."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "a").mkdir(parents=True)
+    for name in ("a/x.c", "a/y.c", "z.h"):
+        (src / name).write_text(name)
+    assert builds.sync_tree(src, dst) == 3
+    before = (dst / "a" / "x.c").stat().st_mtime_ns
+    (src / "a" / "y.c").write_text("changed")
+    (src / "z.h").unlink()
+    (src / "new.c").write_text("new")
+    assert builds.sync_tree(src, dst) == 3  # y.c rewritten, new.c written, z.h removed
+    assert (dst / "a" / "x.c").stat().st_mtime_ns == before
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == ["a/x.c", "a/y.c", "new.c"]
+    assert (dst / "a" / "y.c").read_text() == "changed"

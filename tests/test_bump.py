@@ -1,0 +1,67 @@
+"""`family-certify bump` against real builds (slow: each candidate is a CMake build of a llama.cpp tree, ~4 minutes
+on 2 cores the first time, seconds for another patch series on the same tree; `make test-slow`, the nightly).
+
+- A real bump: the pinned build vs the tree llama-cpp-python 0.3.35 vendors, with that version's own bindings, on a
+  hybrid and an MLA row: nothing breaks; jamba's and deepseek3's logits are bit-identical across the two commits,
+  qwen3next's move (its gated delta-net changed) with every greedy choice equal, and sequence state crosses both
+  ways although the state format version went 2 → 3.
+- Patch series as mutants of the real binary (corpora/patches): each is caught by the row and lane it breaks, named
+  in the verdict and bundled; the comment-only patch is unchanged everywhere."""
+
+import json
+
+import pytest
+
+from fuzz import bump as bp
+
+from conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.llama, pytest.mark.server]
+PATCHES = ROOT / "corpora" / "patches"
+# patch series → the row and lane that must break (and nothing else on that row)
+CAUGHT = {"embd-input-scaled": ("gemma3", {"fixed-split"}),
+          # llama-server's slot cache restores the same state, and so does the other build
+          "recurrent-state-layer-mixup": ("jamba", {"handoff", "prefix-cache", bp.CROSS_LANE}),
+          "dsa-export-drops-indexer": ("deepseek3", {"handoff"})}
+
+
+def bump(tmp_path, *args: str):
+    out = tmp_path / "bump"
+    r = run_cli("family-certify", "bump", *args, "--out", str(out), timeout=3600)
+    rep = json.loads((out / "report.json").read_text())
+    return r, rep, {(x["row"], x["lane"]): x for x in rep["results"]}, out
+
+
+def test_a_real_bump_to_the_previous_release(tmp_path):
+    r, rep, cell, out = bump(tmp_path, "jamba", "deepseek3", "qwen3next", "--candidate", "pypi:0.3.35")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert rep["candidate"]["llama_cpp_python"] == "0.3.35" and rep["base"]["llama_cpp_python"] == "0.3.36"
+    assert set(rep["totals"]) == {"unchanged"}
+    for row in ("jamba", "deepseek3"):
+        assert cell[(row, bp.CROSS_LANE)]["bit_exact"] is True
+    q = cell[("qwen3next", bp.CROSS_LANE)]
+    assert not q["bit_exact"] and 0 < q["max_abs_dlogit"] < 1e-2 and q["nmse"] < 1e-8
+    for x in (cell[(row, bp.CROSS_LANE)] for row in ("jamba", "deepseek3", "qwen3next")):
+        assert {s["status"] for s in x["states"].values()} <= {"crosses", "crosses (numerics)"}, x["states"]
+    assert "PASS — nothing broke" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("series", sorted(CAUGHT))
+def test_each_patch_is_caught_named_and_bundled(tmp_path, series):
+    row, lanes = CAUGHT[series]
+    r, rep, cell, out = bump(tmp_path, row, "--candidate", "pinned", "--patches", str(PATCHES / series))
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    broke = {lane for (rw, lane), x in cell.items() if x["verdict"] == bp.BROKE}
+    assert broke == lanes, {k: (x["verdict"], x["detail"][:200]) for k, x in cell.items()}
+    for lane in lanes - {bp.CROSS_LANE}:
+        x = cell[(row, lane)]
+        assert x["base"] == "pass" and x["candidate"] in ("finding", "crash") and x["bundles"], x
+        assert all((out / "candidate" / b / "bundle.json").is_file() for b in x["bundles"])
+    assert f"**{row} / {sorted(lanes)[0]}** — broke" in (out / "summary.md").read_text()
+
+
+def test_a_comment_only_patch_changes_nothing(tmp_path):
+    r, rep, cell, _ = bump(tmp_path, "jamba", "--candidate", "pinned", "--patches", str(PATCHES / "noop"))
+    assert r.returncode == 0 and set(rep["totals"]) == {"unchanged"}, rep["totals"]
+    assert cell[("jamba", bp.CROSS_LANE)]["bit_exact"] is True
+    assert rep["candidate"]["patches"]["files"] == ["0001-comment-only.patch"]
