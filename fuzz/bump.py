@@ -6,7 +6,7 @@ row × lane gets a verdict:
 
   unchanged           the same outcome on both (both pass, or both fail the same way)
   broke               passes on the base, fails on the candidate — exit 1
-  fixed               fails on the base, passes on the candidate
+  fixed               fails on the base (a `known` upstream finding included), passes on the candidate
   newly unsupported   ran on the base, unsupported on the candidate
   drifted             the cross-build lane only: greedy tokens differ between the builds
 
@@ -155,7 +155,9 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
     for a in base_run["results"]:
         b = theirs.get((a["row"], a["lane"]), {"status": MISSING, "detail": "the candidate run has no result"})
         v = verdict(a["status"], b["status"])
-        detail = b["detail"] if v in (BROKE, NEWLY_UNSUPPORTED) else a["detail"] if v == FIXED else b["detail"]
+        if a["status"] == KNOWN and (b.get("data") or {}).get("known_gone"):  # the upstream finding is gone there
+            v = FIXED
+        detail = b["detail"]
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
                     "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
     for row, x in cross.items():

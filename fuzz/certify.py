@@ -398,8 +398,9 @@ def known(row: Row, r: LaneResult) -> LaneResult:
         return replace(r, status=KNOWN, detail=f"{what} — still reproduces: {r.detail}")
     if what.startswith("intermittent:"):
         return replace(r, detail=f"{r.detail} (a known intermittent finding did not show this run: {what})")
-    return replace(r, status=FINDING, detail=f"known finding no longer reproduces ({what}); remove known.{r.lane} "
-                   f"from the manifest: {r.detail}")
+    return replace(r, status=FINDING, data={**r.data, "known_gone": what},
+                   detail=f"known finding no longer reproduces ({what}); remove known.{r.lane} from the manifest: "
+                          f"{r.detail}")
 
 
 def finish_lane(res: LaneResult, out: Path | None) -> None:

@@ -40,9 +40,10 @@ fi
 
 wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
-  say "building llama.cpp from source (first setup only; about 6 minutes on 2 cores)"
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-    "${pip[@]}" wheel --no-deps "$sdist" -w "$cache/wheels"
+  # one CMake build of the vendored tree gives the wheel's libraries and llama-server (targets/cmake_build.py;
+  # standard library only, so the system Python runs it before the venv holds anything)
+  say "building llama.cpp from source: the wheel and llama-server (first setup only; about 4 minutes on 2 cores)"
+  PYTHONPATH="$root" "$py" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
   wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl | head -1)
 fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build llama-server from the same pinned llama.cpp the worker runs (the sdist bootstrap.sh downloads), for the
-# prefix-cache lane. Once per machine: the binary is cached in $FAMILY_CERTIFY_CACHE/llama-server-<pin>/ and
-# later runs only check it. No network: the web UI is left out (the lane talks to the HTTP API only).
+# llama-server from the same pinned llama.cpp the worker runs (the sdist bootstrap.sh downloads), for the
+# prefix-cache lane. bootstrap.sh's one build of the tree makes it beside the wheel; this only checks it is there
+# (and builds both if not). Cached in $FAMILY_CERTIFY_CACHE/llama-server-<pin>/. No network: the web UI is left out
+# (the lane talks to the HTTP API only).
 # Prints the binary's path on stdout.
 set -euo pipefail
 
@@ -22,20 +23,10 @@ if [ ! -f "$sdist" ]; then
   "$root/scripts/bootstrap.sh"  # downloads the sdist (and builds the worker's llama.cpp) first
 fi
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-tar -xzf "$sdist" -C "$work" "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
-src="$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
-say "building llama-server from the pinned llama.cpp (first time only; several minutes on 2 cores)"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S "$src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-  -DBUILD_SHARED_LIBS=OFF >"$work/configure.log" 2>&1 || { tail -20 "$work/configure.log" >&2; exit 1; }
-cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
-  || { tail -30 "$work/build.log" >&2; exit 1; }
-mkdir -p "$dest/bin.tmp"
-cp "$work/build/bin/llama-server" "$dest/bin.tmp/"
-rm -rf "$dest/bin" && mv "$dest/bin.tmp" "$dest/bin"
+# the same one CMake build that bootstrap.sh runs for the wheel (targets/cmake_build.py): a machine whose wheel came
+# from elsewhere builds here once, and gets both
+say "building llama-server from the pinned llama.cpp (first time only; about 4 minutes on 2 cores)"
+PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
+[ -x "$bin" ] || { say "no $bin after the build"; exit 1; }
 say "ready: $bin"
 echo "$bin"

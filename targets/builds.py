@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from synth.errors import UserError
+from targets.cmake_build import CMAKE_OPTIONS, BuildError, built, copy_bindings, copy_server, say
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir
@@ -46,10 +47,6 @@ IDENTITY_ENV = "FAMILY_CERTIFY_BUILD"  # set in a worker's environment: the iden
 STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_model_quantize_params",
            "llama_sampler_chain_params", "llama_token_data", "llama_token_data_array")
 VERSIONS = ("LLAMA_SESSION_VERSION", "LLAMA_STATE_SEQ_VERSION", "LLAMA_DEFAULT_SEED")
-CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
-                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                 "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                 "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
 
 
 @dataclass(frozen=True)
@@ -113,10 +110,6 @@ def activate(build: Build) -> Build:
 def use(spec: str | None = None, patches: str | Path | None = None) -> Build:
     """The command line's --llama-cpp / --patches (or the environment's): resolved, built if needed, activated."""
     return activate(resolve(spec, patches))
-
-
-def say(msg: str) -> None:
-    print(f"build: {msg}", file=sys.stderr, flush=True)
 
 
 # ---- sources ---------------------------------------------------------------------------------------------
@@ -354,62 +347,20 @@ def git_commit(tree: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def sync_tree(src: Path, dst: Path) -> int:
-    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ (so an incremental build in
-    it recompiles only what changed: another patch series on the same tree costs a few objects). Returns how many
-    files were written or removed."""
-    changed = 0
-    want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() or p.is_symlink()}
-    for rel in sorted(want):
-        a, b = src / rel, dst / rel
-        if b.is_file() and not b.is_symlink() and not a.is_symlink() and a.read_bytes() == b.read_bytes():
-            continue
-        b.parent.mkdir(parents=True, exist_ok=True)
-        if b.is_symlink() or b.exists():
-            b.unlink()
-        shutil.copy2(a, b, follow_symlinks=False)
-        changed += 1
-    for p in sorted(dst.rglob("*"), reverse=True):
-        rel = p.relative_to(dst)
-        if (p.is_file() or p.is_symlink()) and rel not in want:
-            p.unlink()
-            changed += 1
-    return changed
-
-
 def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> float:
-    """One CMake build of the tree: its shared libraries (into dest/py/llama_cpp/lib, beside a copy of the
-    bindings' python files) and llama-server (dest/bin). The tree is synced into `work/src` and built in
-    `work/build`, both kept: the next build of this tree with other patches is incremental. Returns the seconds
-    it took."""
-    import fcntl
-
+    """One CMake build of the tree (targets/cmake_build.py: synced into `work`, built incrementally there) installed
+    as a worker runs it: dest/py/llama_cpp (the bindings' python files, lib/ the libraries) and dest/bin
+    (llama-server). Returns the seconds it took."""
     t0 = time.perf_counter()
-    work.mkdir(parents=True, exist_ok=True)
-    with (work / "lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time in one work tree
-        changed = sync_tree(src, work / "src")
-        build = work / "build"
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        jobs = str(os.cpu_count() or 2)
-        fresh = not (build / "CMakeCache.txt").is_file()
-        say(f"building {spec}: llama.cpp's libraries and llama-server, one CMake build "
-            + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
-        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *CMAKE_OPTIONS]),
-                 ("compile", ["cmake", "--build", str(build), "--target", "llama", "llama-server", "-j", jobs])]
-        for what, argv in steps:
-            log = work / f"{what}.log"
-            with log.open("w") as f:
-                r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
-            if r.returncode != 0:
-                tail = log.read_text(errors="replace").strip().splitlines()[-12:]
-                raise UserError(f"--llama-cpp {spec}: the build failed ({what}; log {log}): "
-                                + " | ".join(tail)[-600:])
-            say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
-        stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
+    stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
+    try:
+        with built(src, work, spec) as out:
+            shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir(parents=True)
+            install(out, bindings, stage)
+    except BuildError as e:
         shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir(parents=True)
-        install(build / "bin", bindings, stage)
+        raise UserError(f"--llama-cpp {e}") from None
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(stage, dest)
     seconds = time.perf_counter() - t0
@@ -420,12 +371,5 @@ def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) ->
 def install(out: Path, bindings: Path, stage: Path) -> None:
     """A build's outputs as a worker runs them: stage/py/llama_cpp (the bindings' python files, lib/ the shared
     libraries) and stage/bin (llama-server, the libraries beside it for its $ORIGIN rpath)."""
-    pkg = stage / "py" / "llama_cpp"
-    shutil.copytree(bindings, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__", "server"))
-    (pkg / "lib").mkdir()
-    for lib in sorted(out.glob("lib*.so*")):
-        shutil.copy2(lib, pkg / "lib" / lib.name, follow_symlinks=False)
-    (stage / "bin").mkdir()
-    for lib in sorted(out.glob("lib*.so*")):  # llama-server's $ORIGIN rpath finds them beside it
-        shutil.copy2(lib, stage / "bin" / lib.name, follow_symlinks=False)
-    shutil.copy2(out / "llama-server", stage / "bin" / "llama-server")
+    copy_bindings(bindings, out, stage / "py" / "llama_cpp")
+    copy_server(out, stage / "bin")

@@ -12,6 +12,7 @@ from fuzz.contract import build_identity
 from fuzz.isolation import IsolationConfig
 from fuzz.oracles import ORACLES
 from targets import builds
+from targets.cmake_build import sync_tree
 
 from conftest import ROOT, run_cli
 
@@ -124,12 +125,12 @@ def test_syncing_a_tree_rewrites_only_what_changed(tmp_path):
     (src / "a").mkdir(parents=True)
     for name in ("a/x.c", "a/y.c", "z.h"):
         (src / name).write_text(name)
-    assert builds.sync_tree(src, dst) == 3
+    assert sync_tree(src, dst) == 3
     before = (dst / "a" / "x.c").stat().st_mtime_ns
     (src / "a" / "y.c").write_text("changed")
     (src / "z.h").unlink()
     (src / "new.c").write_text("new")
-    assert builds.sync_tree(src, dst) == 3  # y.c rewritten, new.c written, z.h removed
+    assert sync_tree(src, dst) == 3  # y.c rewritten, new.c written, z.h removed
     assert (dst / "a" / "x.c").stat().st_mtime_ns == before
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == ["a/x.c", "a/y.c", "new.c"]
     assert (dst / "a" / "y.c").read_text() == "changed"

