@@ -13,16 +13,21 @@ row × lane gets a verdict:
 The cross-build policy (upstream promises no bit-exactness across commits, as across batch shapes): both builds
 are teacher-forced with the base's greedy tokens; max |Δlogit| and NMSE (mse(a − b) / mse(a), llama.cpp's own test
 measure) are reported; the first step whose greedy choice differs is `drifted`, with the base's top-1/top-2 margin
-there (a near-tie flips on rounding; a wide margin is a real change)."""
+there (a near-tie flips on rounding; a wide margin is a real change). The lane also runs what a rolling upgrade does
+across the machines of a split: sequence state exported by one build and imported by the other, and chains with
+stage 0 on one build and stage 1 on the other — each must go on as the receiving build's own run or be refused with
+an error; taken and wrong is `broke`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fuzz.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
 from fuzz.schedule import prompt_tokens
+from synth.stage import Unsupported
 
 UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
 VERDICTS = (BROKE, MISSING, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
@@ -254,3 +259,75 @@ def merge_bumps(reports: list[dict[str, Any]], plan: list[tuple[str, list[str]]]
                        wall_s=max(r["wall_s"] for r in reports), command="family-certify aggregate",
                        build_s={k: max(r["build_s"].get(k, 0.0) for r in reports) for k in ("base", "candidate")},
                        manifest=manifest)
+
+
+def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -> dict[str, Any]:
+    """A rolling upgrade across the machines of a split: stage 0 on one build, stage 1 on the other (both ways), at
+    the fixture's first period cut, teacher-forced with the base's greedy tokens. Each chain's logits are compared
+    with the unsplit run of the build that computed them (stage 1's): bit-exact `crosses`, the same greedy choices
+    `crosses (numerics)`, else `wrong`. {"status": "unsupported"} when the fixture has no expressible split."""
+    from fuzz.parity import run_chain, run_script, script_steps
+    from fuzz.schedule import sequential_steps
+    from fuzz.stages import FixtureStages
+    from fuzz.sweep import cut_sets
+    from targets import open_target
+
+    st = FixtureStages(Path(path))
+    if st.info.n_layer < 2:
+        return {"status": "unsupported", "detail": "one layer: no split"}
+    prompt = prompt_tokens(seed + 101, PROMPT_LEN, st.info.n_vocab)
+    steps = sequential_steps(prompt, 7, TOKENS)
+    out: dict[str, Any] = {}
+    with st.workspace(None):
+        cuts = next((c for c in cut_sets("period", st.info.n_layer, 2, st.period)
+                     if not isinstance(st.stages(c), Unsupported)), None)
+        if cuts is None:
+            return {"status": "unsupported", "detail": "every split is unsupported"}
+        stages = st.stages(cuts)
+        full: dict[str, np.ndarray] = {}
+        tokens: list[list[int]] | None = None
+        for name in ("base", "candidate"):  # each build's unsplit run, teacher-forced with the base's tokens
+            with open_target("llama-cpp", env=envs[name]) as t:
+                r = t.load(path)
+                tr = run_script(t, script_steps(steps, tokens=tokens), reset=True) if r.ok else r.failure
+                if not hasattr(tr, "steps"):
+                    return {"status": "unrun", "detail": f"{name} cannot run the unsplit model: {tr.message}"}
+                tokens = tokens or [so.tokens for so in tr.steps]
+                full[name] = np.concatenate([so.logits for so in tr.steps]).astype(np.float64)
+        for first, second in (("base", "candidate"), ("candidate", "base")):
+            ts = [open_target("llama-cpp", env=envs[first]), open_target("llama-cpp", env=envs[second])]
+            try:
+                loaded = [t.load(str(p), capture=k == 0) for k, (t, (p, _)) in enumerate(zip(ts, stages, strict=True))]
+                bad = next((r for r in loaded if not r.ok), None)
+                if bad is not None:
+                    out[f"{first} → {second}"] = {"status": "refused", "detail": bad.failure.message}
+                    continue
+                chain, fail = run_chain(ts, [s.n_layer for _, s in stages], steps, tokens, logits_mode="all")
+            finally:
+                for t in ts:
+                    t.close()
+            if fail:
+                out[f"{first} → {second}"] = {"status": "refused", "detail": fail.failure.message}
+                continue
+            got = np.concatenate([so.logits for so in chain[-1].steps]).astype(np.float64)
+            want = full[second]
+            d = float(np.max(np.abs(got - want)))
+            same = bool((got.argmax(axis=1) == want.argmax(axis=1)).all())
+            status = "crosses" if d == 0 else "crosses (numerics)" if same else "wrong"
+            out[f"{first} → {second}"] = {"status": status, "max_abs_dlogit": d,
+                                          "detail": f"cut {cuts}: max |Δlogit| {d:.3g} from {second}'s unsplit run"
+                                                    + ("" if same else ", other greedy choices")}
+    return {"status": "wrong" if any(v["status"] == "wrong" for v in out.values()) else "ok", "cuts": cuts,
+            "chains": out}
+
+
+def with_chains(cross: dict[str, Any], chains: dict[str, Any]) -> dict[str, Any]:
+    """The cross-build lane with its mixed-build chains: a chain whose hidden states cross wrong breaks it."""
+    out = {**cross, "mixed_chains": chains}
+    if chains["status"] not in ("ok", "wrong"):
+        return out | {"detail": f"{cross['detail']}; mixed chains {chains['status']}: {chains['detail']}"}
+    said = ", ".join(f"{k} {v['status']}" for k, v in chains["chains"].items())
+    if chains["status"] == "wrong":
+        bad = "; ".join(f"{k}: {v['detail']}" for k, v in chains["chains"].items() if v["status"] == "wrong")
+        return out | {"verdict": BROKE, "detail": f"a mixed-build chain goes wrong: {bad}; {cross['detail']}"}
+    return out | {"detail": f"{cross['detail']}; mixed chains (cut {chains['cuts']}) {said}"}

@@ -637,7 +637,8 @@ def bump(
                 continue
             path = Path(d) / f"{row.key}.gguf"
             write_fixture(row.spec(), path)
-            cross[row.key] = bp.cross_build(str(path), row.spec().n_vocab, ta, tb)
+            cross[row.key] = bp.with_chains(bp.cross_build(str(path), row.spec().n_vocab, ta, tb),
+                                            bp.mixed_chains(str(path), {k: b.env() for k, b in builds.items()}))
             print(f"{row.key:<16} {bp.CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} "
                   f"{cross[row.key]['detail']}", flush=True)
     rep = bp.bump_report(runs["base"]["build"], runs["candidate"]["build"],

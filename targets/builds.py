@@ -12,10 +12,10 @@ Anything but the bare pinned build is built once, by one CMake build of the tree
 loads and llama-server, cached under $FAMILY_CERTIFY_CACHE/builds/<key>, the key a content hash of the tree, the
 patches, the bindings and the build options. A worker runs a build through its environment (Build.env): PYTHONPATH
 puts the build's llama_cpp package (its bindings, lib/ holding the built libraries) before the venv's, and
-FAMILY_CERTIFY_LLAMA_SERVER names its llama-server. Before any lane runs, `check` refuses (exit 2, one line) a
-build whose API the worker cannot drive: a function or struct field the worker calls missing from the bindings, a
-header that declares a struct otherwise than the bindings expect, a ggml_tensor laid out otherwise than the
-worker's capture helper reads it.
+FAMILY_CERTIFY_LLAMA_SERVER names its llama-server. Before anything is built or run, `resolve` refuses (exit 2, one
+line) a build whose API the worker cannot drive: a function or struct field the worker calls missing from the
+bindings, a header that declares a struct otherwise than the bindings expect, a ggml_tensor laid out otherwise than
+the worker's capture helper reads it.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from synth.errors import UserError
-from targets.cmake_build import CMAKE_OPTIONS, BuildError, built, copy_bindings, copy_server, say
+from targets.cmake_build import CMAKE_OPTIONS, BuildError, built, copy_bindings, copy_server, extract_sdist, say
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir
@@ -56,7 +55,6 @@ class Build:
     bindings: Path | None = None  # a directory holding a llama_cpp package with lib/; None: the venv's own
     server: Path | None = None  # its llama-server; None: the pinned one (scripts/build_llama_server.sh)
     seconds: float = 0.0  # how long building it took (0 when it came from the cache)
-    notes: list[str] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
         """The environment a worker runs this build in."""
@@ -131,16 +129,6 @@ def sdist(version: str) -> Path:
         raise UserError(f"--llama-cpp pypi:{version}: cannot download llama-cpp-python {version} ({last}); "
                         "pick a version the index has (pip index versions llama-cpp-python)")
     return out
-
-
-def extract_sdist(path: Path, into: Path) -> tuple[Path, Path]:
-    """(its vendored llama.cpp tree, its llama_cpp bindings package), extracted under `into`."""
-    with tarfile.open(path) as tar:
-        members = [m for m in tar.getmembers()
-                   if re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/") and "/.git" not in m.name]
-        tar.extractall(into, members=members, filter="data")
-    (top,) = {m.name.split("/")[0] for m in members}
-    return into / top / "vendor" / "llama.cpp", into / top / "llama_cpp"
 
 
 def venv_bindings() -> Path:

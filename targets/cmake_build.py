@@ -115,6 +115,19 @@ def copy_server(out: Path, dest: Path) -> None:
 
 
 # ---- the pinned build: the wheel and llama-server bootstrap.sh installs --------------------------------------
+def extract_sdist(path: Path, into: Path) -> tuple[Path, Path]:
+    """(its vendored llama.cpp tree, its llama_cpp bindings package) of a llama-cpp-python sdist, extracted under
+    `into` (with its PKG-INFO beside them)."""
+    with tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers()
+                   if (re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/") and "/.git" not in m.name)
+                   or re.fullmatch(r"[^/]+/PKG-INFO", m.name)]
+        tar.extractall(into, members=members, filter="data")
+    (top,) = {m.name.split("/")[0] for m in members}
+    return into / top / "vendor" / "llama.cpp", into / top / "llama_cpp"
+
+
+
 def wheel_tag() -> str:
     import sysconfig
 
@@ -157,16 +170,12 @@ def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
     version = re.fullmatch(r"llama_cpp_python-(.+)\.tar\.gz", sdist.name)[1]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
-        with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers() if re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/")
-                       or m.name.endswith("/PKG-INFO")]
-            tar.extractall(tmp, members=members, filter="data")
-        top = Path(tmp) / f"llama_cpp_python-{version}"
-        src = top / "vendor" / "llama.cpp"
+        src, bindings = extract_sdist(sdist, Path(tmp))
+        top = bindings.parent
         headers = [src / "include" / "llama.h", *sorted((src / "ggml" / "include").glob("*.h"))]
         with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}") as out:
             pkg = Path(tmp) / "wheel" / "llama_cpp"
-            copy_bindings(top / "llama_cpp", out, pkg, leave=())  # all of it, as pip's wheel has
+            copy_bindings(bindings, out, pkg, leave=())  # all of it, as pip's wheel has
             wheel = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")
             dest = cache / f"llama-server-{version}"
             shutil.rmtree(dest / "bin.tmp", ignore_errors=True)

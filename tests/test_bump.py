@@ -3,8 +3,8 @@ on 2 cores the first time, seconds for another patch series on the same tree; `m
 
 - A real bump: the pinned build vs the tree llama-cpp-python 0.3.35 vendors, with that version's own bindings, on a
   hybrid and an MLA row: nothing breaks; jamba's and deepseek3's logits are bit-identical across the two commits,
-  qwen3next's move (its gated delta-net changed) with every greedy choice equal, and sequence state crosses both
-  ways although the state format version went 2 → 3.
+  qwen3next's move (its gated delta-net changed) with every greedy choice equal; sequence state crosses both
+  ways although the state format version went 2 → 3, and so do chains with their stages on different builds.
 - Patch series as mutants of the real binary (corpora/patches): each is caught by the row and lane it breaks, named
   in the verdict and bundled; the comment-only patch is unchanged everywhere."""
 
@@ -43,6 +43,11 @@ def test_a_real_bump_to_the_previous_release(tmp_path):
     assert not q["bit_exact"] and 0 < q["max_abs_dlogit"] < 1e-2 and q["nmse"] < 1e-8
     for x in (cell[(row, bp.CROSS_LANE)] for row in ("jamba", "deepseek3", "qwen3next")):
         assert {s["status"] for s in x["states"].values()} <= {"crosses", "crosses (numerics)"}, x["states"]
+        # a rolling upgrade: stage 0 on one build, stage 1 on the other, both ways
+        chains = x["mixed_chains"]["chains"]
+        assert set(chains) == {"base → candidate", "candidate → base"}, chains
+        assert {c["status"] for c in chains.values()} <= {"crosses", "crosses (numerics)"}, chains
+    assert {c["status"] for c in cell[("jamba", bp.CROSS_LANE)]["mixed_chains"]["chains"].values()} == {"crosses"}
     assert "PASS — nothing broke" in (out / "summary.md").read_text()
 
 
