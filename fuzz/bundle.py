@@ -286,7 +286,26 @@ def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, An
 
 
 def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], Report]:
-    """(reproduced, recorded fingerprint, this run's report)."""
+    """(reproduced, recorded fingerprint, this run's report), on the llama.cpp build the bundle was made on."""
     case, fp = load_case(path, target)
+    use_recorded_build(read_bundle(path).get("build") or {}, path)
     got, rep = case.run()
     return fp in got, fp, rep
+
+
+def use_recorded_build(build: dict[str, Any], path: Path) -> None:
+    """Activate the build a bundle records (built again, or taken from the cache): the same spec and patch series,
+    and the same tree content (its cache key) — a tree that has changed since is refused, naming both."""
+    from targets.builds import resolve, use
+
+    spec = build.get("spec", "pinned")
+    patches = (build.get("patches") or {}).get("dir")
+    if spec == "pinned" and not patches:
+        use("pinned")
+        return
+    b = resolve(spec, patches)
+    if build.get("key") and b.identity.get("key") != build["key"]:
+        raise UserError(f"{path}: made on build {build['key']} of {spec}" + (f" + {patches}" if patches else "")
+                        + f"; that now builds as {b.identity.get('key')} (the tree or the patches changed): check "
+                        "out what the bundle was made on, or re-create it")
+    use(spec, patches)

@@ -470,6 +470,18 @@ OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.js
 ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
 
 
+def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list[str] | None) \
+        -> list[tuple[Row, list[str]]]:
+    """The selected rows, each with its lanes (only `lanes` when given): what run and bump execute."""
+    selected = m.select(tier, rows)
+    if not selected:
+        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
+    unknown = sorted(set(lanes or ()) - set(LANES))
+    if unknown:
+        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
+    return [(row, [x for x in row.lanes if not lanes or x in lanes]) for row in selected]
+
+
 @app.command("run")
 def run_cmd(
     rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier)")] = None,
@@ -485,13 +497,7 @@ def run_cmd(
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
     use_build(llama_cpp, patches)
-    selected = m.select(tier, rows)
-    if not selected:
-        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    unknown = sorted(set(lane or ()) - set(LANES))
-    if unknown:
-        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
-    plan = [(row, [x for x in row.lanes if not lane or x in lane]) for row in selected]
+    plan = lane_plan(m, tier, rows, lane)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]))
     return finish_run(run, out, report)
 
@@ -608,15 +614,9 @@ def bump(
         raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
                         "to certify a patch series on the base")
     m: Manifest = load_manifest(manifest)
-    selected = m.select(tier, rows)
-    if not selected:
-        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    unknown = sorted(set(lane or ()) - set(LANES))
-    if unknown:
-        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
+    plan = lane_plan(m, tier, rows, lane)
     t0 = time.perf_counter()
     builds = {"base": resolve(base, base_patches), "candidate": resolve(candidate or base, patches)}
-    plan = [(row, [x for x in row.lanes if not lane or x in lane]) for row in selected]
     command = "family-certify bump " + " ".join(sys.argv[2:])
     runs = {}
     for which, b in builds.items():
@@ -698,12 +698,14 @@ CATCHERS: dict[str, tuple[str, str]] = {
 def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None,
             out: Annotated[Path | None, Opt(help="write summary.md, junit.xml and report.json here (a lane is "
-                                                  "'pass' when its mutant is caught)")] = None) -> int:
+                                                  "'pass' when its mutant is caught)")] = None,
+            llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None) -> int:
     """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
-    exit 1 if any escapes."""
+    exit 1 if any escapes. With --llama-cpp, the mutants wrap that build."""
     from targets.mutants import MUTANTS
 
     m = load_manifest(manifest)
+    use_build(llama_cpp, patches)
     names = [n for n in MUTANTS if not only or n in only]
     unknown = sorted(set(only or ()) - set(MUTANTS))
     if unknown:

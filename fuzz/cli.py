@@ -176,9 +176,9 @@ def replay_cmd(
     target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
 ) -> int:
     """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does."""
-    ok, fp, _ = bd.replay(bundle, target)
+    ok, fp, rep = bd.replay(bundle, target)
     print(f"{'REPRODUCED' if ok else 'not reproduced'}: {describe(fp)}"
-          + (f" with target {target}" if target else ""))
+          + (f" with target {target}" if target else "") + f" on llama.cpp {build_label(rep.llama_cpp_commit)}")
     return 1 if ok else 0
 
 

@@ -264,6 +264,10 @@ def bindings_problems(package: Path) -> list[str]:
 # ---- resolving a spec into a build -------------------------------------------------------------------------
 def requested(spec: str | None = None, patches: str | Path | None = None) -> tuple[str, Path | None]:
     """The spec and patch series asked for: the options, else the environment, else pinned."""
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        raise UserError(f"LLAMA_CPP_LIB_PATH={os.environ['LLAMA_CPP_LIB_PATH']} would make the bindings load another "
+                        "libllama, whose struct layouts nothing here can check (and the capture helper would still "
+                        "read the pinned ggml); unset it and pass that build's source tree as --llama-cpp TREE")
     spec = spec or os.environ.get(ENV) or "pinned"
     patches = patches or os.environ.get(PATCHES_ENV) or None
     return spec, Path(patches) if patches else None
@@ -302,7 +306,7 @@ def resolve(spec: str | None = None, patches: str | Path | None = None) -> Build
         for h in (src / "include" / "llama.h", src / "ggml" / "include" / "ggml.h"):
             shutil.copy(h, ref / h.name)
         applied = apply_patches(src, files)
-        identity["patches"] = ({"dir": str(series), "files": [n for n, _ in applied],
+        identity["patches"] = ({"dir": str(series.resolve()), "files": [n for n, _ in applied],
                                 "sha256": hashlib.sha256(json.dumps(applied).encode()).hexdigest()}
                                if series else None)
         # the API: the bindings must declare what the worker calls, and the (patched) tree must declare the structs

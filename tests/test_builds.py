@@ -5,6 +5,7 @@ Building a tree takes minutes: those lanes are in tests/test_bump.py (slow)."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -134,3 +135,24 @@ def test_syncing_a_tree_rewrites_only_what_changed(tmp_path):
     assert (dst / "a" / "x.c").stat().st_mtime_ns == before
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == ["a/x.c", "a/y.c", "new.c"]
     assert (dst / "a" / "y.c").read_text() == "changed"
+
+
+def test_a_bundle_made_on_a_build_names_it_when_it_is_gone(tmp_path):
+    """Replay uses the build a bundle records; a patch series that is no longer there is refused in one line."""
+    src = next(p.parent for p in sorted((ROOT / "corpora" / "repros").glob("*/bundle.json")))
+    dst = tmp_path / "bundle"
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "bundle.json").read_text())
+    data["build"] = {**data["build"], "spec": "pinned", "key": "0123456789abcdef",
+                     "patches": {"dir": str(tmp_path / "gone"), "files": ["0001-x.patch"], "sha256": "0" * 64}}
+    (dst / "bundle.json").write_text(json.dumps(data))
+    line = one_line_exit_2(run_cli("fuzz", "replay", str(dst)))
+    assert f"--patches {tmp_path / 'gone'}: not a directory" in line
+
+
+def test_another_libllama_under_the_pinned_bindings_is_refused(monkeypatch):
+    """LLAMA_CPP_LIB_PATH makes llama-cpp-python load another libllama: nothing could check its structs, so every
+    command refuses it and says what to pass instead."""
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", "/opt/other-llama/lib")
+    line = one_line_exit_2(run_cli("fuzz", "run", "llama"))
+    assert "LLAMA_CPP_LIB_PATH=/opt/other-llama/lib" in line and "--llama-cpp TREE" in line

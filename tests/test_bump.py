@@ -63,6 +63,10 @@ def test_each_patch_is_caught_named_and_bundled(tmp_path, series):
         assert x["base"] == "pass" and x["candidate"] in ("finding", "crash") and x["bundles"], x
         assert all((out / "candidate" / b / "bundle.json").is_file() for b in x["bundles"])
     assert f"**{row} / {sorted(lanes)[0]}** — broke" in (out / "summary.md").read_text()
+    # a bundle made on the patched build replays on it (the bundle records the build), and says so
+    lane = sorted(lanes - {bp.CROSS_LANE})[0]
+    r = run_cli("fuzz", "replay", str(out / "candidate" / cell[(row, lane)]["bundles"][0]), timeout=1200)
+    assert r.returncode == 1 and "REPRODUCED" in r.stdout and "+ 1 patches" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_comment_only_patch_changes_nothing(tmp_path):

@@ -1,0 +1,59 @@
+"""What a fresh machine pays, measured in one run: a clean clone of HEAD with an empty FAMILY_CERTIFY_CACHE through
+`make bootstrap` (the sdist download and the one CMake build of the pinned tree: the wheel and llama-server), `make
+server` (a check now) and `make test`; then a tier-1 `family-certify bump` whose candidate (a llama-cpp-python sdist)
+is built in the same run. Goals on 2 cores: fresh `make test` including builds ≤ 7 min; the bump including its
+candidate build ≤ 15 min. Prints each phase's seconds and the ratio to its goal.
+
+Run: .venv/bin/python benchmarks/build_bench.py [--candidate pypi:0.3.35] [--skip-test]   (about 25 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {"make test (fresh, builds included)": 7 * 60, "tier-1 bump (candidate build included)": 15 * 60}
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str], log: Path, ok: tuple[int, ...] = (0,)) -> float:
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        r = subprocess.run(argv, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode not in ok:
+        sys.exit(f"{' '.join(argv)} failed (exit {r.returncode}); log: {log}")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--candidate", default="pypi:0.3.35")
+    ap.add_argument("--skip-test", action="store_true", help="only the builds and the bump")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="build-bench-"))
+    repo, cache = scratch / "repo", scratch / "cache"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAMILY_CERTIFY_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(FAMILY_CERTIFY_CACHE=str(cache), CI="true")
+    got: dict[str, float] = {}
+    got["make bootstrap"] = timed(["make", "bootstrap"], repo, env, scratch / "bootstrap.log")
+    got["make server"] = timed(["make", "server"], repo, env, scratch / "server.log")
+    if not args.skip_test:
+        got["make test (tests)"] = timed(["make", "test"], repo, env, scratch / "test.log")
+        got["make test (fresh, builds included)"] = sum(got.values())
+    got["tier-1 bump (candidate build included)"] = timed(
+        [".venv/bin/family-certify", "bump", "--tier", "1", "--candidate", args.candidate, "--out",
+         str(scratch / "bump")], repo, env, scratch / "bump.log", ok=(0, 1))  # 1: something broke (a verdict)
+    for name, s in got.items():
+        goal = GOALS.get(name)
+        print(f"{name:<42} {s:7.0f} s" + (f"   {s / goal:.2f}× the goal ({goal // 60} min)" if goal else ""))
+    print(f"logs: {scratch}")
+
+
+if __name__ == "__main__":
+    main()
