@@ -207,7 +207,8 @@ def handoff_cmd(
     period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens (every offset in it is a hand-off point)")] = 12,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
-    modes: Annotated[str, Opt(help="full,partial")] = "full,partial",
+    modes: Annotated[str, Opt(help="full (into a fresh context), partial (a rollback), busy (into a context where "
+                                   "another sequence is live)")] = ",".join(ho.MODES),
     n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64)")] = 64,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,

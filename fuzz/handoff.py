@@ -4,8 +4,13 @@ For a cut set and every token offset t of the prompt (and a few decode steps), e
 - full: runs to t, exports its sequence state, which is imported into a FRESH context under a DIFFERENT
   sequence id; prefill and decode continue there;
 - partial: runs to t, saves its partial state (recurrent / SWA only), runs on past t, rolls back (restores
-  the partial state, removes KV positions >= t) and continues — what a prefix cache does for hybrids.
-Both continuations must equal an uninterrupted run of the same schedule, token-exact and bit-exact (the
+  the partial state, removes KV positions >= t) and continues — what a prefix cache does for hybrids;
+- busy (at the first, middle and last offset): as full, but into a context where another sequence is live (a
+  split runtime's stage context serves several): that sequence has prefilled its own prompt and decoded a token
+  when the state is imported beside it, and both go on decoding, one step each in turn. The imported sequence must
+  equal its uninterrupted run, and the live one its own (positions and bits unchanged by the import). One KV stream
+  per sequence (kv_unified off), so neither's cells move: bit-exact is promised.
+Every continuation must equal an uninterrupted run of the same schedule, token-exact and bit-exact (the
 uninterrupted run splits its prefill chunks at t too: llama.cpp does not promise bit-exactness across batch
 shapes). The state bytes the target exports are checked against what the stage holds: a stage with any
 recurrent layer must carry recurrent bytes — also when its FIRST layer is attention (the B1 shape) — and a stage
@@ -58,9 +63,10 @@ from targets import Failure, Target, close_all, open_target
 from targets.kvstate import kv_caches
 from targets.target import script_request
 
-MODES = ("full", "partial")
+MODES = ("full", "partial", "busy")
 TRUSTED_EXPORTS = "llama-cpp"  # the target whose state exports the cell-order cause analysis reads as truth
 CELL_META = 12  # bytes a KV cell's metadata takes in a state export: pos, n_seq_id, one seq_id (int32 each)
+BUSY_SEQ = 0  # the live sequence of a busy hand-off (the imported one is 1)
 
 
 @dataclass
@@ -158,10 +164,13 @@ class Handoff:
         ref = open_target(cfg.target, timeout=cfg.timeout)
         src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
         dst = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
+        # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
+        self.busy_src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)] if "busy" in cfg.modes \
+            else []
         results: list[HandoffResult] = []
         with self.st.workspace(cfg.workdir):
             try:
-                for t in (ref, *src, *dst):
+                for t in (ref, *src, *dst, *self.busy_src):
                     t.start()
                 loaded = ref.load(str(self.fixture), **self.params)
                 if not loaded.ok:
@@ -173,7 +182,7 @@ class Handoff:
                         self.progress.working(f"handoff cuts {','.join(map(str, cuts)) or 'none'}")
                         results.append(self._cut(cuts, ref, src, dst))
             finally:
-                close_all([ref, *src, *dst])
+                close_all([ref, *src, *dst, *self.busy_src])
         summary = {s: sum(r.status == s for r in results) for s in (PASS, FINDING, NUMERICS, UNSUPPORTED, CRASH,
                                                                      TIMEOUT)}
         return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
@@ -190,6 +199,12 @@ class Handoff:
     @property
     def params(self) -> dict[str, Any]:
         return context_params(n_seq=2, n_ubatch=self.cfg.n_ubatch)
+
+    @property
+    def busy_params(self) -> dict[str, Any]:
+        """A context serving two sequences, each in its own KV stream (its cells start at 0, as alone). (Two:
+        Kimi-Linear aborts on three or more per-sequence streams, the upstream finding in corpora/repros.)"""
+        return context_params(n_seq=2, n_ctx=512, n_ubatch=self.cfg.n_ubatch, kv_unified=False)
 
     def _offsets(self) -> list[int]:
         P = self.cfg.prompt_len
@@ -212,7 +227,21 @@ class Handoff:
         empties = [self._empty_state(t) for t in src]
         prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
         kv_first: dict[int, tuple[int, int]] = {}
-        for t in self._offsets():
+        # busy hand-offs at the first, middle and last offset: the live neighbour, not the offset, is what they add
+        offsets = self._offsets()
+        busy_at = {offsets[0], offsets[len(offsets) // 2], offsets[-1]}
+        neighbour = self._neighbour(ref, cuts) if "busy" in cfg.modes else None
+        if isinstance(neighbour, Failure):
+            return self._failed(res, neighbour)
+        # a busy context that cannot be made is a finding of its own, after the other modes ran at every offset
+        busy_failure: Failure | None = None
+        for (path, _), t in zip(stages, self.busy_src, strict=False):
+            r = t.load(str(path), **self.busy_params)
+            if not r.ok:
+                busy_failure = r.failure
+                res.reproduced = not t.load(str(path), **self.busy_params).ok  # (a fresh worker after a crash)
+                break
+        for t in offsets:
             res.offsets += 1
             self.progress.advance()
             steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
@@ -223,14 +252,30 @@ class Handoff:
             self.decode_seconds += base.decode_seconds
             tokens = [so.tokens for so in base.steps]
             for mode in cfg.modes:
-                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens)
+                if mode == "busy" and (busy_failure is not None or t not in busy_at):
+                    continue
+                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
                 if isinstance(out, Failure):
                     return self._failed(res, out)
-                chain, blobs = out
+                chain, blobs, live = out
                 div, worst = compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)
                 res.max_abs = max(res.max_abs, worst)
+                if div is None and live is not None:  # the sequence that was already there must not notice
+                    n_base, n_steps, m = neighbour[0], neighbour[1], neighbour[3]
+                    div, worst = compare(Trace(n_base.steps[m:], 0.0), live, n_steps[m:], cuts)
+                    res.max_abs = max(res.max_abs, worst)
+                    if div is not None:
+                        again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
+                        res.reproduced = not isinstance(again, Failure) and \
+                            compare(Trace(n_base.steps[m:], 0.0), again[2], n_steps[m:], cuts)[0] is not None
+                        res.status, res.mode, res.offset = FINDING, mode, t
+                        res.stage, res.where, res.position = div.stage, div.where, div.position
+                        res.reason = f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import " \
+                                     f"changes: stage {div.stage} {div.where} differs from its own uninterrupted " \
+                                     f"run at position {div.position}"
+                        return res
                 if div is not None:
-                    again = self._handoff(mode, stages, src, dst, steps, k, t, tokens)
+                    again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
                     res.reproduced = not isinstance(again, Failure) and \
                         compare(Trace(base.steps[k:], 0.0), again[0], steps[k:], cuts)[0] is not None
                     res.status, res.mode, res.offset = FINDING, mode, t
@@ -238,8 +283,9 @@ class Handoff:
                     res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
                                  f"uninterrupted run at position {div.position}"
                     if res.reproduced:
-                        res.node = self._localize_node(mode, stages[div.stage], div.stage, cuts, steps, k,
-                                                       k + div.step, t, tokens, base, dst[div.stage])
+                        res.node = self._localize_node("full" if mode == "busy" else mode, stages[div.stage],
+                                                       div.stage, cuts, steps, k, k + div.step, t, tokens, base,
+                                                       dst[div.stage])
                         cells = (res.node or {}).get("cells")
                         # every row restored, only elsewhere in the ring: numerics — read from the exports, so
                         # only where they are trusted: the pinned llama.cpp itself (a target whose export is the
@@ -248,16 +294,39 @@ class Handoff:
                             res.status = NUMERICS
                             res.cause = {"kind": "cell order", "detail": cells["detail"]}
                     return res
-                if mode == "full":
+                if mode == "full":  # (busy exports the same bytes: checked once)
                     bad = self._check_bytes(res, blobs, empties, t, kv_first)
                     if bad:
                         res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
                         return res
+        if busy_failure is not None:
+            res = self._failed(res, busy_failure)
+            res.mode = "busy"
+            res.reason = f"creating the busy context (2 sequences, one KV stream each): {res.reason}"
         return res
 
+    def _neighbour(self, ref: Target, cuts: list[int]):
+        """The live sequence of busy hand-offs: its own prompt and decode steps (as sequence BUSY_SEQ), its
+        uninterrupted run on the full model (boundaries captured), its greedy tokens, and how many of its steps run
+        before the import (its prefill and one decode step)."""
+        cfg = self.cfg
+        prompt = prompt_tokens(cfg.seed + 55, cfg.prompt_len + 3, self.info.n_vocab)
+        n_decode = cfg.tokens + cfg.decode_offsets + 2
+        steps = sequential_steps(prompt, cfg.chunk, n_decode)
+        ref.reset()
+        base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]))
+        if isinstance(base, Failure):
+            return base
+        self.decode_seconds += base.decode_seconds
+        m = len(steps) - n_decode + 1
+        return base, with_seq(steps, BUSY_SEQ), [so.tokens for so in base.steps], m
+
     def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
-                 tokens: list[list[int]]):
+                 tokens: list[list[int]], neighbour=None):
+        """One hand-off; (the continuation's chain, the exported blobs, the live neighbour's chain or None)."""
         sizes = [st.n_layer for _, st in stages]
+        if mode == "busy":
+            src = self.busy_src[:len(stages)]
         for s in src:
             s.reset()
         before, fail = run_chain(src, sizes, steps[:k], tokens[:k], n_pos_per_token=self.n_pos)
@@ -278,6 +347,34 @@ class Handoff:
                 if not r.ok:
                     return r.failure
             chain, fail = run_chain(dst, sizes, after_steps, tokens[k:], n_pos_per_token=self.n_pos)
+        elif mode == "busy":
+            _, n_steps, n_tokens, m = neighbour
+            for (path, _), d in zip(stages, dst, strict=True):
+                r = d.load(str(path), **self.busy_params)
+                if not r.ok:
+                    return r.failure
+            _, fail = run_chain(dst, sizes, n_steps[:m], n_tokens[:m], n_pos_per_token=self.n_pos)  # it is live
+            if fail:
+                return fail.failure
+            for d, (full, _) in zip(dst, blobs, strict=True):
+                r = d.state_set(full, seq=1)
+                if not r.ok:
+                    return r.failure
+            # then both go on, one step each in turn
+            mine = list(zip(with_seq(steps[k:], 1), tokens[k:], strict=True))
+            theirs = list(zip(n_steps[m:], n_tokens[m:], strict=True))
+            turns = []
+            for i in range(max(len(mine), len(theirs))):
+                turns += [("a", mine[i])] if i < len(mine) else []
+                turns += [("b", theirs[i])] if i < len(theirs) else []
+            both, fail = run_chain(dst, sizes, [st for _, (st, _) in turns], [tk for _, (_, tk) in turns],
+                                   n_pos_per_token=self.n_pos)
+            if fail:
+                return fail.failure
+            pick = [[i for i, (who, _) in enumerate(turns) if who == w] for w in ("a", "b")]
+            chain, live = ([Trace([tr.steps[i] for i in idx], tr.decode_seconds) for tr in both] for idx in pick)
+            self.decode_seconds += sum(tr.decode_seconds for tr in before + both)
+            return chain, blobs, live
         else:
             _, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)  # run on past t ...
             if fail:
@@ -293,7 +390,7 @@ class Handoff:
         if fail:
             return fail.failure
         self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
-        return chain, blobs
+        return chain, blobs, None
 
     def _localize_node(self, mode: str, stage, s: int, cuts: list[int], steps: list[Step], k: int, at: int,
                        offset: int, tokens: list[list[int]], base: Trace, t: Target) -> dict[str, Any]:

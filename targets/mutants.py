@@ -24,6 +24,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          recurrent state — silently wrong (a KvRecurrent restore whose payload never lands).
   wire-f16-truncated     A split runtime's f16 wire that truncates (rounds toward zero) instead of rounding to
                          nearest: within f16's precision, yet not what f16 is — every stage after a boundary drifts.
+  import-clears-context  A sequence-state import that makes room by clearing the whole context first
+                         (llama_memory_clear): into a fresh context it is right, into a busy one it wipes every
+                         other live sequence — the stage context of a split runtime serving several.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -261,6 +264,13 @@ class RollbackZeroed(LlamaWorker):
         return super().op_state_set(req)
 
 
+class ImportClearsContext(LlamaWorker):
+    def op_state_set(self, req: dict) -> dict:
+        if not req.get("partial"):
+            self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+        return super().op_state_set(req)
+
+
 class SeqLeak(LlamaWorker):
     def op_load(self, req: dict) -> dict:
         self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
@@ -298,7 +308,7 @@ class ServerDuplicateLeak(ServerWorker):
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
                            "b5-uniform-kv-rows": B5UniformKvRows,
-                           "batched-rows-swapped": BatchedRowsSwapped,
+                           "batched-rows-swapped": BatchedRowsSwapped, "import-clears-context": ImportClearsContext,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
                            "server-dup-leak": ServerDuplicateLeak}

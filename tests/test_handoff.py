@@ -25,6 +25,7 @@ def handoff(path, **cfg):
 @pytest.mark.parametrize("family,knobs", FOUNDATION, ids=[f for f, _ in FOUNDATION])
 def test_every_offset_and_stage_hands_off_exactly(fixtures, family, knobs):
     rep = handoff(fixtures(family, **knobs), cuts="period" if "period" in knobs else "all")
+    assert rep["config"]["modes"] == ["full", "partial", "busy"]  # busy: into a context with a live sequence
     assert rep["summary"]["pass"] == len(rep["results"]), rep["results"]
     for r in rep["results"]:
         assert r["offsets"] == 7 + 2  # prompt offsets 1..7 and two decode steps
@@ -35,6 +36,22 @@ def test_every_offset_and_stage_hands_off_exactly(fixtures, family, knobs):
                 assert b["kv_bytes_per_token"] >= b["kv_row_bytes"] > 0, b
             else:
                 assert b["kv_bytes_per_token"] is None
+
+
+def test_an_import_that_clears_a_busy_context_is_caught(fixtures):
+    """The import-clears-context mutant makes room for an imported sequence by clearing the whole context: into a
+    fresh context (full) that is right, and a rollback (partial) imports nothing on a dense model — only a hand-off
+    into a context where another sequence is live shows it, and it is that live sequence which breaks, at its
+    first step after the import."""
+    path = fixtures("llama", layers=4)
+    quiet = handoff(path, cuts="all", modes=("full", "partial"), target="mutant:import-clears-context")
+    assert quiet["summary"]["pass"] == len(quiet["results"]) == 3
+    rep = handoff(path, cuts="all", target="mutant:import-clears-context")
+    assert [r["status"] for r in rep["results"]] == ["finding"] * 3
+    for r in rep["results"]:
+        assert r["mode"] == "busy" and r["offset"] == 1 and r["reproduced"] is True, r
+        assert "the live sequence 0 beside the import changes" in r["reason"]
+        assert r["stage"] == 0 and r["position"] == 12  # its first step after the import (prompt 11, 1 decoded)
 
 
 def test_attention_first_stages_are_covered(fixtures):
