@@ -689,6 +689,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "b5-uniform-kv-rows": ("laguna", "handoff"),
     "batched-rows-swapped": ("qwen3next", "parity"),
     "import-clears-context": ("llama", "handoff"),  # only a busy hand-off shows it
+    "rollback-all-sequences": ("llama", "handoff"),  # only a busy rollback shows it
     "perturb-2-threads": ("llama", "determinism"),
     "rollback-zeroed": ("jamba", "handoff"),
     "seq-leak": ("llama", "isolation"),

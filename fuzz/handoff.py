@@ -7,9 +7,10 @@ For a cut set and every token offset t of the prompt (and a few decode steps), e
   the partial state, removes KV positions >= t) and continues — what a prefix cache does for hybrids;
 - busy (at the first, middle and last offset): as full, but into a context where another sequence is live (a
   split runtime's stage context serves several): that sequence has prefilled its own prompt and decoded a token
-  when the state is imported beside it, and both go on decoding, one step each in turn. The imported sequence must
-  equal its uninterrupted run, and the live one its own (positions and bits unchanged by the import). One KV stream
-  per sequence (kv_unified off), so neither's cells move: bit-exact is promised.
+  when the state is imported beside it, and both go on decoding, one step each in turn; then the imported one is
+  rolled back to t (partial state restored, positions >= t removed) and goes on again. The imported sequence must
+  equal its uninterrupted run both times, and the live one its own (positions and bits unchanged by the import and
+  the rollback). One KV stream per sequence (kv_unified off), so neither's cells move: bit-exact is promised.
 Every continuation must equal an uninterrupted run of the same schedule, token-exact and bit-exact (the
 uninterrupted run splits its prefill chunks at t too: llama.cpp does not promise bit-exactness across batch
 shapes). The state bytes the target exports are checked against what the stage holds: a stage with any
@@ -256,10 +257,24 @@ class Handoff:
                     continue
                 out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
                 if isinstance(out, Failure):
-                    return self._failed(res, out)
-                chain, blobs, live = out
+                    res = self._failed(res, out)
+                    res.mode, res.offset, res.reason = mode, t, f"{mode} hand-off at t={t}: {res.reason}"
+                    return res
+                chain, blobs, live, rolled = out
                 div, worst = compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)
                 res.max_abs = max(res.max_abs, worst)
+                if div is None and rolled is not None:  # and rolled back to t beside the live one, again
+                    div, worst = compare(Trace(base.steps[k:], 0.0), rolled, steps[k:], cuts)
+                    res.max_abs = max(res.max_abs, worst)
+                    if div is not None:
+                        again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
+                        res.reproduced = not isinstance(again, Failure) and \
+                            compare(Trace(base.steps[k:], 0.0), again[3], steps[k:], cuts)[0] is not None
+                        res.status, res.mode, res.offset = FINDING, mode, t
+                        res.stage, res.where, res.position = div.stage, div.where, div.position
+                        res.reason = f"busy rollback to t={t}: stage {div.stage} {div.where} differs from the " \
+                                     f"uninterrupted run at position {div.position}"
+                        return res
                 if div is None and live is not None:  # the sequence that was already there must not notice
                     n_base, n_steps, m = neighbour[0], neighbour[1], neighbour[3]
                     div, worst = compare(Trace(n_base.steps[m:], 0.0), live, n_steps[m:], cuts)
@@ -323,7 +338,8 @@ class Handoff:
 
     def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
                  tokens: list[list[int]], neighbour=None):
-        """One hand-off; (the continuation's chain, the exported blobs, the live neighbour's chain or None)."""
+        """One hand-off: (the continuation's chain, the exported blobs, and for busy ones the live neighbour's chain
+        and the continuation's chain again after a rollback to t; else None, None)."""
         sizes = [st.n_layer for _, st in stages]
         if mode == "busy":
             src = self.busy_src[:len(stages)]
@@ -360,21 +376,27 @@ class Handoff:
                 r = d.state_set(full, seq=1)
                 if not r.ok:
                     return r.failure
-            # then both go on, one step each in turn
+            # then both go on, one step each in turn; then the imported one is rolled back to t (its partial state
+            # restored, its positions >= t removed) and goes on again, the live one still beside it
             mine = list(zip(with_seq(steps[k:], 1), tokens[k:], strict=True))
             theirs = list(zip(n_steps[m:], n_tokens[m:], strict=True))
-            turns = []
-            for i in range(max(len(mine), len(theirs))):
-                turns += [("a", mine[i])] if i < len(mine) else []
-                turns += [("b", theirs[i])] if i < len(theirs) else []
-            both, fail = run_chain(dst, sizes, [st for _, (st, _) in turns], [tk for _, (_, tk) in turns],
-                                   n_pos_per_token=self.n_pos)
-            if fail:
-                return fail.failure
-            pick = [[i for i, (who, _) in enumerate(turns) if who == w] for w in ("a", "b")]
-            chain, live = ([Trace([tr.steps[i] for i in idx], tr.decode_seconds) for tr in both] for idx in pick)
-            self.decode_seconds += sum(tr.decode_seconds for tr in before + both)
-            return chain, blobs, live
+            half = (len(theirs) + 1) // 2
+            first = self._in_turn(dst, sizes, mine, theirs[:half])
+            if isinstance(first, Failure):
+                return first
+            for d, (_, part) in zip(dst, blobs, strict=True):
+                r = d.state_set(part, seq=1, partial=True) if part else None
+                if r is not None and not r.ok:
+                    return r.failure
+                r = d.seq_rm(1, t, -1)
+                if not r.ok:
+                    return r.failure
+            again = self._in_turn(dst, sizes, mine, theirs[half:])
+            if isinstance(again, Failure):
+                return again
+            live = [Trace(x.steps + y.steps, 0.0) for x, y in zip(first[1], again[1], strict=True)]
+            self.decode_seconds += sum(tr.decode_seconds for tr in before)
+            return first[0], blobs, live, again[0]
         else:
             _, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)  # run on past t ...
             if fail:
@@ -390,7 +412,21 @@ class Handoff:
         if fail:
             return fail.failure
         self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
-        return chain, blobs, None
+        return chain, blobs, None, None
+
+    def _in_turn(self, dst: list[Target], sizes: list[int], mine, theirs):
+        """Two sequences' (step, tokens) lists through the chain, one step each in turn: their chains apart."""
+        turns = []
+        for i in range(max(len(mine), len(theirs))):
+            turns += [("a", mine[i])] if i < len(mine) else []
+            turns += [("b", theirs[i])] if i < len(theirs) else []
+        both, fail = run_chain(dst, sizes, [st for _, (st, _) in turns], [tk for _, (_, tk) in turns],
+                               n_pos_per_token=self.n_pos)
+        if fail:
+            return fail.failure
+        self.decode_seconds += sum(tr.decode_seconds for tr in both)
+        pick = [[i for i, (who, _) in enumerate(turns) if who == w] for w in ("a", "b")]
+        return tuple([Trace([tr.steps[i] for i in idx], tr.decode_seconds) for tr in both] for idx in pick)
 
     def _localize_node(self, mode: str, stage, s: int, cuts: list[int], steps: list[Step], k: int, at: int,
                        offset: int, tokens: list[list[int]], base: Trace, t: Target) -> dict[str, Any]:

@@ -27,6 +27,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   import-clears-context  A sequence-state import that makes room by clearing the whole context first
                          (llama_memory_clear): into a fresh context it is right, into a busy one it wipes every
                          other live sequence — the stage context of a split runtime serving several.
+  rollback-all-sequences A rollback that removes the positions from every sequence of the context (seq_rm with
+                         seq -1) instead of the one rolled back: alone in its context it is right, beside a live
+                         sequence it cuts that one's cache too.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -271,6 +274,11 @@ class ImportClearsContext(LlamaWorker):
         return super().op_state_set(req)
 
 
+class RollbackAllSequences(LlamaWorker):
+    def op_seq_rm(self, req: dict) -> dict:
+        return super().op_seq_rm({**req, "seq": -1})
+
+
 class SeqLeak(LlamaWorker):
     def op_load(self, req: dict) -> dict:
         self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
@@ -309,6 +317,7 @@ class ServerDuplicateLeak(ServerWorker):
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
                            "b5-uniform-kv-rows": B5UniformKvRows,
                            "batched-rows-swapped": BatchedRowsSwapped, "import-clears-context": ImportClearsContext,
+                           "rollback-all-sequences": RollbackAllSequences,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
                            "server-dup-leak": ServerDuplicateLeak}

@@ -54,6 +54,20 @@ def test_an_import_that_clears_a_busy_context_is_caught(fixtures):
         assert r["stage"] == 0 and r["position"] == 12  # its first step after the import (prompt 11, 1 decoded)
 
 
+def test_a_rollback_that_cuts_every_sequence_is_caught_beside_a_live_one(fixtures):
+    """rollback-all-sequences removes the positions from every sequence of the context (seq_rm with seq -1): alone
+    in its context (partial mode) that is the same thing; rolled back beside a live sequence (busy mode) it cuts
+    that one's cache too, and llama.cpp refuses its next step (positions no longer continue)."""
+    path = fixtures("llama", layers=4)
+    quiet = handoff(path, cuts="all", modes=("full", "partial"), target="mutant:rollback-all-sequences")
+    assert quiet["summary"]["pass"] == len(quiet["results"]) == 3
+    rep = handoff(path, cuts="all", target="mutant:rollback-all-sequences")
+    assert [r["status"] for r in rep["results"]] == ["crash"] * 3
+    for r in rep["results"]:
+        assert r["mode"] == "busy" and r["offset"] == 1, r
+        assert r["reason"].startswith("busy hand-off at t=1: target refused: llama_decode returned -1"), r
+
+
 def test_attention_first_stages_are_covered(fixtures):
     rep = handoff(fixtures("qwen3next", layers=8, period=4), cuts="period")
     firsts = {tuple(b["range"]): b["first_layer"] for r in rep["results"] for b in r["bytes"]}
