@@ -191,7 +191,7 @@ class Handoff:
                 "llama_cpp_commit": commit,
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
                            "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_ubatch": cfg.n_ubatch,
-                           "offsets": list(cfg.offsets),
+                           "offsets": list(cfg.offsets), "busy_offsets": self._busy_offsets(),
                            "tokens": cfg.tokens, "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
                 "summary": summary, "results": [r.to_dict() for r in results],
                 "timing": {"wall_s": round(time.perf_counter() - t0, 3),
@@ -206,6 +206,12 @@ class Handoff:
         """A context serving two sequences, each in its own KV stream (its cells start at 0, as alone). (Two:
         Kimi-Linear aborts on three or more per-sequence streams, the upstream finding in corpora/repros.)"""
         return context_params(n_seq=2, n_ctx=512, n_ubatch=self.cfg.n_ubatch, kv_unified=False)
+
+    def _busy_offsets(self) -> list[int]:
+        """Where busy hand-offs run: the first, middle and last offset (the live neighbour, not the offset, is what
+        they add)."""
+        offsets = self._offsets()
+        return sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]}) if "busy" in self.cfg.modes else []
 
     def _offsets(self) -> list[int]:
         P = self.cfg.prompt_len
@@ -228,9 +234,7 @@ class Handoff:
         empties = [self._empty_state(t) for t in src]
         prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
         kv_first: dict[int, tuple[int, int]] = {}
-        # busy hand-offs at the first, middle and last offset: the live neighbour, not the offset, is what they add
-        offsets = self._offsets()
-        busy_at = {offsets[0], offsets[len(offsets) // 2], offsets[-1]}
+        offsets, busy_at = self._offsets(), self._busy_offsets()
         neighbour = self._neighbour(ref, cuts) if "busy" in cfg.modes else None
         if isinstance(neighbour, Failure):
             return self._failed(res, neighbour)

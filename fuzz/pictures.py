@@ -197,6 +197,10 @@ def handoff_grid(report: Mapping[str, Any]) -> tuple[list[str], list[int], list[
                 else:  # located at an offset but not in a mode (a crash): every mode at t is suspect
                     for m in modes:
                         rows[m][j] = s
+        busy = config.get("busy_offsets")
+        if "busy" in rows and busy is not None:  # busy hand-offs run at a few offsets only
+            rows["busy"] = [x if t in busy or x != "pass" else "not-run"
+                            for t, x in zip(offsets, rows["busy"], strict=True)]
         for m in modes:
             grid[(m, i)] = rows[m]
     return labels, offsets, modes, grid, marks

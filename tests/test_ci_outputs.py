@@ -51,7 +51,14 @@ def test_a_clean_run_writes_summary_junit_report_and_pictures(tmp_path):
     rep = handoff["reports"][0]
     cells = [i for i in ids(out / handoff["pictures"][0]) if i.startswith("cell:")]
     offsets = rep["config"]["prompt_len"] - 1 + min(rep["config"]["decode_offsets"], rep["config"]["tokens"])
-    assert len(cells) == len(rep["results"]) * offsets * 2 and all(c.endswith(":pass") for c in cells)
+    modes = rep["config"]["modes"]
+    assert modes == ["full", "partial", "busy"] and len(cells) == len(rep["results"]) * offsets * len(modes)
+    # busy hand-offs ran at three offsets (the first, middle and last): the other cells say not run
+    busy = [c for c in cells if c.split(":")[1] == "busy"]
+    assert len(busy) == len(rep["results"]) * offsets and len(rep["config"]["busy_offsets"]) == 3
+    assert sum(c.endswith(":pass") for c in busy) == len(rep["results"]) * 3
+    assert all(c.endswith(":pass") for c in cells if c not in busy) and all(c.endswith(":not-run") or
+                                                                           c.endswith(":pass") for c in busy)
     strip = [i for i in ids(out / handoff["pictures"][0]) if i.startswith("layer:")]
     assert [s.split(":")[2][0].upper() for s in strip] == list(rep["kinds"])
     battery = [i for i in ids(out / "pictures" / "battery.svg") if i.startswith("cell:")]
