@@ -6,7 +6,8 @@ row × lane gets a verdict:
 
   unchanged           the same outcome on both (both pass, or both fail the same way)
   broke               passes on the base, fails on the candidate — exit 1
-  fixed               fails on the base (a `known` upstream finding included), passes on the candidate
+  fixed               fails (a `known` upstream finding included) or is unsupported on the base, passes on the
+                      candidate
   newly unsupported   ran on the base, unsupported on the candidate
   drifted             the cross-build lane only: greedy tokens differ between the builds
 
@@ -53,11 +54,9 @@ def verdict(base: str, candidate: str) -> str:
         return UNCHANGED
     if b == "unsupported":
         return NEWLY_UNSUPPORTED
-    if a == "ok" and b == "failing":
+    if b == "failing":  # (unsupported on the base and failing on the candidate: broke too)
         return BROKE
-    if a == "failing" and b == "ok":
-        return FIXED
-    return BROKE if b == "failing" else UNCHANGED  # unsupported on the base, failing on the candidate: broke
+    return FIXED if b == "ok" else UNCHANGED  # failing or unsupported on the base, passing on the candidate
 
 
 def teacher_forced(target: Any, path: str, prompt: list[int], tokens: list[int] | None, n: int) \

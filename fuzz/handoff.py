@@ -265,42 +265,37 @@ class Handoff:
                     res.mode, res.offset, res.reason = mode, t, f"{mode} hand-off at t={t}: {res.reason}"
                     return res
                 chain, blobs, live, rolled = out
-                div, worst = compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)
-                res.max_abs = max(res.max_abs, worst)
-                if div is None and rolled is not None:  # and rolled back to t beside the live one, again
-                    div, worst = compare(Trace(base.steps[k:], 0.0), rolled, steps[k:], cuts)
-                    res.max_abs = max(res.max_abs, worst)
-                    if div is not None:
-                        again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
-                        res.reproduced = not isinstance(again, Failure) and \
-                            compare(Trace(base.steps[k:], 0.0), again[3], steps[k:], cuts)[0] is not None
-                        res.status, res.mode, res.offset = FINDING, mode, t
-                        res.stage, res.where, res.position = div.stage, div.where, div.position
-                        res.reason = f"busy rollback to t={t}: stage {div.stage} {div.where} differs from the " \
-                                     f"uninterrupted run at position {div.position}"
-                        return res
-                if div is None and live is not None:  # the sequence that was already there must not notice
+                want = Trace(base.steps[k:], 0.0)
+                # what must equal what: the continuation, and for busy hand-offs the continuation after the rollback
+                # to t, and the live sequence beside them (its own uninterrupted run)
+                checks = [("continuation", want, chain, steps[k:], 0)]
+                if rolled is not None:
                     n_base, n_steps, m = neighbour[0], neighbour[1], neighbour[3]
-                    div, worst = compare(Trace(n_base.steps[m:], 0.0), live, n_steps[m:], cuts)
+                    checks += [("rollback", want, rolled, steps[k:], 3),
+                               ("live", Trace(n_base.steps[m:], 0.0), live, n_steps[m:], 2)]
+                found = None
+                for check in checks:
+                    div, worst = compare(check[1], check[2], check[3], cuts)
                     res.max_abs = max(res.max_abs, worst)
                     if div is not None:
-                        again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
-                        res.reproduced = not isinstance(again, Failure) and \
-                            compare(Trace(n_base.steps[m:], 0.0), again[2], n_steps[m:], cuts)[0] is not None
-                        res.status, res.mode, res.offset = FINDING, mode, t
-                        res.stage, res.where, res.position = div.stage, div.where, div.position
-                        res.reason = f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import " \
-                                     f"changes: stage {div.stage} {div.where} differs from its own uninterrupted " \
-                                     f"run at position {div.position}"
-                        return res
-                if div is not None:
+                        found = check, div
+                        break
+                if found is not None:
+                    (what, ref_trace, _, got_steps, which), div = found
                     again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
                     res.reproduced = not isinstance(again, Failure) and \
-                        compare(Trace(base.steps[k:], 0.0), again[0], steps[k:], cuts)[0] is not None
+                        compare(ref_trace, again[which], got_steps, cuts)[0] is not None
                     res.status, res.mode, res.offset = FINDING, mode, t
                     res.stage, res.where, res.position = div.stage, div.where, div.position
-                    res.reason = f"{mode} hand-off at t={t}: stage {div.stage} {div.where} differs from the " \
-                                 f"uninterrupted run at position {div.position}"
+                    at = f"stage {div.stage} {div.where} differs from"
+                    res.reason = {
+                        "continuation": f"{mode} hand-off at t={t}: {at} the uninterrupted run at position "
+                                        f"{div.position}",
+                        "rollback": f"busy rollback to t={t}: {at} the uninterrupted run at position {div.position}",
+                        "live": f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import changes: "
+                                f"{at} its own uninterrupted run at position {div.position}"}[what]
+                    if what != "continuation":
+                        return res
                     if res.reproduced:
                         res.node = self._localize_node("full" if mode == "busy" else mode, stages[div.stage],
                                                        div.stage, cuts, steps, k, k + div.step, t, tokens, base,

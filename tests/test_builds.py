@@ -156,3 +156,15 @@ def test_another_libllama_under_the_pinned_bindings_is_refused(monkeypatch):
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", "/opt/other-llama/lib")
     line = one_line_exit_2(run_cli("fuzz", "run", "llama"))
     assert "LLAMA_CPP_LIB_PATH=/opt/other-llama/lib" in line and "--llama-cpp TREE" in line
+
+
+@pytest.mark.parametrize("base,candidate,want", [
+    ("pass", "pass", "unchanged"), ("pass", "finding", "broke"), ("pass", "crash", "broke"),
+    ("numerics", "timeout", "broke"), ("finding", "pass", "fixed"), ("unsupported", "pass", "fixed"),
+    ("unsupported", "crash", "broke"), ("pass", "unsupported", "newly unsupported"), ("known", "known", "unchanged"),
+    ("finding", "crash", "unchanged"), ("pass", "missing", "broke"), ("skipped", "unsupported", "unchanged")])
+def test_the_bump_verdict_of_a_lane(base, candidate, want):
+    """A lane's verdict from its status on each build (known and numerics count as passing: their lanes ran)."""
+    from fuzz.bump import verdict
+
+    assert verdict(base, candidate) == want
