@@ -265,7 +265,7 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
     the fixture's first period cut, teacher-forced with the base's greedy tokens. Each chain's logits are compared
     with the unsplit run of the build that computed them (stage 1's): bit-exact `crosses`, the same greedy choices
     `crosses (numerics)`, else `wrong`. {"status": "unsupported"} when the fixture has no expressible split."""
-    from fuzz.parity import run_chain, run_script, script_steps
+    from fuzz.parity import pos_per_token, run_chain, run_script, script_steps
     from fuzz.schedule import sequential_steps
     from fuzz.stages import FixtureStages
     from fuzz.sweep import cut_sets
@@ -285,9 +285,11 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
         stages = st.stages(cuts)
         full: dict[str, np.ndarray] = {}
         tokens: list[list[int]] | None = None
+        n_pos = 1  # positions per token fed as embeddings (M-RoPE: 4)
         for name in ("base", "candidate"):  # each build's unsplit run, teacher-forced with the base's tokens
             with open_target("llama-cpp", env=envs[name]) as t:
                 r = t.load(path)
+                n_pos = pos_per_token(r.data) if r.ok else n_pos
                 tr = run_script(t, script_steps(steps, tokens=tokens), reset=True) if r.ok else r.failure
                 if not hasattr(tr, "steps"):
                     return {"status": "unrun", "detail": f"{name} cannot run the unsplit model: {tr.message}"}
@@ -301,7 +303,8 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
                 if bad is not None:
                     out[f"{first} → {second}"] = {"status": "refused", "detail": bad.failure.message}
                     continue
-                chain, fail = run_chain(ts, [s.n_layer for _, s in stages], steps, tokens, logits_mode="all")
+                chain, fail = run_chain(ts, [s.n_layer for _, s in stages], steps, tokens, logits_mode="all",
+                                        n_pos_per_token=n_pos)
             finally:
                 for t in ts:
                     t.close()
