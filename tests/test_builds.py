@@ -168,3 +168,20 @@ def test_the_bump_verdict_of_a_lane(base, candidate, want):
     from fuzz.bump import verdict
 
     assert verdict(base, candidate) == want
+
+
+@pytest.mark.parametrize("row", ["qwen3vlmoe", "jamba", "gemma3"])
+def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
+    """The mixed-build chain on two workers of the same build is the same-build chain: it must cross both ways,
+    bit-exact — M-RoPE rows included (their embeddings are fed with four positions per token)."""
+    from fuzz import bump as bp
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    path = tmp_path / f"{row}.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row(row).spec(), path)
+    env = builds.resolve("pinned").env()
+    got = bp.mixed_chains(str(path), {"base": env, "candidate": env})
+    assert got["status"] == "ok" and got["cuts"] == [1], got
+    assert {k: v["status"] for k, v in got["chains"].items()} == {"base → candidate": "crosses",
+                                                                  "candidate → base": "crosses"}
