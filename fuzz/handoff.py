@@ -127,6 +127,19 @@ class HandoffResult:
         return d
 
 
+def roll_back(stages: list[Target], blobs: list[tuple[bytes, bytes]], seq: int, t: int) -> Failure | None:
+    """Every stage's sequence `seq` back to offset t: its partial state (recurrent / SWA) restored, its positions
+    >= t removed. The first failure, or None."""
+    for s, (_, part) in zip(stages, blobs, strict=True):
+        r = s.state_set(part, seq=seq, partial=True) if part else None
+        if r is not None and not r.ok:
+            return r.failure
+        r = s.seq_rm(seq, t, -1)
+        if not r.ok:
+            return r.failure
+    return None
+
+
 def split_schedule(prompt: list[int], t: int, chunk: int, n_decode: int, seq: int = 0) -> tuple[list[Step], int]:
     """Prefill chunks over [0, t) then [t, P), then greedy decode steps; and the step index where t begins.
     An offset t >= P hands off after t - P decode steps."""
@@ -383,13 +396,9 @@ class Handoff:
             first = self._in_turn(dst, sizes, mine, theirs[:half])
             if isinstance(first, Failure):
                 return first
-            for d, (_, part) in zip(dst, blobs, strict=True):
-                r = d.state_set(part, seq=1, partial=True) if part else None
-                if r is not None and not r.ok:
-                    return r.failure
-                r = d.seq_rm(1, t, -1)
-                if not r.ok:
-                    return r.failure
+            failed = roll_back(dst, blobs, 1, t)
+            if failed:
+                return failed
             again = self._in_turn(dst, sizes, mine, theirs[half:])
             if isinstance(again, Failure):
                 return again
@@ -400,13 +409,9 @@ class Handoff:
             _, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)  # run on past t ...
             if fail:
                 return fail.failure
-            for s, (_, part) in zip(src, blobs, strict=True):  # ... then roll back to t
-                r = s.state_set(part, seq=0, partial=True) if part else None
-                if r is not None and not r.ok:
-                    return r.failure
-                r = s.seq_rm(0, t, -1)
-                if not r.ok:
-                    return r.failure
+            failed = roll_back(src, blobs, 0, t)  # ... then roll back to t
+            if failed:
+                return failed
             chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
         if fail:
             return fail.failure

@@ -38,34 +38,24 @@ def test_every_offset_and_stage_hands_off_exactly(fixtures, family, knobs):
                 assert b["kv_bytes_per_token"] is None
 
 
-def test_an_import_that_clears_a_busy_context_is_caught(fixtures):
-    """The import-clears-context mutant makes room for an imported sequence by clearing the whole context: into a
-    fresh context (full) that is right, and a rollback (partial) imports nothing on a dense model — only a hand-off
-    into a context where another sequence is live shows it, and it is that live sequence which breaks, at its
-    first step after the import."""
+@pytest.mark.parametrize("mutant,status,says", [
+    # makes room for an import by clearing the whole context: the live sequence breaks at its first step after it
+    # (position 12: prompt 11, one token decoded)
+    ("import-clears-context", "finding", "busy hand-off at t=1: the live sequence 0 beside the import changes: "
+                                         "stage 0 boundary differs from its own uninterrupted run at position 12"),
+    # rolls back with seq_rm(-1, ...): the live sequence's positions go too, and llama.cpp refuses its next step
+    ("rollback-all-sequences", "crash", "busy hand-off at t=1: target refused: llama_decode returned -1")])
+def test_what_only_a_busy_context_shows_is_caught(fixtures, mutant, status, says):
+    """Two mutants that are right alone in a context — into a fresh context (full), or rolled back alone (partial:
+    on a dense model it imports nothing) — and wrong beside a live sequence: only the busy mode catches them."""
     path = fixtures("llama", layers=4)
-    quiet = handoff(path, cuts="all", modes=("full", "partial"), target="mutant:import-clears-context")
+    quiet = handoff(path, cuts="all", modes=("full", "partial"), target=f"mutant:{mutant}")
     assert quiet["summary"]["pass"] == len(quiet["results"]) == 3
-    rep = handoff(path, cuts="all", target="mutant:import-clears-context")
-    assert [r["status"] for r in rep["results"]] == ["finding"] * 3
+    rep = handoff(path, cuts="all", target=f"mutant:{mutant}")
+    assert [r["status"] for r in rep["results"]] == [status] * 3
     for r in rep["results"]:
-        assert r["mode"] == "busy" and r["offset"] == 1 and r["reproduced"] is True, r
-        assert "the live sequence 0 beside the import changes" in r["reason"]
-        assert r["stage"] == 0 and r["position"] == 12  # its first step after the import (prompt 11, 1 decoded)
-
-
-def test_a_rollback_that_cuts_every_sequence_is_caught_beside_a_live_one(fixtures):
-    """rollback-all-sequences removes the positions from every sequence of the context (seq_rm with seq -1): alone
-    in its context (partial mode) that is the same thing; rolled back beside a live sequence (busy mode) it cuts
-    that one's cache too, and llama.cpp refuses its next step (positions no longer continue)."""
-    path = fixtures("llama", layers=4)
-    quiet = handoff(path, cuts="all", modes=("full", "partial"), target="mutant:rollback-all-sequences")
-    assert quiet["summary"]["pass"] == len(quiet["results"]) == 3
-    rep = handoff(path, cuts="all", target="mutant:rollback-all-sequences")
-    assert [r["status"] for r in rep["results"]] == ["crash"] * 3
-    for r in rep["results"]:
-        assert r["mode"] == "busy" and r["offset"] == 1, r
-        assert r["reason"].startswith("busy hand-off at t=1: target refused: llama_decode returned -1"), r
+        assert r["mode"] == "busy" and r["offset"] == 1 and r["reason"].startswith(says), r
+        assert status == "crash" or r["reproduced"] is True, r
 
 
 def test_attention_first_stages_are_covered(fixtures):
