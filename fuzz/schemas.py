@@ -130,6 +130,35 @@ BUNDLE = {
         "replay": {"type": "string"}}}
 
 
+VERDICT = {"enum": ["unchanged", "broke", "fixed", "drifted", "newly unsupported", "missing"]}
+BUMP = {
+    "type": "object", "description": "family-certify bump (--out DIR: DIR/report.json; aggregate of bump shards)",
+    "required": ["schema", "kind", "command", "manifest", "base", "candidate", "policy", "results", "totals",
+                 "build_s", "wall_s", "exit_code"],
+    "properties": {
+        "schema": {"const": 1}, "kind": {"const": "family-certify-bump"}, "command": {"type": "string"},
+        "manifest": RUN["properties"]["manifest"], "base": BUILD, "candidate": BUILD,
+        "policy": {"type": "string", "description": "what is promised across builds (the cross-build lane)"},
+        "results": {"type": "array", "items": {
+            "type": "object", "required": ["row", "lane", "verdict", "base", "candidate", "detail"],
+            "properties": {
+                "row": {"type": "string"}, "lane": {"type": "string"}, "verdict": VERDICT,
+                "base": {"oneOf": [STATUS, {"type": "null"}], "description": "the lane's status on the base build "
+                         "(null for the cross-build lane)"},
+                "candidate": {"oneOf": [STATUS, {"type": "null"}]}, "detail": {"type": "string"},
+                "bundles": {"type": "array", "items": {"type": "string"},
+                            "description": "relative to DIR/candidate"},
+                "max_abs_dlogit": {"type": "number"}, "nmse": {"type": "number"}, "bit_exact": {"type": "boolean"},
+                "states": {"type": "object", "description": "cross-build: sequence state exported by one build, "
+                           "imported by the other (crosses | crosses (numerics) | refused | wrong | unrun)"},
+                "mixed_chains": {"type": "object", "description": "cross-build: stage 0 on one build, stage 1 on "
+                                 "the other"}}}},
+        "totals": {"type": "object", "propertyNames": VERDICT, "additionalProperties": {"type": "integer"}},
+        "build_s": {"type": "object", "additionalProperties": {"type": "number"},
+                    "description": "seconds each build took (0: from the cache)"},
+        "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]}}}
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """file name → schema, each self-contained."""
     def doc(name: str, title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +170,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "certify-run.schema.json": doc("certify-run", f"family-certify run, schema {RUN_SCHEMA}", RUN,
                                        {"report": REPORT, "finding": FINDING}),
         "bundle.schema.json": doc("bundle", f"family-certify repro bundle, schema {BUNDLE_SCHEMA}", BUNDLE, {}),
+        "bump.schema.json": doc("bump", "family-certify bump, schema 1", BUMP, {}),
     }
 
 
@@ -154,7 +184,7 @@ def write(out: Path = DIR) -> list[Path]:
 
 
 def validate(data: Any, name: str) -> None:
-    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run or bundle)."""
+    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle or bump)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

@@ -68,3 +68,21 @@ def test_a_schema_1_bundle_is_read_in_schema_2s_words(tmp_path):
     assert fp == data["fingerprint"] and case.config == data["config"]
     r = run_cli("fuzz", "replay", str(tmp_path / "nope"))
     assert r.returncode == 2
+
+
+@pytest.mark.llama
+def test_a_bump_report_satisfies_the_bump_schema(tmp_path):
+    """A real bump (the pinned build against itself: every verdict unchanged) and the aggregate of it as a shard;
+    a verdict outside the vocabulary fails."""
+    out = tmp_path / "bump"
+    r = run_cli("family-certify", "bump", "llama", "--lane", "load", "--candidate", "pinned", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    validate(rep, "bump")
+    assert [(x["lane"], x["verdict"]) for x in rep["results"]] == [("load", "unchanged"), ("cross-build", "unchanged")]
+    agg = tmp_path / "agg"
+    r = run_cli("family-certify", "aggregate", str(out), "--row", "llama", "--lane", "load", "--out", str(agg))
+    assert r.returncode == 0, r.stdout + r.stderr
+    validate(json.loads((agg / "report.json").read_text()), "bump")
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**rep, "results": [{**rep["results"][0], "verdict": "regressed"}]}, "bump")
