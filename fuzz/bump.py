@@ -141,14 +141,20 @@ def state_across(path: str, prompt: list[int], fed: list[int], src: Any, dst: An
     if not cont.ok:
         return {"status": "refused", "detail": f"imported, then decoding fails: {cont.failure.message}"}
     rows = np.stack([x["logits"][-1] for x in cont.data["results"]]).astype(np.float64)
-    want = own[1:len(rows) + 1]
-    d, size = float(np.max(np.abs(rows - want))), len(blob.data["blob"])
-    if np.array_equal(rows, want):
-        return {"status": "crosses", "max_abs_dlogit": 0.0, "bytes": size, "detail": "continues bit-exact"}
-    same = [int(np.argmax(x)) for x in rows] == [int(np.argmax(x)) for x in want]
-    return {"status": "crosses (numerics)" if same else "wrong", "max_abs_dlogit": d, "bytes": size,
-            "detail": f"continues with max |Δlogit| {d:.3g} from the importer's own run"
-                      + ("" if same else ", and other greedy choices")}
+    status, d = crossing(rows, own[1:len(rows) + 1])
+    return {"status": status, "max_abs_dlogit": d, "bytes": len(blob.data["blob"]),
+            "detail": "continues bit-exact" if status == "crosses" else
+                      f"continues with max |Δlogit| {d:.3g} from the importer's own run"
+                      + (", and other greedy choices" if status == "wrong" else "")}
+
+
+def crossing(got: np.ndarray, want: np.ndarray) -> tuple[str, float]:
+    """What crossed builds gave (logits rows) against the receiving build's own run: `crosses` (bit-exact),
+    `crosses (numerics)` (the same greedy choice in every row) or `wrong`; and the max |Δlogit|."""
+    if np.array_equal(got, want):
+        return "crosses", 0.0
+    same = bool((got.argmax(axis=1) == want.argmax(axis=1)).all())
+    return "crosses (numerics)" if same else "wrong", float(np.max(np.abs(got - want)))
 
 
 def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str, dict[str, Any]]) \
@@ -161,9 +167,8 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         v = verdict(a["status"], b["status"])
         if a["status"] == KNOWN and (b.get("data") or {}).get("known_gone"):  # the upstream finding is gone there
             v = FIXED
-        detail = b["detail"]
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
-                    "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
+                    "candidate": b["status"], "detail": b["detail"], "bundles": b.get("bundles", [])})
     for row, x in cross.items():
         out.append({"row": row, "lane": CROSS_LANE, "verdict": x["verdict"], "base": None, "candidate": None,
                     "detail": x["detail"], **{k: v for k, v in x.items() if k not in ("verdict", "detail")}})
@@ -312,13 +317,10 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
                 out[f"{first} → {second}"] = {"status": "refused", "detail": fail.failure.message}
                 continue
             got = np.concatenate([so.logits for so in chain[-1].steps]).astype(np.float64)
-            want = full[second]
-            d = float(np.max(np.abs(got - want)))
-            same = bool((got.argmax(axis=1) == want.argmax(axis=1)).all())
-            status = "crosses" if d == 0 else "crosses (numerics)" if same else "wrong"
+            status, d = crossing(got, full[second])
             out[f"{first} → {second}"] = {"status": status, "max_abs_dlogit": d,
                                           "detail": f"cut {cuts}: max |Δlogit| {d:.3g} from {second}'s unsplit run"
-                                                    + ("" if same else ", other greedy choices")}
+                                                    + (", other greedy choices" if status == "wrong" else "")}
     return {"status": "wrong" if any(v["status"] == "wrong" for v in out.values()) else "ok", "cuts": cuts,
             "chains": out}
 

@@ -545,7 +545,7 @@ def aggregate(
     m = load_manifest(manifest)
     selected = m.select(tier, rows)
     plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in selected]
-    bumps = [read_bump(d) for d in dirs if is_bump(d)]
+    bumps = [b for b in map(read_bump, dirs) if b is not None]
     if bumps:  # shards of `family-certify bump`
         if len(bumps) != len(dirs):
             raise UserError("aggregate: some directories hold bump reports, others runs; aggregate one kind at a time")
@@ -650,16 +650,14 @@ def bump(
     return finish_bump(rep, out, report)
 
 
-def is_bump(d: Path) -> bool:
+def read_bump(d: Path) -> dict[str, Any] | None:
+    """The bump report a shard directory holds, or None when it holds something else (a run's report, nothing)."""
     f = d / "report.json" if d.is_dir() else d
     try:
-        return json.loads(f.read_text()).get("kind") == "family-certify-bump"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def read_bump(d: Path) -> dict[str, Any]:
-    return json.loads((d / "report.json" if d.is_dir() else d).read_text())
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("kind") == "family-certify-bump" else None
 
 
 def finish_bump(rep: dict[str, Any], out: Path | None, report: Path | None) -> int:

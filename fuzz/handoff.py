@@ -25,7 +25,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fuzz.configs import check_config
 from fuzz.contract import (
@@ -125,6 +125,16 @@ class HandoffResult:
         d = {k: v for k, v in self.__dict__.items() if v is not None and k != "bytes"}
         d["bytes"] = [b.__dict__ for b in self.bytes]
         return d
+
+
+class Neighbour(NamedTuple):
+    """The live sequence of busy hand-offs (BUSY_SEQ): its uninterrupted run on the full model (boundaries
+    captured), its steps and greedy tokens, and how many of its steps run before the import."""
+
+    base: Trace
+    steps: list[Step]
+    tokens: list[list[int]]
+    before: int
 
 
 def roll_back(stages: list[Target], blobs: list[tuple[bytes, bytes]], seq: int, t: int) -> Failure | None:
@@ -283,9 +293,9 @@ class Handoff:
                 # to t, and the live sequence beside them (its own uninterrupted run)
                 checks = [("continuation", want, chain, steps[k:], 0)]
                 if rolled is not None:
-                    n_base, n_steps, m = neighbour[0], neighbour[1], neighbour[3]
+                    m = neighbour.before
                     checks += [("rollback", want, rolled, steps[k:], 3),
-                               ("live", Trace(n_base.steps[m:], 0.0), live, n_steps[m:], 2)]
+                               ("live", Trace(neighbour.base.steps[m:], 0.0), live, neighbour.steps[m:], 2)]
                 found = None
                 for check in checks:
                     div, worst = compare(check[1], check[2], check[3], cuts)
@@ -332,7 +342,7 @@ class Handoff:
             res.reason = f"creating the busy context (2 sequences, one KV stream each): {res.reason}"
         return res
 
-    def _neighbour(self, ref: Target, cuts: list[int]):
+    def _neighbour(self, ref: Target, cuts: list[int]) -> Neighbour | Failure:
         """The live sequence of busy hand-offs: its own prompt and decode steps (as sequence BUSY_SEQ), its
         uninterrupted run on the full model (boundaries captured), its greedy tokens, and how many of its steps run
         before the import (its prefill and one decode step)."""
@@ -345,11 +355,10 @@ class Handoff:
         if isinstance(base, Failure):
             return base
         self.decode_seconds += base.decode_seconds
-        m = len(steps) - n_decode + 1
-        return base, with_seq(steps, BUSY_SEQ), [so.tokens for so in base.steps], m
+        return Neighbour(base, with_seq(steps, BUSY_SEQ), [so.tokens for so in base.steps], len(steps) - n_decode + 1)
 
     def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
-                 tokens: list[list[int]], neighbour=None):
+                 tokens: list[list[int]], neighbour: Neighbour | None = None):
         """One hand-off: (the continuation's chain, the exported blobs, and for busy ones the live neighbour's chain
         and the continuation's chain again after a rollback to t; else None, None)."""
         sizes = [st.n_layer for _, st in stages]
@@ -376,7 +385,7 @@ class Handoff:
                     return r.failure
             chain, fail = run_chain(dst, sizes, after_steps, tokens[k:], n_pos_per_token=self.n_pos)
         elif mode == "busy":
-            _, n_steps, n_tokens, m = neighbour
+            n_steps, n_tokens, m = neighbour.steps, neighbour.tokens, neighbour.before
             for (path, _), d in zip(stages, dst, strict=True):
                 r = d.load(str(path), **self.busy_params)
                 if not r.ok:

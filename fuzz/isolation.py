@@ -29,8 +29,8 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import context_params, first_routing_flip
-from fuzz.schedule import prompt_tokens
+from fuzz.parity import context_params, first_routing_flip, script_steps
+from fuzz.schedule import prompt_tokens, sequential_steps
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target
@@ -139,8 +139,7 @@ class Isolation:
         for i, p in enumerate(self.prompts):
             toks, rows = alone[i]
             size = max(1, -(-len(p) // 3))
-            prefill = [{"tokens": p[a:a + size], "seq": i, "pos": list(range(a, min(a + size, len(p)))),
-                        "logits": "last"} for a in range(0, len(p), size)]
+            prefill = script_steps(sequential_steps(p, size, 0, seq=i), logits_mode="last")
             fed = toks[:self.cfg.tokens]
             pairs = [{"tokens": fed[k:k + 2], "seq": i, "pos": [len(p) + j for j in range(k, min(k + 2, len(fed)))],
                       "logits": "all"} for k in range(0, len(fed), 2)]

@@ -69,9 +69,8 @@ def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifes
     if len(builds) > 1:
         raise UserError(f"shards ran on different llama.cpp builds ({', '.join(sorted(builds))}); re-run them on one")
     lanes = [x for r in runs for x in r["results"] if x["status"] != MISSING] + list(also)
-    commits = [r["build"]["llama_cpp_commit"] for r in runs if r["build"]["llama_cpp_commit"]]
     return run_report(lanes, plan=plan, manifest=manifest, target=runs[0]["target"] if runs else "",
-                      llama_cpp_commit=next(iter(commits), None), wall_s=max((r["wall_s"] for r in runs), default=0.0),
+                      llama_cpp_commit=None, wall_s=max((r["wall_s"] for r in runs), default=0.0),
                       command="family-certify aggregate", build=runs[0]["build"] if runs else None)
 
 

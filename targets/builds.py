@@ -342,14 +342,15 @@ def git_commit(tree: Path) -> str | None:
 def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> float:
     """One CMake build of the tree (targets/cmake_build.py: synced into `work`, built incrementally there) installed
     as a worker runs it: dest/py/llama_cpp (the bindings' python files, lib/ the libraries) and dest/bin
-    (llama-server). Returns the seconds it took."""
+    (llama-server, the libraries beside it for its $ORIGIN rpath). Returns the seconds it took."""
     t0 = time.perf_counter()
     stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
     try:
         with built(src, work, spec) as out:
             shutil.rmtree(stage, ignore_errors=True)
             stage.mkdir(parents=True)
-            install(out, bindings, stage)
+            copy_bindings(bindings, out, stage / "py" / "llama_cpp")
+            copy_server(out, stage / "bin")
     except BuildError as e:
         shutil.rmtree(stage, ignore_errors=True)
         raise UserError(f"--llama-cpp {e}") from None
@@ -358,10 +359,3 @@ def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) ->
     seconds = time.perf_counter() - t0
     say(f"{spec} built in {seconds:.0f} s: {dest}")
     return seconds
-
-
-def install(out: Path, bindings: Path, stage: Path) -> None:
-    """A build's outputs as a worker runs them: stage/py/llama_cpp (the bindings' python files, lib/ the shared
-    libraries) and stage/bin (llama-server, the libraries beside it for its $ORIGIN rpath)."""
-    copy_bindings(bindings, out, stage / "py" / "llama_cpp")
-    copy_server(out, stage / "bin")

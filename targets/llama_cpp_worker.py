@@ -120,6 +120,7 @@ class LlamaWorker:
         self.model = None
         self.ctx = None
         self.params: dict[str, Any] = {}
+        self.kv_unified = False  # the loaded context's KV layout (one stream for every sequence)
         self.info: dict[str, Any] = {}
         self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
         self.callback_seconds = 0.0  # part of it spent in a Python eval callback (subtracted)
@@ -157,7 +158,7 @@ class LlamaWorker:
         cp.n_threads_batch = params["n_threads"]
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
+        cp.kv_unified = self.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
         cp.no_perf = True  # no performance counters: llama_perf_* is never read here
         self.capturer = self.native
         if params["trace"]:  # every node of a layer on request: the Python callback (slow, for localizing)

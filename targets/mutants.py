@@ -214,15 +214,11 @@ class Perturb2Threads(LlamaWorker):
 class BatchShapeNoise(LlamaWorker):
     SHAPE, CELLS = np.float32(0.3), np.float32(0.2)
 
-    def op_load(self, req: dict) -> dict:
-        self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
-        return super().op_load(req)
-
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         if "logits" not in out:
             return out
-        n = len(b64_f32(req["embd"])) // self.info["n_embd_inp"] if "embd" in req else len(req.get("tokens", ()))
+        n = out["n_tokens"]
         seqs = req.get("seq", 0)
         seqs = seqs if isinstance(seqs, list) else [seqs] * n
         mem = self.L.llama_get_memory(self.ctx)
@@ -231,7 +227,7 @@ class BatchShapeNoise(LlamaWorker):
         pattern = np.where(np.arange(rows.shape[1]) % 3 == 0, 1, -1).astype(np.float32)
         for k, row in enumerate(out["rows"]):
             rows[k] += (self.SHAPE if n > 1 else 0) * pattern
-            rows[k] += (self.CELLS if self.unified and held - {int(seqs[row])} else 0) * pattern
+            rows[k] += (self.CELLS if self.kv_unified and held - {int(seqs[row])} else 0) * pattern
         out["logits"] = f32_b64(rows)
         out["argmax"] = [int(np.argmax(r)) for r in rows]
         return out
@@ -280,14 +276,10 @@ class RollbackAllSequences(LlamaWorker):
 
 
 class SeqLeak(LlamaWorker):
-    def op_load(self, req: dict) -> dict:
-        self.unified = bool(req.get("kv_unified", req.get("n_seq_max", 1) > 1))  # the worker's default
-        return super().op_load(req)
-
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         seqs = req.get("seq", 0)
-        if self.unified and isinstance(seqs, list) and len(set(seqs)) > 1:
+        if self.kv_unified and isinstance(seqs, list) and len(set(seqs)) > 1:
             first, *others = dict.fromkeys(int(x) for x in seqs)
             mem = self.L.llama_get_memory(self.ctx)
             for s in others:
