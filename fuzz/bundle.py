@@ -102,6 +102,11 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         narrowed = oracle.narrow(out.case.config, out.finding)
         if narrowed != out.case.config and keeps(replace(out.case, config=narrowed)):
             out.log.append(", ".join(f"{k} → {v}" for k, v in narrowed.items() if case.config.get(k) != v))
+    while oracle.reduce:  # the oracle's own smaller cases, e.g. a schedule with an operation fewer
+        before = out.case.config
+        if not any(keeps(replace(out.case, config=c)) for c in oracle.reduce(before)):
+            break
+        out.log.append(", ".join(f"{k} → {v}" for k, v in out.case.config.items() if before.get(k) != v))
     for key, floor in oracle.shrink:
         while out.case.config[key] > floor:
             smaller = max(floor, out.case.config[key] // 2)
@@ -222,8 +227,9 @@ def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, m
         if (oracle.per_cut and f.cuts is None) or key in seen or len(paths) >= max_bundles:
             continue
         seen.append(key)
-        case = Case(report.oracle, Path(report.fixture), list(f.cuts or []) if oracle.per_cut else [], dict(config),
-                    report.target)
+        config_f = oracle.replay_of(config, f) if oracle.replay_of else config
+        case = Case(report.oracle, Path(report.fixture), list(f.cuts or []) if oracle.per_cut else [],
+                    dict(config_f), report.target)
         got, rep = case.run()  # a second, independent reproduction before anything is bundled
         if f.fingerprint not in got:
             continue

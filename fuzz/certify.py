@@ -37,6 +37,7 @@ from fuzz.oracles import ORACLES
 from fuzz.outputs import manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.prefix_cache import PrefixCacheConfig
 from fuzz.progress import Progress
+from fuzz.radix import LANE_PLANS, RadixConfig
 from fuzz.shards import load_durations, plan_shards
 from fuzz.sweep import SweepConfig
 from synth.cliutil import new_app, run
@@ -250,19 +251,29 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
+    plan's interleavings)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
                           "no llama-server binary: run scripts/build_llama_server.sh (make server)")
-    server = target_spec if target_spec.startswith("mutant:server-") else "llama-server"
-    rep, case = oracle_run("prefix-cache", path, PrefixCacheConfig(rounds=3, tokens=6, target=server))
-    reused = sum(c for r in rep.results for c in r["cache_n"])
-    if not rep.findings:
-        detail = (f"llama-server, {len(rep.results)} rounds of concurrent duplicate inserts: answers as uncached, "
-                  f"slots freed; {reused} prompt tokens from the cache")
+    server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
+    rounds, rounds_case = oracle_run("prefix-cache", path, PrefixCacheConfig(rounds=3, tokens=6, target=server))
+    sched, sched_case = oracle_run("radix", path, RadixConfig(plan=LANE_PLANS, limit=12, budget=60.0,
+                                                              tokens=6, target=server))
+    reps = [rounds, sched]
+    bad = next((r for r in reps if r.findings), None)
+    if bad is None:
+        reused = sum(c for r in rounds.results for c in r["cache_n"])
+        detail = (f"llama-server, {len(rounds.results)} rounds of concurrent duplicate inserts: answers as uncached, "
+                  f"slots freed; {reused} prompt tokens from the cache; {sched.extra['explored']} radix schedules "
+                  f"(save, restore, disconnect, second turns, host cache): clean, "
+                  f"{sum(r['reused'] for r in sched.results)} prompt tokens reused "
+                  f"(promised {sum(r['promised'] for r in sched.results)})")
     else:
-        f = rep.findings[0]
-        detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
-    return LaneResult(row.key, "prefix-cache", rep.status, detail, reports=[rep], cases=[case])
+        f = bad.findings[0]
+        detail = f"{bad.oracle}: {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps,
+                      cases=[rounds_case, sched_case])
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
@@ -692,6 +703,9 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "rollback-zeroed": ("jamba", "handoff"),
     "seq-leak": ("llama", "isolation"),
     "server-dup-leak": ("llama", "prefix-cache"),
+    "radix-dup-leak": ("llama", "prefix-cache"),
+    "radix-replace-live-borrower": ("llama", "prefix-cache"),
+    "radix-restore-reuses-nothing": ("llama", "prefix-cache"),
     "wire-f16-truncated": ("qwen3next", "wire"),
 }
 

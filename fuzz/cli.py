@@ -14,6 +14,7 @@ from fuzz import determinism as det
 from fuzz import handoff as ho
 from fuzz import isolation as iso
 from fuzz import prefix_cache as pc
+from fuzz import radix as rx
 from fuzz.contract import describe
 from fuzz.fixtures import fixture_path, parse_tokens
 from fuzz.oracles import get_oracle
@@ -316,6 +317,41 @@ def prefix_cache_cmd(
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
                                timeout=timeout, seed=seed)
     return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches))
+
+
+@app.command("radix")
+def radix_cmd(
+    fixture: FixtureArg,
+    clients: Annotated[int, Opt(help="concurrent clients (one slot each)")] = 2,
+    ops: Annotated[int, Opt(help="operations per client")] = 2,
+    exhaustive: Annotated[bool, Opt("--exhaustive/--pct", help="every interleaving of each schedule once, or "
+                                    "PCT-style randomized priorities")] = True,
+    budget: Annotated[float, Opt(help="seconds of exploration")] = 20.0,
+    replay: Annotated[str, Opt(help="run exactly this schedule (a replay string, e.g. r1:0:8:24:cT,s/cT:A.Bap.A)")]
+        = "",
+    plan: Annotated[str, Opt(help="explore the interleavings of exactly these clients' operations (OPS/OPS, plans "
+                                  "separated by ';', e.g. cT,k/cT,cB0) instead of random ones")] = "",
+    limit: Annotated[int, Opt(help="schedules per plan (a seeded sample of its interleavings); 0: the budget "
+                                   "decides")] = 0,
+    tokens: Annotated[int, Opt(help="greedy tokens per completion")] = 8,
+    trunk: Annotated[int, Opt(help="tokens of the prompt tree's trunk")] = 24,
+    target: Annotated[str, Opt(help="llama-server, or mutant:radix-dup-leak / mutant:radix-replace-live-borrower")]
+        = "llama-server",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 60.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
+) -> int:
+    """llama-server's prompt cache under concurrent schedules: clients completing, continuing, disconnecting,
+    saving, restoring and erasing their slots on one prompt tree, every interleaving explored (or PCT-sampled)
+    within the budget. Answers equal the cold run, reuse what the schedule made reusable, slots free, /metrics
+    consistent, context still usable; a finding is replayed twice more, then shrunk and bundled with its string."""
+    cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
+                         tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, target=target,
+                         timeout=timeout, seed=seed)
+    return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("inputs")

@@ -184,6 +184,9 @@ class Oracle:
     run: (fixture, config) → Report. per_cut: a finding belongs to one cut set (a bundle replays that cut set
     only, with `cuts` fixed by the bundle). narrow: (config, finding) → the config with only the finding's phase,
     mode or KV layout selected (a bundle runs only that). shrink: config fields the shrinker halves, with floors.
+    replay_of: (config, finding) → the config that runs exactly the finding (an exploring oracle's finding names
+    its schedule: a bundle reproduces that, not the exploration). reduce: config → smaller configs to try, coarsest
+    first (the shrinker takes the first that keeps the fingerprint, and asks again).
     """
 
     name: str
@@ -193,6 +196,8 @@ class Oracle:
     per_cut: bool = False
     narrow: Callable[[dict[str, Any], Finding], dict[str, Any]] | None = None
     shrink: tuple[tuple[str, int], ...] = ()
+    replay_of: Callable[[dict[str, Any], Finding], dict[str, Any]] | None = None
+    reduce: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     case_fields: tuple[str, ...] = ()  # config fields a bundle records (the rest come from the bundle or defaults)
 
     def case_config(self, cfg: Any) -> dict[str, Any]:

@@ -46,7 +46,9 @@ BUILD = {"type": "object", "required": ["llama_cpp_commit", "toolkit"], "propert
 FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "description": "what stays fixed while "
                "shrinking: oracle, status, phase, where, and the kinds of layer at the cut and the divergence",
                "properties": {"oracle": ORACLE, "status": STATUS, "phase": STR_OR_NULL, "stage": {"type": "integer"},
-                              "where": {"type": "string"}, "seq": {"type": "integer"},
+                              "where": {"type": "string",
+                                        "description": "boundary or logits; radix: the operation kind or 'schedule'"},
+                              "seq": {"type": "integer"},
                               "cut_kinds": {"type": "array", "items": {"enum": ["A", "R", "B", "M"]}},
                               "layer_kind": {"enum": ["A", "R", "B", "M"]}}, "additionalProperties": False}
 
@@ -63,6 +65,9 @@ FINDING = {"type": "object", "required": ["oracle", "status", "message"], "addit
                "cause": {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"},
                                                                               "detail": {"type": "string"}}},
                "reproduced": {"type": "boolean"}, "fingerprint": FINGERPRINT, "detail": {"type": "object"}}}
+
+RADIX_REPLAY = {"type": "string", "pattern": "^r1:[0-9]+:[0-9]+:[0-9]+:[^:]+:[A-Za-z.]*$",
+                "description": "a radix schedule's replay string (fuzz radix --replay STRING)"}
 
 REPORT = {
     "type": "object", "description": "one oracle run (fuzz ORACLE --report R.json)",
@@ -88,7 +93,11 @@ REPORT = {
         "control": {"type": "object", "description": "sweep: the full model fed its own token embeddings"},
         "policy": {"type": "object", "description": "determinism: what upstream promises per comparison class"},
         "same_schedule": {"type": "array"}, "pairs": {"type": "array"}, "chains": {"type": "array"},
-        "schedule": {"type": "object", "description": "prefix-cache: the prompts and rounds sent"}}}
+        "schedule": {"type": "object", "description": "prefix-cache: the prompts and rounds sent"},
+        "explored": {"type": "integer", "minimum": 0, "description": "radix: schedules run"},
+        "flaky": {"type": "array", "description": "radix: findings that did not reproduce (not reported)",
+                  "items": {"type": "object", "required": ["replay"], "properties": {"replay": RADIX_REPLAY}}},
+        "reuse_policy": {"type": "string", "description": "radix: the prompt-cache reuse it promises"}}}
 
 LANE = {"type": "object", "required": ["row", "lane", "status", "detail", "seconds"], "properties": {
     "row": {"type": "string"}, "lane": {"type": "string"}, "status": STATUS, "detail": {"type": "string"},

@@ -1,19 +1,25 @@
 """The llama-server target: a worker that speaks targets/PROTOCOL.md and drives a real llama-server (built from
-the pinned llama.cpp by scripts/build_llama_server.sh) over HTTP, for the prefix-cache lane.
+the pinned llama.cpp by scripts/build_llama_server.sh) over HTTP, for the prefix-cache and radix lanes.
 
 Run as `python -m targets.llama_server_worker`. `load` starts llama-server on the model (slots, context, prompt
-cache size) and waits until it is healthy; `complete` sends /completion requests, concurrently if asked (several
-slots busy at once: the schedule the prefix cache must survive); `slots` and `metrics` read the server's own
-accounts. A llama-server that dies is reported as an error of kind `server_crash` with its last stderr lines.
+cache size, a slot-save directory) and waits until it is healthy; `complete` sends /completion requests,
+concurrently if asked; `submit` starts one operation (a streamed completion, a completion disconnected after k
+tokens, a slot save, restore or erase) without waiting, and `await` waits for its progress ("prompt": its first
+token streamed, i.e. its prompt processed; "done") — the engine orders operations against each other's progress
+with these two (fuzz/radix.py). `slots` and `metrics` read the server's own accounts. A llama-server that dies is
+reported as an error of kind `server_crash` with its last stderr lines; it dies with its worker (PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -38,6 +44,34 @@ def server_binary() -> Path | None:
     return path if path.is_file() else None
 
 
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the worker that started it dies, however it dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+POINTS = ("prompt", "done")  # the progress an operation reports, in order (a slot action has only "done")
+OPS = ("complete", "cancel", "save", "restore", "erase")
+
+
+class Operation:
+    """One submitted operation, run on its own thread; `reached` is set per point as the thread sees it."""
+
+    def __init__(self, req: dict) -> None:
+        self.req = req
+        self.reached = {p: threading.Event() for p in POINTS}
+        self.result: dict[str, Any] = {}
+        self.t0 = time.monotonic()
+        self.at: dict[str, float] = {}
+
+    def mark(self, point: str) -> None:
+        if not self.reached[point].is_set():
+            self.at[point] = round(time.monotonic() - self.t0, 4)
+            self.reached[point].set()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,6 +85,8 @@ class ServerWorker:
         self.stderr: deque[str] = deque(maxlen=80)
         self.params: dict[str, Any] = {}
         self.decode_seconds = self.callback_seconds = 0.0  # serve() reports them; the server keeps its own
+        self.ops: dict[str, Operation] = {}
+        self.save_dir: str | None = None
 
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
@@ -69,15 +105,17 @@ class ServerWorker:
             raise RequestError("bad_request", f"load: no such file: {path!r}")
         p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
         self.port = free_port()
+        self.save_dir = tempfile.mkdtemp(prefix="llama-server-slots-")
         argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(self.port),
                 "-np", str(p["slots"]), "-c", str(p["n_ctx"]), "--cache-ram", str(p["cache_ram"]),
                 "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]), "-t", str(p["threads"]),
                 "-tb", str(p["threads"]), "--no-webui", "--metrics", "--slots", "--no-warmup",
+                "--slot-save-path", self.save_dir,
                 *[str(a) for a in req.get("args", [])]]
         self.stderr.clear()
         # in the worker's process group: a worker the engine kills takes its server with it
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=die_with_parent)
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + float(req.get("start_timeout", 60))
         while time.monotonic() < deadline:
@@ -110,6 +148,39 @@ class ServerWorker:
             raise RequestError("server_crash", "llama-server died during the requests: " + self._why())
         return {"results": results}
 
+    def op_submit(self, req: dict) -> dict:
+        """Start one operation and return at once. name: what `await` calls it; kind: complete (streamed) | cancel
+        (streamed, disconnected after `after` tokens) | save | restore | erase (the slot's state, as file
+        `file`); slot: the slot it runs on (id_slot); prompt, n_predict, n_probs as for `complete`."""
+        self._need_server()
+        name, op = str(req.get("name", "")), req.get("kind")
+        if not name or name in self.ops:
+            raise RequestError("bad_request", f"submit: 'name' must be a new name, got {name!r}")
+        if op not in OPS:
+            raise RequestError("bad_request", f"submit: 'kind' must be one of {', '.join(OPS)}, got {op!r}")
+        if op in ("complete", "cancel") and not isinstance(req.get("prompt"), list):
+            raise RequestError("bad_request", f"submit {op}: 'prompt' must be a list of token ids")
+        o = self.ops[name] = Operation(req)
+        threading.Thread(target=self._run_op, args=(o,), daemon=True).start()
+        return {"name": name}
+
+    def op_await(self, req: dict) -> dict:
+        """Wait until operation `name` reaches `point` (prompt | done; a slot action's prompt is its done):
+        `reached` (the point asked), `at` (seconds since submit, per point reached so far), and for done its
+        `result` (as for `complete`; a cancel's tokens are those streamed before it disconnected; a slot
+        action's n_tokens or error)."""
+        o = self.ops.get(str(req.get("name")))
+        point = req.get("point", "done")
+        if o is None or point not in POINTS:
+            raise RequestError("bad_request", f"await: unknown operation {req.get('name')!r} or point {point!r}")
+        if not o.reached[point].wait(float(req.get("timeout", 60))):
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RequestError("server_crash", "llama-server died during the operations: " + self._why())
+            raise RequestError("op_timeout", f"operation {req['name']} did not reach {point!r} in time")
+        # what the engine asked is what it learns: an operation already done when its prompt point is awaited is
+        # still only "prompt" to the engine (a schedule's concurrency is its script's, not the model's speed)
+        return {"reached": point, "at": dict(o.at), **({"result": o.result} if point == "done" else {})}
+
     def op_slots(self, _req: dict) -> dict:
         self._need_server()
         return {"slots": [{"id": s.get("id"), "is_processing": bool(s.get("is_processing"))}
@@ -138,6 +209,65 @@ class ServerWorker:
         self._stop()
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def _run_op(self, o: Operation) -> None:
+        try:
+            if o.req["kind"] in ("complete", "cancel"):
+                o.result = self._stream(o)
+            else:
+                o.result = self._slot_action(o.req["kind"], int(o.req.get("slot", 0)), str(o.req.get("file", "x")))
+        except Exception as e:  # noqa: BLE001 - whatever happened is the operation's result, never the thread's end
+            o.result = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            o.mark("prompt")
+            o.mark("done")
+
+    def _stream(self, o: Operation) -> dict:
+        r = o.req
+        body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
+                "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
+                "temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True, "return_tokens": True,
+                "stream": True, "id_slot": int(r.get("slot", -1))}
+        after = int(r["after"]) if r["kind"] == "cancel" else None
+        tokens: list[int] = []
+        top: list[list[list[float]]] = []
+        last: dict[str, Any] = {}
+        rq = urllib.request.Request(self._url("/completion"), data=json.dumps(body).encode(),
+                                    headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(rq, timeout=float(r.get("timeout", 60))) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        return {"error": str(chunk["error"]), "tokens": tokens}
+                    tokens += [int(t) for t in chunk.get("tokens", [])]
+                    top += [[[int(c["id"]), float(c["logprob"])] for c in step.get("top_logprobs", [])]
+                            for step in chunk.get("completion_probabilities", [])]
+                    last = chunk
+                    if tokens:
+                        o.mark("prompt")
+                    if after is not None and len(tokens) >= after:
+                        break  # the client goes away mid-stream: the server must cancel the task and free the slot
+                    if chunk.get("stop"):
+                        break
+        except urllib.error.HTTPError as e:
+            return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}", "tokens": tokens}
+        out = {"tokens": tokens, "top": top, "id_slot": int(last.get("id_slot", r.get("slot", -1)))}
+        if after is None:
+            out["cache_n"] = int(last.get("timings", {}).get("cache_n", 0))
+        return out
+
+    def _slot_action(self, action: str, slot: int, file: str) -> dict:
+        body = {"filename": f"{file}.bin"} if action in ("save", "restore") else {}
+        try:
+            data = self._post(f"/slots/{slot}?action={action}", body, timeout=60)
+        except urllib.error.HTTPError as e:
+            return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"}
+        n = data.get("n_saved", data.get("n_restored", data.get("n_erased", 0)))
+        return {"n_tokens": int(n), "id_slot": slot}
+
     def _complete_one(self, r: dict) -> dict:
         body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
                 "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
@@ -189,6 +319,10 @@ class ServerWorker:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+        self.ops = {}
+        if self.save_dir:
+            shutil.rmtree(self.save_dir, ignore_errors=True)
+            self.save_dir = None
 
 
 def main() -> None:

@@ -1,0 +1,772 @@
+"""`fuzz radix`: llama-server's prompt cache under concurrent operation schedules, as data, explored systematically.
+
+A schedule is K clients, each a short list of operations on one seeded prompt tree — T (the trunk), B0 and B1
+(branches off T), L (a leaf off B0), U (unrelated to all of them) — and an interleaving. Client i always runs on
+slot i. Operations: `cP` complete prompt P with the cache on; `k` continue (the client's last completed prompt, its
+answer and two more tokens: a second turn; after a restore, the conversation as it was saved); `xP` stream P and
+disconnect after two tokens; `s`, `r`, `e` save, restore, erase the client's slot (llama-server's /slots actions).
+
+The interleaving says when each operation arrives relative to the others' progress: a step `B` starts client B's
+next operation now; `Bap` starts it once client A's current operation has streamed its first token (its prompt is
+processed); `Bad` once A's current operation is done. A client's own next operation always waits for its previous
+one. Steps are lazy (a wait appears only right before the start it orders), so two different scripts are two
+different executions, and `interleavings()` yields every one of a schedule's exactly once.
+
+The replay string holds everything: `r1:SEED:TOKENS:TRUNK:OPS/OPS:SCRIPT`, e.g. `r1:0:8:24:cT,s/cT:A.Bap.A` —
+client A completes T and saves its slot, client B completes T once A's T has its first token, then A saves.
+`fuzz radix --replay STRING FIXTURE` runs exactly that on a fresh server.
+
+The oracle, per schedule on a fresh server: every answer token-exact with the cold run of its prompt (a one-slot
+server with the cache off; near-ties as in prefix-cache); a disconnected stream's tokens a prefix of it; prompt
+tokens reused at least what the schedule made reusable (REUSE_POLICY); afterwards every slot idle, the server's
+/metrics consistent with what was sent, and every slot still able to take a prompt filling most of its context.
+A finding is replayed from its string twice more on fresh servers before it is reported, and shrunk (fewer
+clients, fewer operations, a shorter trunk, fewer tokens) under a fixed fingerprint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.configs import check_config
+from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
+from fuzz.prefix_cache import compare
+from fuzz.progress import Progress
+from synth.errors import UserError
+from synth.inspect import inspect_file
+from targets import Target, close_all, open_target
+
+VERSION = "r1"
+PROMPTS = ("T", "B0", "B1", "L", "U")
+STREAMED = ("complete", "continue", "cancel")
+CODES = {"c": "complete", "k": "continue", "x": "cancel", "s": "save", "r": "restore", "e": "erase"}
+CANCEL_AFTER = 2  # a disconnecting client goes away after this many streamed tokens
+TAIL = 2  # tokens a continue adds after the previous answer
+N_CTX_PER_SLOT = 160
+# family-certify's prefix-cache lane: the H1 pair and a second turn; save, disconnect, restore, continue; a prompt
+# moved into the host cache by an unrelated one and asked for again on its slot and on another
+LANE_PLANS = "cT,k/cT,cB0;cT,s,cU,r,k/xB0;cT,cU,cT/cU,cT"
+REUSE_POLICY = ("prompt tokens the server must take from its cache, per request, from what the client's own slot "
+                "holds (its last prompt and answer, or what a restore reported restoring): on a model with only "
+                "full attention, the common prefix (all but one token of an exact repeat); on any model without "
+                "sliding-window layers, all of the slot's tokens when the prompt extends all of them (a second "
+                "turn, a restore then continue); on sliding-window models nothing is promised (llama-server "
+                "re-processes unless --swa-full). Reuse through the host prompt cache (--cache-ram) is counted, "
+                "not promised.")
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # complete | continue | cancel | save | restore | erase
+    prompt: str | None = None  # complete, cancel: one of PROMPTS
+
+    @property
+    def code(self) -> str:
+        letter = next(k for k, v in CODES.items() if v == self.kind)
+        return letter + (self.prompt or "")
+
+    @property
+    def points(self) -> tuple[str, ...]:
+        """The progress an operation reports, in order (a slot action is done at once)."""
+        return ("prompt", "done") if self.kind in STREAMED else ("done",)
+
+
+@dataclass(frozen=True)
+class Step:
+    client: int
+    waits: tuple[tuple[int, str], ...] = ()  # (client, point): that client's current operation reached point
+
+    @property
+    def code(self) -> str:
+        return letter(self.client) + "".join(letter(c).lower() + p[0] for c, p in self.waits)
+
+
+def letter(client: int) -> str:
+    return chr(ord("A") + client)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    tokens: int  # greedy tokens per completion
+    trunk: int  # the trunk's length (branches add trunk // 3, the leaf trunk // 4 more; U is as long as T)
+    clients: tuple[tuple[Op, ...], ...]
+    script: tuple[Step, ...]
+
+    @property
+    def replay(self) -> str:
+        ops = "/".join(",".join(o.code for o in c) for c in self.clients)
+        return ":".join([VERSION, str(self.seed), str(self.tokens), str(self.trunk), ops,
+                         ".".join(s.code for s in self.script)])
+
+    @property
+    def n_ops(self) -> int:
+        return sum(len(c) for c in self.clients)
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        """A replay string back into a schedule; a malformed one is a UserError naming what is wrong."""
+        def bad(why: str) -> UserError:
+            return UserError(f"replay string {text!r}: {why}; write it as {VERSION}:SEED:TOKENS:TRUNK:OPS/OPS:SCRIPT "
+                             "(e.g. r1:0:8:24:cT,s/cT:A.Bap.A)")
+        parts = text.strip().split(":")
+        if len(parts) != 6 or parts[0] != VERSION:
+            raise bad("not six ':'-separated fields starting with " + VERSION)
+        try:
+            seed, tokens, trunk = (int(x) for x in parts[1:4])
+        except ValueError:
+            raise bad("SEED, TOKENS and TRUNK must be integers") from None
+        if tokens < 1 or trunk < 4:
+            raise bad("TOKENS must be at least 1 and TRUNK at least 4")
+        clients = parse_clients(parts[4], bad)
+        steps = []
+        for code in filter(None, parts[5].split(".")):
+            m = re.fullmatch(r"([A-Z])((?:[a-z][pd])*)", code)
+            if not m:
+                raise bad(f"step {code!r} is not a client letter followed by waits like 'ap' or 'bd'")
+            waits = tuple((ord(w[0]) - ord("a"), "prompt" if w[1] == "p" else "done")
+                          for w in re.findall(r"[a-z][pd]", m.group(2)))
+            steps.append(Step(ord(m.group(1)) - ord("A"), waits))
+        sched = cls(seed, tokens, trunk, tuple(clients), tuple(steps))
+        why = sched.problem()
+        if why:
+            raise bad(why)
+        return sched
+
+    def problem(self) -> str | None:
+        """Why this is not a schedule that can run, or None."""
+        if not 1 <= len(self.clients) <= 26 or any(not c for c in self.clients):
+            return "every client needs at least one operation"
+        for i, ops in enumerate(self.clients):
+            done, saved = False, False
+            for o in ops:
+                if o.kind == "continue" and not done:
+                    return f"client {letter(i)} continues before it completed anything"
+                if o.kind == "restore" and not saved:
+                    return f"client {letter(i)} restores before it saved"
+                done = done or o.kind in ("complete", "continue")
+                saved = saved or o.kind == "save"
+        started = [0] * len(self.clients)
+        inflight: list[Op | None] = [None] * len(self.clients)
+        for s in self.script:
+            if not 0 <= s.client < len(self.clients) or started[s.client] >= len(self.clients[s.client]):
+                return f"step {s.code} starts an operation client {letter(s.client)} does not have"
+            for c, point in s.waits:
+                if c == s.client or not 0 <= c < len(self.clients) or inflight[c] is None \
+                        or point not in inflight[c].points:
+                    return f"step {s.code} waits for a client with nothing in flight at that point"
+            inflight[s.client] = self.clients[s.client][started[s.client]]
+            started[s.client] += 1
+        if started != [len(c) for c in self.clients]:
+            return "the script does not start every operation exactly once"
+        return None
+
+
+def parse_clients(text: str, bad: Any) -> tuple[tuple[Op, ...], ...]:
+    """OPS/OPS/...: each client's operations, comma-separated; `bad(why)` makes the error."""
+    clients = []
+    for ops in text.split("/"):
+        row = []
+        for code in filter(None, ops.split(",")):
+            kind = CODES.get(code[:1])
+            prompt = code[1:] or None
+            if kind is None or (kind in ("complete", "cancel")) != (prompt in PROMPTS) or \
+                    (kind not in ("complete", "cancel") and prompt):
+                raise bad(f"operation {code!r} is not one of cP, xP (P in {', '.join(PROMPTS)}), k, s, r, e")
+            row.append(Op(kind, prompt))
+        clients.append(tuple(row))
+    return tuple(clients)
+
+
+def parse_plans(text: str) -> list[tuple[tuple[Op, ...], ...]]:
+    """PLAN;PLAN;...: each the clients' operations (OPS/OPS) whose interleavings are explored."""
+    def bad(why: str) -> UserError:
+        return UserError(f"--plan {text!r}: {why}; write each plan as OPS/OPS (e.g. cT,k/cT,cB0), plans "
+                         "separated by ';'")
+    plans = []
+    for part in filter(None, text.split(";")):
+        clients = parse_clients(part, bad)
+        why = Schedule(0, 1, 4, clients, tuple(next(interleavings(clients), ()))).problem() if all(clients) \
+            else "every client needs at least one operation"
+        if why:
+            raise bad(why)
+        plans.append(clients)
+    return plans
+
+
+# ---- exploration ---------------------------------------------------------------------------------------
+def interleavings(clients: tuple[tuple[Op, ...], ...]) -> Iterator[tuple[Step, ...]]:
+    """Every interleaving of the clients' operations, each exactly once (lazy waits: before each start, how far
+    each other in-flight operation must have got)."""
+    k = len(clients)
+
+    def rec(nxt: tuple[int, ...], seen: tuple[int, ...], steps: tuple[Step, ...]) -> Iterator[tuple[Step, ...]]:
+        # nxt[c]: c's next operation; seen[c]: points observed of c's in-flight operation (-1: none in flight)
+        if all(nxt[c] == len(clients[c]) for c in range(k)):
+            yield steps
+            return
+        for c in range(k):
+            if nxt[c] == len(clients[c]):
+                continue
+            others = [d for d in range(k) if d != c and seen[d] >= 0]
+            ranges = [range(seen[d], len(clients[d][nxt[d] - 1].points) + 1) for d in others]
+            for levels in itertools.product(*ranges):
+                new = list(seen)
+                waits = []
+                for d, lv in zip(others, levels, strict=True):
+                    pts = clients[d][nxt[d] - 1].points
+                    if lv > seen[d]:
+                        waits.append((d, pts[lv - 1]))
+                    new[d] = -1 if lv == len(pts) else lv
+                new[c] = 0
+                yield from rec(tuple(x + (i == c) for i, x in enumerate(nxt)), tuple(new),
+                               (*steps, Step(c, tuple(waits))))
+
+    yield from rec((0,) * k, (-1,) * k, ())
+
+
+def script_of(clients: tuple[tuple[Op, ...], ...], events: list[tuple[int, int]]) -> tuple[Step, ...]:
+    """A total order of events — (client, i): i = 0 its next start, i ≥ 1 its current operation's i-th point —
+    as the lazy script it is the same execution as."""
+    k = len(clients)
+    nxt, seen, told = [0] * k, [-1] * k, [-1] * k  # told: points already in an emitted step
+    steps = []
+    for c, i in events:
+        if i == 0:
+            waits = []
+            for d in range(k):
+                if d != c and seen[d] > told[d] and seen[d] > 0:
+                    waits.append((d, clients[d][nxt[d] - 1].points[seen[d] - 1]))
+            for d in range(k):
+                if d != c and seen[d] >= 0:
+                    told[d] = seen[d]
+            steps.append(Step(c, tuple(waits)))
+            nxt[c] += 1
+            seen[c] = told[c] = 0
+        else:
+            seen[c] = i
+    return tuple(steps)
+
+
+def pct_events(clients: tuple[tuple[Op, ...], ...], rng: np.random.Generator, depth: int = 3) \
+        -> list[tuple[int, int]]:
+    """PCT-style: random client priorities, the highest-priority client with an event left takes the next one,
+    and at depth-1 random points the running client drops to the lowest priority."""
+    k = len(clients)
+    chains = [[(c, i) for op in ops for i in range(len(op.points) + 1)] for c, ops in enumerate(clients)]
+    total = sum(len(ch) for ch in chains)
+    prio = [float(x) for x in rng.permutation(k)]
+    change = set(int(x) for x in rng.choice(max(total, 1), size=min(depth - 1, total), replace=False))
+    pos = [0] * k
+    events = []
+    for n in range(total):
+        c = max((c for c in range(k) if pos[c] < len(chains[c])), key=lambda c: prio[c])
+        events.append(chains[c][pos[c]])
+        pos[c] += 1
+        if n in change:
+            prio[c] = min(prio) - 1
+    return events
+
+
+def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int) -> tuple[tuple[Op, ...], ...]:
+    """Seeded operations per client; client B's first operation completes client A's first prompt (the H1 pair:
+    two slots inserting one prefix) half of the time."""
+    clients = []
+    for c in range(n_clients):
+        ops: list[Op] = []
+        for j in range(n_ops):
+            done = any(o.kind in ("complete", "continue") for o in ops)
+            saved = any(o.kind == "save" for o in ops)
+            choices = ["complete"] * 4 + ["cancel"] + (["continue", "continue", "save"] if done else []) \
+                + (["restore", "restore", "erase"] if saved else [])
+            kind = choices[int(rng.integers(len(choices)))] if j else "complete"
+            prompt = PROMPTS[int(rng.integers(len(PROMPTS)))] if kind in ("complete", "cancel") else None
+            if c > 0 and j == 0 and clients[0][0].prompt and rng.random() < 0.5:
+                prompt = clients[0][0].prompt
+            ops.append(Op(kind, prompt))
+        clients.append(tuple(ops))
+    return tuple(clients)
+
+
+# ---- the prompt tree and the cold reference ------------------------------------------------------------
+def prompt_tree(n_vocab: int, seed: int, trunk: int) -> dict[str, list[int]]:
+    rng = np.random.Generator(np.random.PCG64(seed))
+
+    def toks(n: int) -> list[int]:
+        return [int(x) for x in rng.integers(0, n_vocab, n)]
+
+    t = toks(trunk)
+    p = {"T": t, "B0": t + toks(trunk // 3), "B1": t + toks(trunk // 3)}
+    p["L"] = p["B0"] + toks(max(1, trunk // 4))
+    p["U"] = toks(trunk)
+    p["tail"] = toks(TAIL)
+    return p
+
+
+@dataclass
+class RadixConfig:
+    clients: int = 2
+    ops: int = 2
+    mode: str = "exhaustive"  # exhaustive | pct
+    budget: float = 20.0  # seconds of exploration
+    tokens: int = 8
+    trunk: int = 24
+    replay: str = ""  # one schedule's replay string: run exactly that
+    plan: str = ""  # OPS/OPS[;OPS/OPS]: explore the interleavings of exactly these clients (else random ones)
+    limit: int = 0  # schedules per plan (a seeded sample of its interleavings); 0: as many as the budget allows
+    cache_ram: int = 64
+    seed: int = 0
+    target: str = "llama-server"
+    timeout: float = 60.0
+
+
+@dataclass
+class Run:
+    """One schedule on a fresh server: what each operation returned, and what the oracle found."""
+
+    schedule: Schedule
+    results: list[dict[str, Any]] = field(default_factory=list)  # per operation, in start order
+    findings: list[dict[str, Any]] = field(default_factory=list)  # {kind, op, client, message}
+    reused: int = 0
+    promised: int = 0
+
+    @property
+    def key(self) -> tuple[tuple[str, str], ...]:
+        return tuple((f["kind"], f["op"]) for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replay": self.schedule.replay, "status": FINDING if self.findings else PASS,
+                "reused": self.reused, "promised": self.promised, "ops": self.results,
+                **({"findings": self.findings} if self.findings else {})}
+
+
+class Radix:
+    def __init__(self, fixture: Path, cfg: RadixConfig):
+        check_config(cfg)
+        if cfg.mode not in ("exhaustive", "pct"):
+            raise UserError(f"--mode {cfg.mode!r}: use exhaustive or pct")
+        if cfg.plan:
+            parse_plans(cfg.plan)
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.info = inspect_file(str(self.fixture))
+        self.fixed = Schedule.parse(cfg.replay) if cfg.replay else None
+        kinds = {x.kind for x in self.info.layers}
+        self.swa = any(x.swa for x in self.info.layers)
+        self.full_attention_only = not self.swa and kinds <= {"attention", "mlp"}
+        self.refs: dict[tuple[int, int, int], dict[str, Any]] = {}  # (seed, tokens, trunk) → cold answers
+        self.ref_t: Target | None = None
+        self.ref_key: tuple[int, int, int] | None = None
+        self.srv: Target | None = None
+
+    # ---- the whole run --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.ref_t = open_target("llama-server", timeout=cfg.timeout)  # (a mutant's reference is the real one)
+        self.srv = open_target(cfg.target, timeout=cfg.timeout)
+        t0 = time.perf_counter()
+        runs: list[Run] = []
+        flaky: list[dict[str, Any]] = []
+        found: Run | None = None
+        explored = 0
+        try:
+            for t in (self.ref_t, self.srv):
+                t.start()
+            hello = self.srv.hello()
+            if not hello.ok or not hello.data.get("binary"):
+                raise UserError("no llama-server binary: run scripts/build_llama_server.sh (or set "
+                                "FAMILY_CERTIFY_LLAMA_SERVER) to run the radix lane")
+            with Progress(0 if self.fixed else int(cfg.budget), "s") as progress:
+                for sched in self.schedules():
+                    explored += 1
+                    got = self.run_schedule(sched)
+                    progress.at(int(time.perf_counter() - t0))
+                    progress.working(f"{explored} schedules, {sched.replay}")
+                    if got.findings:
+                        again = [self.run_schedule(sched) for _ in range(2)]  # twice more before it counts
+                        if all(a.key == got.key for a in again):
+                            runs.append(got)
+                            found = got
+                            break
+                        flaky.append({"replay": sched.replay, "first": got.findings,
+                                      "again": [a.findings for a in again]})
+                    runs.append(got)
+                    if self.fixed or time.perf_counter() - t0 > cfg.budget:
+                        break
+        finally:
+            close_all([self.ref_t, self.srv])
+        return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
+                "llama_cpp_commit": hello.data.get("llama_cpp_commit"), "explored": explored,
+                "runs": [r.to_dict() for r in runs], "finding": found.to_dict() if found else None,
+                "flaky": flaky, "reuse_policy": REUSE_POLICY,
+                "timing": {"seconds": round(time.perf_counter() - t0, 3)},
+                "status": FINDING if found else PASS}
+
+    def schedules(self) -> Iterator[Schedule]:
+        cfg = self.cfg
+        if self.fixed:
+            yield self.fixed
+            return
+        rng = np.random.Generator(np.random.PCG64(cfg.seed))
+        seen: set[str] = set()
+        plans = iter(parse_plans(cfg.plan)) if cfg.plan else \
+            (random_clients(rng, cfg.clients, cfg.ops) for _ in range(10_000))
+        for clients in plans:
+            if cfg.mode == "pct":
+                scripts: Iterator[tuple[Step, ...]] = (script_of(clients, pct_events(clients, rng))
+                                                       for _ in range(cfg.limit or 8))
+            elif cfg.limit:  # a seeded sample of the interleavings, each at most once
+                every = list(itertools.islice(interleavings(clients), 100_000))
+                scripts = iter([every[i] for i in rng.permutation(len(every))[:cfg.limit]])
+            else:
+                scripts = interleavings(clients)
+            for script in scripts:
+                s = Schedule(cfg.seed, cfg.tokens, cfg.trunk, clients, script)
+                if s.replay not in seen:
+                    seen.add(s.replay)
+                    yield s
+
+    # ---- one schedule ---------------------------------------------------------------------------------
+    def reference(self, sched: Schedule) -> dict[str, Any]:
+        """The cold answers of the schedule's prompts, on a one-slot server with the cache off (continues are
+        added as they are needed: `grow`)."""
+        key = (sched.seed, sched.tokens, sched.trunk)
+        if key not in self.refs:
+            tree = prompt_tree(self.info.n_vocab, sched.seed, sched.trunk)
+            self._load(self.ref_t, slots=1, cache_ram=0)
+            self.ref_key = key
+            prompts = {n: tree[n] for n in PROMPTS}
+            self.refs[key] = {"prompts": prompts, "answers": self._cold(prompts, sched.tokens),
+                              "tail": tree["tail"], "tokens": sched.tokens}
+        return self.refs[key]
+
+    def grow(self, ref: dict[str, Any], name: str) -> None:
+        """A continue of X is X, X's cold answer and two more tokens: its prompt and cold answer, once."""
+        if name in ref["prompts"]:
+            return
+        self.grow(ref, name[:-1])
+        if self.ref_key != next(k for k, v in self.refs.items() if v is ref):
+            raise RuntimeError("grow: the reference server holds another prompt tree")
+        prompt = ref["prompts"][name[:-1]] + ref["answers"][name[:-1]]["tokens"] + ref["tail"]
+        ref["prompts"][name] = prompt
+        ref["answers"].update(self._cold({name: prompt}, ref["tokens"]))
+
+    def _cold(self, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
+        reqs = [{"prompt": p, "n_predict": tokens, "cache_prompt": False} for p in prompts.values()]
+        r = self.ref_t.call("complete", requests=reqs, concurrent=False)
+        if not r.ok or any("error" in x for x in r.data["results"]):
+            raise UserError(f"{self.fixture}: the uncached reference fails: "
+                            f"{r.failure.message if not r.ok else r.data['results']}")
+        return dict(zip(prompts, r.data["results"], strict=True))
+
+    def _load(self, t: Target, **params: Any) -> None:
+        """A server that refuses the model is bad input; one that aborts loading it (a signal) is a crash of the
+        target under the configuration chosen here: a finding."""
+        r = t.load(str(self.fixture), n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
+        if not r.ok:
+            if "signal" in r.failure.message:
+                raise _Stop("server_crash", f"loading with {params['slots']} slots: {r.failure.message}")
+            raise UserError(f"{self.fixture}: llama-server cannot serve it: {r.failure.message}")
+
+    def run_schedule(self, sched: Schedule) -> Run:
+        ref = self.reference(sched)
+        t = self.srv
+        k = len(sched.clients)
+        run = Run(sched)
+        nxt = [0] * k
+        current: list[str | None] = [None] * k
+        last: list[str | None] = [None] * k  # each client's conversation: its last complete/continue's prompt
+        kept: list[str | None] = [None] * k  # ... as it was at the client's last save (a restore goes back to it)
+        ops: dict[str, dict[str, Any]] = {}
+        try:
+            self._load(t, slots=k, cache_ram=self.cfg.cache_ram)
+            for n, step in enumerate(sched.script):
+                for c, point in step.waits:
+                    self._await(current[c], point, ops)
+                c = step.client
+                if current[c] is not None:
+                    self._await(current[c], "done", ops)
+                op = sched.clients[c][nxt[c]]
+                name = f"{letter(c)}{nxt[c]}"
+                prompt = op.prompt if op.kind in ("complete", "cancel") else \
+                    (f"{last[c]}+" if op.kind == "continue" else None)
+                if op.kind in ("complete", "continue"):
+                    last[c] = prompt
+                elif op.kind == "save":
+                    kept[c] = last[c]
+                elif op.kind == "restore":
+                    last[c] = kept[c]
+                req = {"name": name, "kind": "complete" if op.kind == "continue" else op.kind, "slot": c,
+                       "n_predict": sched.tokens if op.kind != "cancel" else sched.tokens + 24,
+                       "after": CANCEL_AFTER, "file": f"client-{letter(c)}"}
+                if prompt:
+                    self.grow(ref, prompt)
+                    req["prompt"] = ref["prompts"][prompt]
+                r = t.call("submit", **req)
+                if not r.ok:
+                    raise _Stop(r.failure.error_kind, r.failure.message)
+                ops[name] = {"op": op, "client": c, "prompt": prompt, "step": n}
+                current[c] = name
+                nxt[c] += 1
+            for name in current:
+                if name is not None:
+                    self._await(name, "done", ops)
+        except _Stop as e:
+            run.findings.append({"kind": "server-crash" if e.kind == "server_crash" else
+                                 "hung" if e.kind in ("op_timeout", "timeout") else "request-failed",
+                                 "op": "-", "client": None, "message": e.message})
+            return run
+        self._judge(run, ops, ref)
+        if not run.findings:
+            self._after(run, ops, ref)
+        return run
+
+    def _await(self, name: str | None, point: str, ops: dict[str, dict[str, Any]]) -> None:
+        if name is None or "result" in ops[name]:
+            return
+        r = self.srv.call("await", name=name, point=point, timeout=self.cfg.timeout / 2)
+        if not r.ok:
+            raise _Stop(r.failure.error_kind, f"{name} ({ops[name]['op'].code}): {r.failure.message}")
+        if "result" in r.data:
+            ops[name]["result"] = r.data["result"]
+
+    def _judge(self, run: Run, ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
+        """Answers against the cold run; reuse against what the client's slot held."""
+        held: dict[int, list[int] | None] = {}
+        saved: dict[int, list[int] | None] = {}
+        for name, o in sorted(ops.items(), key=lambda kv: kv[1]["step"]):
+            op, c, got = o["op"], o["client"], o["result"]
+            where = f"{name} ({op.code}{'=' + o['prompt'] if op.kind == 'continue' else ''}, slot {c})"
+            run.results.append({"op": name, "code": op.code, **{k: v for k, v in got.items() if k != "top"}})
+            if "error" in got:
+                run.findings.append({"kind": "request-failed", "op": op.kind, "client": c,
+                                     "message": f"{where}: {got['error']}"})
+                continue
+            if op.kind in STREAMED:
+                want = ref["answers"][o["prompt"]]
+                prompt = ref["prompts"][o["prompt"]]
+                if op.kind == "cancel":  # judged as far as it streamed
+                    n = min(len(got["tokens"]), len(want["tokens"]))
+                    want, got = {**want, "tokens": want["tokens"][:n]}, {**got, "tokens": got["tokens"][:n]}
+                why = compare(want, got)
+                if why:
+                    run.findings.append({"kind": "diverged", "op": op.kind, "client": c,
+                                         "message": f"{where}: {why} (cold run: {want['tokens']})"})
+                if op.kind != "cancel":
+                    floor = self.floor(held.get(c, []), prompt)
+                    run.reused += got["cache_n"]
+                    run.promised += floor
+                    if got["cache_n"] < floor:
+                        source = "a restore" if o.get("restored") else "its last answer"
+                        run.findings.append({"kind": "no-reuse", "op": op.kind, "client": c, "message":
+                                             f"{where}: {got['cache_n']} prompt tokens from the cache, but the "
+                                             f"slot held {len(held[c])} tokens (from {source}) of which this "
+                                             f"{len(prompt)}-token prompt extends {floor}"})
+                held[c] = None if op.kind == "cancel" else prompt + want["tokens"][:-1]
+            elif op.kind == "save":
+                saved[c] = held.get(c, [])
+            elif op.kind == "restore":
+                back = saved.get(c)
+                held[c] = back if back is not None and got["n_tokens"] == len(back) else None
+                for later in ops.values():  # the next operation on this slot reads restored tokens
+                    if later["client"] == c and later["step"] > o["step"]:
+                        later["restored"] = True
+                        break
+            elif op.kind == "erase":
+                held[c] = []
+
+    def floor(self, held: list[int] | None, prompt: list[int]) -> int:
+        """REUSE_POLICY: prompt tokens the server must reuse from the slot's own tokens."""
+        if not held or self.swa:
+            return 0
+        lcp = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b),
+                   min(len(held), len(prompt)))
+        if self.full_attention_only:
+            return min(lcp, len(prompt) - 1)
+        return len(held) if lcp == len(held) and len(prompt) > len(held) else 0
+
+    def _after(self, run: Run, ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
+        """Slots idle, /metrics consistent with what was sent, every slot still able to take a long prompt."""
+        t = self.srv
+        busy: list[int] = []
+        cancels = any(o["op"].kind == "cancel" for o in ops.values())
+        for _ in range(50 if cancels else 10):  # a disconnect is noticed at the server's next token: a moment
+            r = t.call("slots")
+            busy = [-1] if not r.ok else [s["id"] for s in r.data["slots"] if s["is_processing"]]
+            if not busy:
+                break
+            time.sleep(0.02)
+        if busy:
+            run.findings.append({"kind": "leaked-slot", "op": "-", "client": None, "message":
+                                 f"slots {busy} still processing after every operation of the schedule finished"})
+            return
+        m = t.call("metrics")
+        if m.ok:
+            msg = metrics_problem(m.data["metrics"], ops, ref)
+            if msg:
+                run.findings.append({"kind": "metrics", "op": "-", "client": None, "message": msg})
+        sched = run.schedule
+        n = N_CTX_PER_SLOT - sched.tokens - 4
+        rng = np.random.Generator(np.random.PCG64(sched.seed + 99))
+        long = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
+        for c in range(len(sched.clients)):
+            r = t.call("submit", name=f"probe{c}", kind="complete", prompt=long, n_predict=2, slot=c,
+                       cache_prompt=False)
+            a = t.call("await", name=f"probe{c}", point="done", timeout=20) if r.ok else r
+            err = a.failure.message if not a.ok else a.data["result"].get("error")
+            if err:
+                run.findings.append({"kind": "capacity", "op": "-", "client": c, "message":
+                                     f"a {n}-token prompt on slot {c} after the schedule: {err}"})
+
+
+class _Stop(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> str | None:
+    """The server's counters against what the schedule sent: prompt tokens processed + reused = every streamed
+    prompt's length; tokens predicted at least what was received and at most what was asked; nothing processing
+    or deferred."""
+    streamed = [o for o in ops.values() if o["op"].kind in STREAMED]
+    sent = sum(len(ref["prompts"][o["prompt"]]) for o in streamed)
+    counted = m.get("llamacpp:prompt_tokens_total", 0) + m.get("llamacpp:prompt_tokens_cached_total", 0)
+    got = sum(len(o["result"].get("tokens", [])) for o in streamed)
+    predicted = m.get("llamacpp:tokens_predicted_total", 0)
+    asked = sum(len(ref["answers"][o["prompt"]]["tokens"]) if o["op"].kind != "cancel" else 10 ** 6
+                for o in streamed)
+    if counted != sent:
+        return f"/metrics counts {counted:g} prompt tokens processed or reused; the schedule sent {sent}"
+    if not got <= predicted <= asked:
+        return f"/metrics counts {predicted:g} tokens predicted; the clients received {got}"
+    if m.get("llamacpp:requests_processing", 0) or m.get("llamacpp:requests_deferred", 0):
+        return "/metrics: requests still processing or deferred after the schedule"
+    return None
+
+
+# ---- shrinking -----------------------------------------------------------------------------------------
+def smaller(sched: Schedule) -> Iterator[Schedule]:
+    """Candidates one step smaller, coarsest first: a client fewer, an operation fewer, a shorter trunk, fewer
+    tokens. Each is a valid schedule (the same script with the removed operation's start and waits dropped)."""
+    def without(c: int, j: int | None) -> Schedule | None:
+        clients, script = [], []
+        idx = [0] * len(sched.clients)
+        for s in sched.script:  # the op each step starts
+            keep = not (s.client == c and (j is None or idx[c] == j))
+            idx[s.client] += 1
+            if keep:
+                script.append(s)
+        for i, ops in enumerate(sched.clients):
+            if i == c:
+                ops = () if j is None else ops[:j] + ops[j + 1:]
+            clients.append(ops)
+        # renumber: drop waits on removed ops (by replaying who is in flight), then remove an empty client
+        if not clients[c]:
+            clients.pop(c)
+            script = [Step(s.client - (s.client > c), tuple((d - (d > c), p) for d, p in s.waits if d != c))
+                      for s in script]
+        out = replace(sched, clients=tuple(clients), script=tuple(_fix_waits(tuple(clients), script)))
+        return out if out.clients and out.problem() is None else None
+
+    for c in range(len(sched.clients)):
+        if len(sched.clients) > 1:
+            cand = without(c, None)
+            if cand:
+                yield cand
+    for c, ops in enumerate(sched.clients):
+        for j in range(len(ops)):
+            cand = without(c, j)
+            if cand:
+                yield cand
+    if sched.trunk > 4:
+        yield replace(sched, trunk=max(4, sched.trunk // 2))
+    if sched.tokens > CANCEL_AFTER + 1:
+        yield replace(sched, tokens=max(CANCEL_AFTER + 1, sched.tokens // 2))
+
+
+def _fix_waits(clients: tuple[tuple[Op, ...], ...], script: list[Step]) -> list[Step]:
+    """Waits kept only where their client still has something in flight with that point."""
+    inflight: list[Op | None] = [None] * len(clients)
+    idx = [0] * len(clients)
+    out = []
+    for s in script:
+        if s.client >= len(clients) or idx[s.client] >= len(clients[s.client]):
+            return script  # not a valid script any more: problem() says so
+        out.append(Step(s.client, tuple((d, p) for d, p in s.waits
+                                        if inflight[d] is not None and p in inflight[d].points and d != s.client)))
+        inflight[s.client] = clients[s.client][idx[s.client]]
+        idx[s.client] += 1
+    return out
+
+
+def config_for(config: dict[str, Any], sched: Schedule) -> dict[str, Any]:
+    """A case config that runs exactly this schedule, its other fields saying the same as the string."""
+    return {**config, "replay": sched.replay, "clients": len(sched.clients),
+            "ops": max(len(c) for c in sched.clients), "tokens": sched.tokens, "trunk": sched.trunk,
+            "seed": sched.seed, "plan": "", "limit": 0}
+
+
+def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
+    if not config.get("replay"):
+        return []
+    return [config_for(config, s) for s in smaller(Schedule.parse(config["replay"]))]
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    cfg = rep["config"]
+    what = f"replay {cfg['replay']}" if cfg["replay"] else f"{cfg['mode']}, " + (
+        f"plans {cfg['plan']}" if cfg["plan"] else f"{cfg['clients']} clients × {cfg['ops']} operations") + (
+        f", {cfg['limit']} schedules per plan" if cfg["limit"] else "") + f", budget {cfg['budget']:g} s"
+    reused = sum(r["reused"] for r in rep["runs"])
+    promised = sum(r["promised"] for r in rep["runs"])
+    lines = [f"radix {rep['fixture']}: arch {rep['arch']}, {what}: {rep['explored']} schedules in "
+             f"{rep['timing']['seconds']:.1f} s; prompt tokens from the cache {reused} (promised {promised})"]
+    for fl in rep["flaky"]:
+        lines.append(f"  not reproduced (not reported): {fl['replay']}: {fl['first'][0]['message']}")
+    f = rep["finding"]
+    if f:
+        lines.append(f"  FINDING (reproduced 3 of 3 runs) {f['replay']}")
+        for x in f["findings"]:
+            lines.append(f"    {x['kind']}: {x['message']}")
+    lines.append(f"{rep['status']}: {1 if f else 0} findings")
+    return "\n".join(lines)
+
+
+# ---- the oracle contract ---------------------------------------------------------------------------------
+def report(fixture: Path, cfg: RadixConfig) -> Report:
+    rx = Radix(fixture, cfg)
+    data = rx.run()
+    data.update(n_layer=rx.info.n_layer, target=cfg.target)
+    findings = []
+    if data["finding"]:
+        f = data["finding"]
+        x = f["findings"][0]
+        status = CRASH if x["kind"] == "server-crash" else TIMEOUT if x["kind"] == "hung" else FINDING
+        where = x["op"] if x["op"] != "-" else "schedule"  # the operation kind, or the whole schedule
+        findings.append(Finding(oracle="radix", status=status, phase=x["kind"], where=where, reproduced=True,
+                                message=f"{x['kind']}: {x['message']} (replay {f['replay']})",
+                                fingerprint={"oracle": "radix", "status": status, "phase": x["kind"],
+                                             "where": where},
+                                detail={"replay": f["replay"], "findings": f["findings"]}))
+    return make_report("radix", fixture, data, results=data["runs"], findings=findings,
+                       extra=("explored", "flaky", "reuse_policy"))
+
+
+def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:
+    """The config that runs exactly the finding's schedule."""
+    return config_for(config, Schedule.parse(f.detail["replay"])) if f.detail.get("replay") else config
+
+
+ORACLE = Oracle(name="radix", config=RadixConfig, run=report, format=lambda rep: format_report(rep.native),
+                replay_of=replay_of, reduce=reduce_config,
+                case_fields=("clients", "ops", "mode", "budget", "tokens", "trunk", "replay", "plan", "limit",
+                             "cache_ram", "seed"))

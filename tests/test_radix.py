@@ -1,0 +1,227 @@
+"""`fuzz radix`: schedules as data (replay strings), every interleaving exactly once, PCT sampling, shrinking — and
+the oracle against a real llama-server built from the pinned source: clean on dense, hybrid, recurrent and
+sliding-window fixtures; slot save → restore → continue equal to the uninterrupted run; both halves of H1 (as
+mutants at the server surface) caught, shrunk and replayed; no llama-server outlives a killed engine."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from fuzz.radix import (
+    LANE_PLANS,
+    Op,
+    Radix,
+    RadixConfig,
+    Schedule,
+    interleavings,
+    parse_plans,
+    pct_events,
+    random_clients,
+    script_of,
+    smaller,
+)
+from fuzz.schemas import validate
+from synth.errors import UserError
+from targets.llama_server_worker import server_binary
+
+from conftest import BIN, run_cli
+
+T, U, SAVE = Op("complete", "T"), Op("complete", "U"), Op("save")
+
+
+def orders(chains):
+    """Every total order of the clients' events that keeps each client's own order (brute force)."""
+    if not any(chains):
+        yield []
+        return
+    for c, chain in enumerate(chains):
+        if chain:
+            for rest in orders([ch[1:] if i == c else ch for i, ch in enumerate(chains)]):
+                yield [chain[0], *rest]
+
+
+@pytest.mark.parametrize("clients,count", [(((T, SAVE), (T, U)), 84), (((T, T), (T, U)), 102),
+                                           (((T,), (T,), (SAVE,)), 78)])
+def test_every_interleaving_exactly_once(clients, count):
+    """The lazy scripts are exactly the distinct executions of all total orders of start/progress events."""
+    scripts = list(interleavings(clients))
+    assert len(scripts) == len(set(scripts)) == count
+    chains = [[(c, i) for op in ops for i in range(len(op.points) + 1)] for c, ops in enumerate(clients)]
+    assert {script_of(clients, e) for e in orders(chains)} == set(scripts)
+    for s in scripts:
+        assert Schedule(0, 8, 24, clients, s).problem() is None
+
+
+def test_replay_strings_round_trip_and_bad_ones_are_one_line_errors():
+    clients = ((T, SAVE), (Op("complete", "T"), Op("cancel", "B0")))
+    for script in list(interleavings(clients))[::7]:
+        s = Schedule(3, 6, 12, clients, script)
+        assert Schedule.parse(s.replay) == s
+    assert Schedule.parse("r1:0:8:24:cT,s/cT:A.Bap.A").script[1].waits == ((0, "prompt"),)
+    for bad in ("r2:0:8:24:cT:A", "r1:0:8:24:cQ:A", "r1:0:8:24:cT/cT:A", "r1:0:8:24:cT:A.A", "r1:0:8:24:r,cT:A.A",
+                "r1:0:8:24:cT/cT:A.Bcd", "r1:0:8:24:k:A", "r1:x:8:24:cT:A", "r1:0:8:2:cT:A"):
+        with pytest.raises(UserError) as e:
+            Schedule.parse(bad)
+        assert "\n" not in str(e.value) and "r1:SEED" in str(e.value)
+    with pytest.raises(UserError):
+        parse_plans("cT,r/cT")
+
+
+def test_pct_and_random_clients_are_seeded_and_valid():
+    clients = random_clients(np.random.default_rng(5), 3, 3)
+    assert clients == random_clients(np.random.default_rng(5), 3, 3)
+    a = [script_of(clients, pct_events(clients, np.random.default_rng(k))) for k in range(20)]
+    assert a == [script_of(clients, pct_events(clients, np.random.default_rng(k))) for k in range(20)]
+    assert len(set(a)) > 10  # PCT spreads over the interleavings
+    for s in a:
+        assert Schedule(0, 8, 24, clients, s).problem() is None
+    for c in clients:
+        assert c[0].kind == "complete"
+
+
+def test_shrinking_candidates_are_valid_and_coarsest_first():
+    s = Schedule.parse("r1:0:8:24:cT,s,r/cT,cB0:A.Bap.A.B.A")
+    cands = list(smaller(s))
+    assert [c.replay for c in cands[:2]] == ["r1:0:8:24:cT,cB0:A.A", "r1:0:8:24:cT,s,r:A.A.A"]
+    assert all(c.problem() is None for c in cands)
+    assert "r1:0:8:24:cT,s/cT,cB0:A.Bap.A.B" in [c.replay for c in cands]  # the restore dropped
+    assert "r1:0:8:24:r/cT,cB0:B.A.B" not in [c.replay for c in cands]  # never a restore without its save
+    assert cands[-2:][0].trunk == 12 and cands[-1].tokens == 4
+
+
+# ---- against the real llama-server ----------------------------------------------------------------------
+FAMILIES = [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}), ("mamba2", {"layers": 4}),
+            ("gemma3", {"layers": 4})]
+
+
+@pytest.fixture(scope="module")
+def binary():
+    path = server_binary()
+    assert path is not None, "llama-server is not built: `make server` builds it (scripts/build_llama_server.sh)"
+    return path
+
+
+@pytest.mark.parametrize("family,knobs", FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.llama
+@pytest.mark.server
+def test_clean_upstream_passes_the_lane_plans(binary, fixtures, family, knobs):
+    rep = Radix(fixtures(family, **knobs), RadixConfig(plan=LANE_PLANS, limit=6, tokens=6)).run()
+    assert rep["status"] == "pass" and not rep["flaky"], rep["finding"] or rep["flaky"]
+    assert rep["explored"] == 18 and len(rep["runs"]) == 18
+    promised = sum(r["promised"] for r in rep["runs"])
+    assert sum(r["reused"] for r in rep["runs"]) >= promised
+    assert (promised == 0) == (family == "gemma3")  # sliding window: nothing promised (REUSE_POLICY)
+
+
+@pytest.mark.parametrize("family,knobs", FAMILIES, ids=[f for f, _ in FAMILIES])
+@pytest.mark.llama
+@pytest.mark.server
+def test_save_restore_continue_equals_the_uninterrupted_run(binary, fixtures, family, knobs):
+    """A completes T, saves, completes U (T leaves the slot), restores, continues T's conversation: the answer is
+    the cold run's, and (not sliding-window) every restored token is reused."""
+    r = Radix(fixtures(family, **knobs), RadixConfig(replay="r1:0:8:24:cT,s,cU,r,k:A.A.A.A.A"))
+    rep = r.run()
+    assert rep["status"] == "pass", rep["finding"]
+    ops = {o["code"]: o for o in rep["runs"][0]["ops"]}
+    assert ops["s"]["n_tokens"] == ops["r"]["n_tokens"] == 24 + 7
+    assert ops["k"]["tokens"] == r.refs[(0, 8, 24)]["answers"]["T+"]["tokens"]
+    assert rep["runs"][0]["promised"] == (0 if family == "gemma3" else 24 + 7)
+    if family != "gemma3":
+        assert ops["k"]["cache_n"] == 24 + 7
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_a_restore_that_reuses_nothing_is_its_own_finding(binary, fixtures):
+    """The cache reports the restore done (31 tokens) and the answer is right, but nothing is reused: no-reuse,
+    not a wrong answer."""
+    rep = Radix(fixtures("llama", layers=4), RadixConfig(replay="r1:0:8:24:cT,s,cU,r,k:A.A.A.A.A",
+                                                         target="mutant:radix-restore-reuses-nothing")).run()
+    (f,) = rep["finding"]["findings"]
+    assert f["kind"] == "no-reuse" and f["op"] == "continue" and "from a restore" in f["message"]
+    assert "0 prompt tokens from the cache" in f["message"] and "extends 31" in f["message"]
+
+
+def test_the_reuse_floor_follows_the_policy(fixtures):
+    held, more = list(range(31)), list(range(31)) + [7, 8]
+    dense = Radix(fixtures("llama", layers=4), RadixConfig())
+    assert dense.floor(held, held[:24]) == 23 and dense.floor(held, more) == 31 and dense.floor([], more) == 0
+    hybrid = Radix(fixtures("qwen3next", layers=4, period=4), RadixConfig())
+    assert hybrid.floor(held, held[:24]) == 0 and hybrid.floor(held, more) == 31
+    swa = Radix(fixtures("gemma3", layers=4), RadixConfig())
+    assert swa.floor(held, more) == 0
+
+
+@pytest.mark.llama
+@pytest.mark.server
+@pytest.mark.parametrize("mutant,shrunk,phase,op", [
+    ("radix-dup-leak", "r1:0:3:4:cU/cU:A.B", "leaked-slot", "schedule"),
+    ("radix-replace-live-borrower", "r1:0:3:4:cU,k/cU:A.A.Bap", "diverged", "continue")])
+def test_both_halves_of_h1_are_caught_shrunk_and_replayed(binary, fixtures, tmp_path, mutant, shrunk, phase, op):
+    fixture = fixtures("llama", layers=4)
+    out = tmp_path / "b"
+    r = run_cli("fuzz", "radix", str(fixture), "--target", f"mutant:{mutant}", "--bundle", str(out),
+                "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    validate(rep, "report")
+    f = rep["findings"][0]
+    assert f["reproduced"] and f["fingerprint"] == {"oracle": "radix", "status": "finding", "phase": phase,
+                                                    "where": op}
+    (bundle,) = out.iterdir()
+    data = json.loads((bundle / "bundle.json").read_text())
+    validate(data, "bundle")
+    assert data["config"]["replay"] == shrunk  # ≤ 2 clients, ≤ 4 operations, trunk 4, 3 tokens
+    s = Schedule.parse(shrunk)
+    assert len(s.clients) == 2 and s.n_ops <= 4
+    assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
+    assert run_cli("fuzz", "replay", str(bundle), "--target", "llama-server").returncode == 0
+    again = run_cli("fuzz", "radix", str(fixture), "--target", f"mutant:{mutant}", "--replay", shrunk)
+    assert again.returncode == 1 and "reproduced 3 of 3" in again.stdout
+    assert run_cli("fuzz", "radix", str(fixture), "--replay", shrunk).returncode == 0
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_interleaving_decides(binary, fixtures):
+    """The same two operations: concurrent (B before A is seen done) leaks on the mutant; in sequence it does not."""
+    fixture = fixtures("llama", layers=4)
+    hit = Radix(fixture, RadixConfig(replay="r1:0:4:8:cT/cT:A.B", target="mutant:radix-dup-leak")).run()
+    miss = Radix(fixture, RadixConfig(replay="r1:0:4:8:cT/cT:A.Bad", target="mutant:radix-dup-leak")).run()
+    assert hit["status"] == "finding" and miss["status"] == "pass"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_no_llama_server_outlives_a_killed_engine(binary, fixtures, tmp_path):
+    fixture = tmp_path / "kill-me.gguf"
+    fixture.write_bytes(fixtures("llama", layers=4).read_bytes())
+    p = subprocess.Popen([str(BIN / "fuzz"), "radix", str(fixture), "--budget", "120"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+
+    def servers() -> list[str]:
+        r = subprocess.run(["pgrep", "-f", f"llama-server -m {fixture}"], capture_output=True, text=True)
+        return r.stdout.split()
+
+    deadline = time.monotonic() + 60
+    while not servers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert servers(), "the engine never started a llama-server"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 10
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not servers(), "a llama-server outlived the engine"
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    for args in (["--replay", "r1:0:8:24:cT:B"], ["--plan", "cT/k"], ["--clients", "0"]):
+        r = run_cli("fuzz", "radix", "llama", *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
