@@ -102,9 +102,12 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         narrowed = oracle.narrow(out.case.config, out.finding)
         if narrowed != out.case.config and keeps(replace(out.case, config=narrowed)):
             out.log.append(", ".join(f"{k} → {v}" for k, v in narrowed.items() if case.config.get(k) != v))
+    tried: list[dict[str, Any]] = []
     while oracle.reduce:  # the oracle's own smaller cases, e.g. a schedule with an operation fewer
         before = out.case.config
-        if not any(keeps(replace(out.case, config=c)) for c in oracle.reduce(before)):
+        fresh = [c for c in oracle.reduce(before) if c not in tried]
+        tried += fresh
+        if not any(keeps(replace(out.case, config=c)) for c in fresh):
             break
         out.log.append(", ".join(f"{k} → {v}" for k, v in out.case.config.items() if before.get(k) != v))
     for key, floor in oracle.shrink:

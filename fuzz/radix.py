@@ -655,8 +655,9 @@ def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: di
 
 # ---- shrinking -----------------------------------------------------------------------------------------
 def smaller(sched: Schedule) -> Iterator[Schedule]:
-    """Candidates one step smaller, coarsest first: a client fewer, an operation fewer, a shorter trunk, fewer
-    tokens. Each is a valid schedule (the same script with the removed operation's start and waits dropped)."""
+    """Candidates one step smaller: a shorter trunk and fewer tokens first (one run each, and they rarely lose a
+    finding), then a client fewer, an operation fewer. Each is a valid schedule (the same script with the removed
+    operation's start and waits dropped), each distinct."""
     def without(c: int, j: int | None) -> Schedule | None:
         clients, script = [], []
         idx = [0] * len(sched.clients)
@@ -677,20 +678,17 @@ def smaller(sched: Schedule) -> Iterator[Schedule]:
         out = replace(sched, clients=tuple(clients), script=tuple(_fix_waits(tuple(clients), script)))
         return out if out.clients and out.problem() is None else None
 
-    for c in range(len(sched.clients)):
-        if len(sched.clients) > 1:
-            cand = without(c, None)
-            if cand:
-                yield cand
-    for c, ops in enumerate(sched.clients):
-        for j in range(len(ops)):
-            cand = without(c, j)
-            if cand:
-                yield cand
     if sched.trunk > 4:
         yield replace(sched, trunk=max(4, sched.trunk // 2))
     if sched.tokens > CANCEL_AFTER + 1:
         yield replace(sched, tokens=max(CANCEL_AFTER + 1, sched.tokens // 2))
+    seen = set()
+    for c, ops in enumerate(sched.clients):
+        for j in (None, *range(len(ops))):  # the whole client, then each of its operations
+            cand = without(c, j) if j is not None or len(sched.clients) > 1 else None
+            if cand and cand.replay not in seen:
+                seen.add(cand.replay)
+                yield cand
 
 
 def _fix_waits(clients: tuple[tuple[Op, ...], ...], script: list[Step]) -> list[Step]:

@@ -21,11 +21,11 @@ def test_there_are_repros():
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])
 def test_repro_bundle_still_reproduces(bundle):
     data = json.loads((bundle / "bundle.json").read_text())
-    assert data["target"].startswith("mutant:") or data["target"] == "llama-cpp"
+    assert data["target"].startswith("mutant:") or data["target"] in ("llama-cpp", "llama-server")
     ok, fp, _ = replay(bundle)
     assert ok, fp
     if data["target"].startswith("mutant:"):  # the bug is the mutant's: the real binary is clean
-        real = "llama-server" if data["oracle"] == "prefix-cache" else "llama-cpp"
+        real = "llama-server" if data["oracle"] in ("prefix-cache", "radix") else "llama-cpp"
         assert run_cli("fuzz", "replay", str(bundle), "--target", real).returncode == 0
     else:  # an upstream finding: the README's list of findings explains it
         assert f"(`{bundle.name}`)" in (ROOT / "README.md").read_text()

@@ -84,14 +84,17 @@ def test_pct_and_random_clients_are_seeded_and_valid():
         assert c[0].kind == "complete"
 
 
-def test_shrinking_candidates_are_valid_and_coarsest_first():
+def test_shrinking_candidates_are_valid_and_distinct():
     s = Schedule.parse("r1:0:8:24:cT,s,r/cT,cB0:A.Bap.A.B.A")
-    cands = list(smaller(s))
-    assert [c.replay for c in cands[:2]] == ["r1:0:8:24:cT,cB0:A.A", "r1:0:8:24:cT,s,r:A.A.A"]
-    assert all(c.problem() is None for c in cands)
-    assert "r1:0:8:24:cT,s/cT,cB0:A.Bap.A.B" in [c.replay for c in cands]  # the restore dropped
-    assert "r1:0:8:24:r/cT,cB0:B.A.B" not in [c.replay for c in cands]  # never a restore without its save
-    assert cands[-2:][0].trunk == 12 and cands[-1].tokens == 4
+    assert [c.replay for c in smaller(s)] == [
+        "r1:0:8:12:cT,s,r/cT,cB0:A.Bap.A.B.A",  # the trunk halved
+        "r1:0:4:24:cT,s,r/cT,cB0:A.Bap.A.B.A",  # the tokens halved
+        "r1:0:8:24:cT,cB0:A.A",  # client A gone (B is A now)
+        "r1:0:8:24:s,r/cT,cB0:B.A.B.A",  # A's T gone, and B's wait on it
+        "r1:0:8:24:cT,s/cT,cB0:A.Bap.A.B",  # A's restore gone (its save cannot go: a restore without a save)
+        "r1:0:8:24:cT,s,r:A.A.A",  # client B gone
+        "r1:0:8:24:cT,s,r/cB0:A.A.B.A",
+        "r1:0:8:24:cT,s,r/cT:A.Bap.A.A"]
 
 
 # ---- against the real llama-server ----------------------------------------------------------------------
