@@ -554,8 +554,9 @@ def aggregate(
     """Merge shards' reports (of `run`, or of `bump`: their verdicts) against the plan from the manifest: fails
     closed (exit 1) when a planned row × lane reported nothing; writes the combined summary.md and junit.xml."""
     m = load_manifest(manifest)
-    selected = m.select(tier, rows)
-    plan = [(r.key, [x for x in r.lanes if not lane or x in lane]) for r in selected]
+    planned = lane_plan(m, tier, rows, lane)  # what run and bump planned: the same selection, checked the same way
+    selected = [r for r, _ in planned]
+    plan = [(r.key, ls) for r, ls in planned]
     bumps = [b for b in map(read_bump, dirs) if b is not None]
     if bumps:  # shards of `family-certify bump`
         if len(bumps) != len(dirs):
@@ -629,7 +630,8 @@ def bump(
     m: Manifest = load_manifest(manifest)
     plan = lane_plan(m, tier, rows, lane)
     t0 = time.perf_counter()
-    builds = {"base": resolve(base, base_patches), "candidate": resolve(candidate or base, patches)}
+    # the environment's build and patch series name what is certified: the candidate, never the base
+    builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
     command = "family-certify bump " + " ".join(sys.argv[2:])
     runs = {}
     for which, b in builds.items():
@@ -640,7 +642,7 @@ def bump(
                                   command=f"{command} ({which})")
         if out is not None:
             write_outputs(out / which, runs[which])
-    activate(resolve("pinned"))
+    activate(resolve("pinned", from_env=False))
     cross = {}
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
             open_target("llama-cpp", env=builds["base"].env()) as ta, \

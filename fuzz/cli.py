@@ -134,12 +134,10 @@ def sweep_cmd(
 
 def build_label(commit: str | None) -> str:
     """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
+    from fuzz.outputs import build_note
     from targets.builds import current_identity
 
-    b = current_identity()
-    spec = "" if b.get("spec") == "pinned" and not b.get("patches") else f" (build {b.get('spec')}" + (
-        f" + {len(b['patches']['files'])} patches" if b.get("patches") else "") + f", tree {b['tree_sha256'][:12]})"
-    return (commit[:9] if commit else "commit unknown") + spec
+    return (commit[:9] if commit else "commit unknown") + build_note(current_identity(), tick="")
 
 
 def use_build(spec: str | None, patches: Path | None) -> None:

@@ -79,14 +79,15 @@ def build_name(b: dict[str, Any]) -> str:
     return str(b.get("key") or b.get("llama_cpp_commit"))
 
 
-def build_note(b: dict[str, Any]) -> str:
-    """The build beyond its commit, for a summary's header: its spec, tree hash and patch series when not pinned."""
+def build_note(b: dict[str, Any], tick: str = "`") -> str:
+    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, tree hash and patch
+    series when not the pinned build."""
     if b.get("spec", "pinned") == "pinned" and not b.get("patches"):
         return ""
-    out = f" (build `{b.get('spec')}`"
-    out += f", tree `{b['tree_sha256'][:12]}`" if b.get("tree_sha256") else ""
+    out = f" (build {tick}{b.get('spec')}{tick}"
+    out += f", tree {tick}{b['tree_sha256'][:12]}{tick}" if b.get("tree_sha256") else ""
     p = b.get("patches")
-    out += f", patches {', '.join(p['files'])} `{p['sha256'][:12]}`" if p else ""
+    out += f", patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}" if p else ""
     return out + ")"
 
 

@@ -262,23 +262,36 @@ def bindings_problems(package: Path) -> list[str]:
 
 
 # ---- resolving a spec into a build -------------------------------------------------------------------------
-def requested(spec: str | None = None, patches: str | Path | None = None) -> tuple[str, Path | None]:
-    """The spec and patch series asked for: the options, else the environment, else pinned."""
+def requested(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True) \
+        -> tuple[str, Path | None]:
+    """The spec and patch series asked for: the options, else (from_env) the environment, else pinned."""
     if os.environ.get("LLAMA_CPP_LIB_PATH"):
         raise UserError(f"LLAMA_CPP_LIB_PATH={os.environ['LLAMA_CPP_LIB_PATH']} would make the bindings load another "
                         "libllama, whose struct layouts nothing here can check (and the capture helper would still "
                         "read the pinned ggml); unset it and pass that build's source tree as --llama-cpp TREE")
-    spec = spec or os.environ.get(ENV) or "pinned"
-    patches = patches or os.environ.get(PATCHES_ENV) or None
+    spec = spec or (os.environ.get(ENV) if from_env else None) or "pinned"
+    patches = patches or (os.environ.get(PATCHES_ENV) if from_env else None) or None
     return spec, Path(patches) if patches else None
 
 
-def resolve(spec: str | None = None, patches: str | Path | None = None) -> Build:
+_RESOLVED: dict[tuple[str, str | None], Build] = {}  # per process: extracting and hashing take seconds
+
+
+def resolve(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True) -> Build:
     """The build a spec names, built now if it is not cached. Bad input (no such version or tree, a patch that does
-    not apply, an API the worker cannot drive) raises UserError before anything is built."""
-    spec, series = requested(spec, patches)
+    not apply, an API the worker cannot drive) raises UserError before anything is built. A bundle's recorded
+    build is resolved with from_env False: the environment's patch series must not apply to it."""
+    spec, series = requested(spec, patches, from_env=from_env)
     if spec == "pinned" and series is None:
         return Build("pinned", pinned_identity())
+    memo = (spec, str(series.resolve()) if series else None)  # (a tree or patch edited mid-run: not expected)
+    if memo in _RESOLVED:
+        return _RESOLVED[memo]
+    _RESOLVED[memo] = b = _resolve(spec, series)
+    return b
+
+
+def _resolve(spec: str, series: Path | None) -> Build:
     files = patch_series(series) if series else []
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
         work = Path(tmp)

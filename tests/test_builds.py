@@ -185,3 +185,26 @@ def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
     assert got["status"] == "ok" and got["cuts"] == [1], got
     assert {k: v["status"] for k, v in got["chains"].items()} == {"base → candidate": "crosses",
                                                                   "candidate → base": "crosses"}
+
+
+def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp_path):
+    """Replaying a bundle made on the pinned build, with FAMILY_CERTIFY_PATCHES set (a canary job's environment),
+    runs the pinned build: the environment names what a command certifies, not what a bundle recorded."""
+    from fuzz.bundle import use_recorded_build
+
+    monkeypatch.setenv(builds.PATCHES_ENV, str(tmp_path / "no-such-series"))
+    with pytest.raises(Exception, match="no-such-series"):
+        builds.resolve("pinned")  # a command would take it (and refuse a series that is not there)
+    try:
+        use_recorded_build({"spec": "pinned", "patches": None}, tmp_path)
+        assert builds.current_identity()["spec"] == "pinned" and not builds.current_identity().get("patches")
+    finally:
+        builds.activate(builds.resolve("pinned", from_env=False))
+
+
+def test_resolve_is_memoized_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(builds, "_resolve", lambda spec, series: calls.append(spec) or builds.Build(spec, {}))
+    monkeypatch.setattr(builds, "_RESOLVED", {})
+    a, b = builds.resolve("pypi:0.0.1"), builds.resolve("pypi:0.0.1")
+    assert a is b and calls == ["pypi:0.0.1"]
