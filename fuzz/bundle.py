@@ -117,33 +117,68 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
                 break
             out.log.append(f"{key} → {smaller}")
 
-    # 2. the model (synthetic fixtures only): drop a leading or a trailing layer while the failure holds
+    # 2. the model (synthetic fixtures only): the layer range bisected (half the leading or trailing layers at
+    # once, then a quarter, ... one), then each width halved, while the failure holds
     spec = spec_of(out.case.fixture)
-    if spec is not None:
-        n = 0
-        while True:
-            progressed = False
-            for drop_first in (True, False):
-                cand = _fewer_layers(out.case, spec, drop_first, workdir / f"shrink-{n}.gguf")
-                n += 1
-                if cand is not None and keeps(cand[0]):
-                    spec = cand[1]
-                    out.log.append(f"dropped the {'first' if drop_first else 'last'} layer → {spec.n_layer} "
-                                   f"layers {spec.pattern}, cuts {out.case.cuts}")
+    if spec is None:
+        return out
+    n = 0
+
+    def attempt(why: str, **change: Any) -> bool:
+        nonlocal spec, n
+        cand = _smaller_model(out.case, spec, workdir / f"shrink-{n}.gguf", **change)
+        n += 1
+        if cand is None or not keeps(cand[0]):
+            return False
+        spec = cand[1]
+        out.log.append(f"{why} → {spec.n_layer} layers {spec.pattern}, cuts {out.case.cuts}" if "drop" in why
+                       else f"{why} → {cand[2]}")
+        return True
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for side in ("first", "last"):
+            k = spec.n_layer // 2
+            while k >= 1:
+                if attempt(f"dropped the {side} {k} layer{'s' if k > 1 else ''}", **{f"drop_{side}": k}):
                     progressed = True
                     break
-            if not progressed:
+                k //= 2
+    for knob, floor in WIDTHS:
+        while True:
+            now = _width(spec, knob)
+            if now is None or now <= floor or not attempt(f"{knob} halved", **{knob: max(floor, now // 2)}):
                 break
     return out
 
 
-def _fewer_layers(case: Case, spec: ModelSpec, drop_first: bool, path: Path) -> tuple[Case, ModelSpec] | None:
-    cuts = [c - 1 for c in case.cuts] if drop_first else list(case.cuts)
-    pattern = spec.pattern[1:] if drop_first else spec.pattern[:-1]
+# the widths the shrinker halves, coarsest first, with floors (synth refuses what a family cannot express)
+WIDTHS = (("embd", 4), ("ff", 2), ("vocab", 8), ("heads", 1), ("experts", 2), ("kv_lora_rank", 2),
+          ("q_lora_rank", 2), ("indexer_top_k", 1))
+
+
+def tensor_types(path: Path) -> set[str]:
+    return {t.type for t in GGUFFile(path).tensors.values()}
+
+
+def _width(spec: ModelSpec, knob: str) -> int | None:
+    field = next(k.spec_field for k in KNOBS if k.name == knob)
+    v = getattr(spec, field)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _smaller_model(case: Case, spec: ModelSpec, path: Path, *, drop_first: int = 0, drop_last: int = 0,
+                   **width: int) -> tuple[Case, ModelSpec, str] | None:
+    """The fixture regenerated from its spec with layers dropped (cuts moved with them) or a width changed; None
+    when that is not a fixture the family can make or the cuts no longer fall inside it."""
+    n = spec.n_layer
+    pattern = spec.pattern[drop_first:n - drop_last]
+    cuts = [c - drop_first for c in case.cuts]
     if not pattern or any(not 0 < c < len(pattern) for c in cuts):
         return None
     fam = get_family(spec.family)
-    kv = spec.n_head_kv[1:] if drop_first else spec.n_head_kv[:-1]
+    kv = spec.n_head_kv[drop_first:n - drop_last]
     given: dict[str, Any] = {k.name: getattr(spec, k.spec_field) for k in KNOBS if k.spec_field}
     if fam.kind == "hybrid" and not fam.parallel_hybrid:
         given["pattern"] = pattern
@@ -151,14 +186,24 @@ def _fewer_layers(case: Case, spec: ModelSpec, drop_first: bool, path: Path) -> 
             given["kv_heads"] = tuple(kv)
     else:
         given["layers"] = len(pattern)
+    if "embd" in width and "head_dim" in given and "head_dim" in fam.knobs:
+        given["head_dim"] = None  # the family's own for the new width
+    given.update(width)
+    if "experts" in width and given.get("experts_used"):
+        given["experts_used"] = min(given["experts_used"], width["experts"])
     # every family takes a dtype: the shrunk fixture keeps the weights' type
     knobs = Knobs(seed=spec.seed, dtype=spec.dtype, **{k: v for k, v in given.items() if k in fam.knobs})
     try:
         new = fam.resolve(knobs)
     except UserError:
         return None
+    if new == spec:
+        return None
     write_fixture(new, path)
-    return replace(case, fixture=path, cuts=cuts), new
+    if width and tensor_types(path) != tensor_types(case.fixture):
+        return None  # narrower than the weights' blocks: tensors that were quantized would stay float
+    what = ", ".join(f"{k} {v}" for k, v in width.items())
+    return replace(case, fixture=path, cuts=cuts), new, what
 
 
 def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case) -> Path:
@@ -309,7 +354,7 @@ def use_recorded_build(build: dict[str, Any], path: Path) -> None:
 
     spec = build.get("spec", "pinned")
     patches = (build.get("patches") or {}).get("dir")
-    b = resolve(spec, patches)  # (the pinned build has no key: nothing to compare)
+    b = resolve(spec, patches, from_env=False)  # (the pinned build has no key: nothing to compare)
     if build.get("key") and b.identity.get("key") != build["key"]:
         raise UserError(f"{path}: made on build {build['key']} of {spec}" + (f" + {patches}" if patches else "")
                         + f"; that now builds as {b.identity.get('key')} (the tree or the patches changed): check "

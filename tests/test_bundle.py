@@ -42,9 +42,13 @@ def test_handoff_finding_bundle(fixtures, tmp_path):
     (bundle,) = list(out.iterdir())
     data = json.loads((bundle / "bundle.json").read_text())
     assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
-    # shrunk to the B1 shape itself: recurrent, attention-first stage, recurrent (cut 1), a 3-token prompt, 1 step
+    # shrunk to the B1 shape itself: recurrent, attention-first stage, recurrent (cut 1), a 3-token prompt, 1 step —
+    # and to the smallest width where it holds: embd 8, 2 heads, ff 2, vocab 8 (from 32, 4, 64, 64)
     assert (data["spec"]["pattern"], data["cuts"]) == ("RAR", [1])
     assert (data["config"]["prompt_len"], data["config"]["tokens"]) == (3, 1)
+    spec = data["spec"]
+    assert (spec["n_embd"], spec["n_head"], spec["n_ff"], spec["n_vocab"]) == (8, 2, 2, 8)
+    assert (bundle / "fixture.gguf").stat().st_size <= 16 * 1024
     readme = (bundle / "README.md").read_text()
     assert "first graph node whose bits differ: `cache_r_l" in readme, readme  # the recurrent state cache
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1

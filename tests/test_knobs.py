@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from fuzz.bundle import Case, _fewer_layers
+from fuzz.bundle import Case, _smaller_model
 from synth.cli import make
 from synth.families import get_family
 from synth.manifest import RECIPE_KNOBS
@@ -25,13 +25,22 @@ def test_the_cli_the_manifest_and_the_dataclass_speak_the_table():
 def test_a_fixture_re_made_with_one_layer_fewer_keeps_every_other_knob(tmp_path):
     spec = get_family("deepseek2").resolve(Knobs(layers=4, q_lora_rank=8, kv_lora_rank=16, experts=4, embd=48))
     case = Case("sweep", tmp_path / "x.gguf", [2], {}, "llama-cpp")
-    made = _fewer_layers(case, spec, True, tmp_path / "y.gguf")
+    made = _smaller_model(case, spec, tmp_path / "y.gguf", drop_first=1)
     assert made is not None
-    new_case, new = made
+    new_case, new, _ = made
     assert new_case.cuts == [1] and new.n_layer == 3
     for k in KNOBS:
         if k.spec_field:
             assert getattr(new, k.spec_field) == getattr(spec, k.spec_field), k.name
+    # a width halved: that knob alone changes (MLA's head dim is its own: it stays)
+    _, narrow, what = _smaller_model(case, spec, tmp_path / "z.gguf", embd=24)
+    assert what == "embd 24" and narrow.n_embd == 24 and narrow.head_dim == spec.head_dim == 16
+    assert [getattr(narrow, k.spec_field) == getattr(spec, k.spec_field) for k in KNOBS if k.spec_field] == \
+        [k.name != "embd" for k in KNOBS if k.spec_field]
+    llama = get_family("llama").resolve(Knobs(layers=2, embd=32, heads=4))
+    _, half, _ = _smaller_model(Case("sweep", case.fixture, [1], {}, "llama-cpp"), llama, tmp_path / "v.gguf", embd=16)
+    assert (half.n_embd, half.head_dim) == (16, 4)  # a derived head dim follows the width
+    assert _smaller_model(case, spec, tmp_path / "w.gguf", drop_first=2) is None  # the cut would leave the model
 
 
 @pytest.mark.parametrize("knob", [k.name for k in KNOBS if k.name not in get_family("mamba").knobs | {"dtype"}])

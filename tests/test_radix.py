@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fuzz.radix import (
     LANE_PLANS,
@@ -97,6 +99,19 @@ def test_shrinking_candidates_are_valid_and_distinct():
         "r1:0:8:24:cT,s,r/cT:A.Bap.A.A"]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(0, 2 ** 16), st.integers(4, 40), st.integers(1, 12))
+def test_any_schedule_replays_from_its_string_and_shrinks_to_valid_ones(n_clients, n_ops, seed, trunk, tokens):
+    rng = np.random.default_rng(seed)
+    clients = random_clients(rng, n_clients, n_ops)
+    s = Schedule(seed, tokens, trunk, clients, script_of(clients, pct_events(clients, rng)))
+    assert s.problem() is None and Schedule.parse(s.replay) == s
+    for c in smaller(s):
+        assert c.problem() is None and Schedule.parse(c.replay) == c
+        smaller_by = [a - b for a, b in zip((s.n_ops, s.trunk, s.tokens), (c.n_ops, c.trunk, c.tokens), strict=True)]
+        assert min(smaller_by) >= 0 and max(smaller_by) > 0  # smaller in one dimension, larger in none
+
+
 # ---- against the real llama-server ----------------------------------------------------------------------
 FAMILIES = [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}), ("mamba2", {"layers": 4}),
             ("gemma3", {"layers": 4})]
@@ -158,6 +173,31 @@ def test_the_reuse_floor_follows_the_policy(fixtures):
     assert hybrid.floor(held, held[:24]) == 0 and hybrid.floor(held, more) == 31
     swa = Radix(fixtures("gemma3", layers=4), RadixConfig())
     assert swa.floor(held, more) == 0
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_host_prompt_cache_path_is_exercised(binary, fixtures):
+    """T moved out of slot A by U (into the host cache, --cache-ram), then asked for again on slot A: its answer is
+    the cold run's, taken from the cache. On slot B (which holds U) it may come from the cache too: whether slot A
+    was saved there again depends on whether A was released before B's request arrived — so it is counted, never
+    promised (REUSE_POLICY); the answer is judged either way."""
+    rep = Radix(fixtures("llama", layers=4), RadixConfig(replay="r1:0:8:24:cT,cU,cT/cU,cT:A.A.A.B.B")).run()
+    assert rep["status"] == "pass", rep["finding"]
+    reused = [(o["op"], o["cache_n"]) for o in rep["runs"][0]["ops"]]
+    assert reused[:4] == [("A0", 0), ("A1", 0), ("A2", 23), ("B0", 0)] and reused[4] in (("B1", 0), ("B1", 23))
+    assert rep["runs"][0]["promised"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+@pytest.mark.server
+@pytest.mark.parametrize("family,knobs", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_pct_exploration_of_three_clients_is_clean(binary, fixtures, family, knobs):
+    """The nightly's longer exploration: 3 clients × 3 random operations, PCT-sampled, 20 s per family."""
+    rep = Radix(fixtures(family, **knobs), RadixConfig(clients=3, ops=3, mode="pct", budget=20)).run()
+    assert rep["status"] == "pass" and not rep["flaky"], rep["finding"] or rep["flaky"]
+    assert rep["explored"] >= 50
 
 
 @pytest.mark.llama
