@@ -390,15 +390,16 @@ class Radix:
                     got = self.run_schedule(sched)
                     progress.at(int(time.perf_counter() - t0))
                     progress.working(f"{explored} schedules, {sched.replay}")
-                    if got.findings:
-                        again = [self.run_schedule(sched) for _ in range(2)]  # twice more before it counts
+                    if got.findings:  # twice more, from its replay string alone, before it counts
+                        again = [self.run_schedule(Schedule.parse(sched.replay)) for _ in range(2)]
                         if all(a.key == got.key for a in again):
                             runs.append(got)
                             found = got
                             break
                         flaky.append({"replay": sched.replay, "first": got.findings,
                                       "again": [a.findings for a in again]})
-                    runs.append(got)
+                    else:
+                        runs.append(got)
                     if self.fixed or time.perf_counter() - t0 > cfg.budget:
                         break
         finally:

@@ -44,12 +44,16 @@ def server_binary() -> Path | None:
     return path if path.is_file() else None
 
 
+try:  # looked up here, not in the forked child (where a lock another thread held could stay held)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the process group still takes the server along with a killed worker
+    _PRCTL = None
+
+
 def die_with_parent() -> None:
     """In the child before exec: SIGKILL when the worker that started it dies, however it dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 POINTS = ("prompt", "done")  # the progress an operation reports, in order (a slot action has only "done")
