@@ -17,19 +17,20 @@ from pathlib import Path
 from fuzz.bundle import bundle_findings
 from fuzz.oracles import get_oracle
 from synth.make import resolve, write_fixture
+from synth.manifest import load_manifest
 from synth.spec import Knobs
 
 GOAL_KB, GOAL_S = 64, 20.0
 
-# mutant: (oracle, family, knobs, config fields) — a large fixture where the mutant is caught
+# mutant: (oracle, family or row:ROW, knobs, config fields) — a large fixture where the mutant is caught
 CASES = {
     "b1-first-layer-probe": ("handoff", "jamba", {"layers": 24, "period": 4}, {"cuts": "2", "modes": ("full",)}),
     "b4-kidx-not-exported": ("handoff", "deepseek32", {"layers": 8}, {"cuts": "2", "modes": ("full",)}),
-    "b5-uniform-kv-rows": ("handoff", "laguna", {"layers": 8}, {"cuts": "2", "modes": ("full",)}),
+    "b5-uniform-kv-rows": ("handoff", "row:laguna", {}, {"cuts": "all", "modes": ("full",)}),  # its uneven K/V
     "batched-rows-swapped": ("sweep", "qwen3next", {"layers": 16, "period": 4}, {"cuts": "3"}),
     "seq-leak": ("isolation", "llama", {"layers": 12}, {}),
     "rollback-zeroed": ("handoff", "jamba", {"layers": 12, "period": 4}, {"cuts": "2", "modes": ("partial",)}),
-    "wire-f16-truncated": ("sweep", "qwen3next", {"layers": 12, "period": 4}, {"cuts": "3", "wire": "f16"}),
+    "wire-f16-truncated": ("wire", "qwen3next", {"layers": 12, "period": 4}, {"cuts": "3", "wire": "f16"}),
     "radix-dup-leak": ("radix", "llama", {"layers": 8}, {}),
     "radix-replace-live-borrower": ("radix", "llama", {"layers": 8}, {}),
 }
@@ -44,15 +45,17 @@ def main() -> None:
         for mutant, (oracle_name, family, knobs, fields) in CASES.items():
             if args.only and mutant not in args.only:
                 continue
-            fixture = Path(d) / f"{family}-{mutant}.gguf"
-            write_fixture(resolve(family, Knobs(**knobs)), fixture)
+            fixture = Path(d) / f"{family.replace(':', '-')}-{mutant}.gguf"
+            spec = load_manifest(None).row(family[4:]).spec() if family.startswith("row:") else \
+                resolve(family, Knobs(**knobs))
+            write_fixture(spec, fixture)
             oracle = get_oracle(oracle_name)
             cfg = oracle.config(**fields, target=f"mutant:{mutant}")
             t0 = time.perf_counter()
             rep = oracle.run(fixture, cfg)
             found = time.perf_counter() - t0
             if not rep.findings:
-                rows.append((mutant, "NOT FOUND", found, 0.0, 0, "", 0))
+                rows.append((mutant, "NOT FOUND (no finding to shrink)", found, 0.0, 0, 0, 0.0))
                 continue
             t1 = time.perf_counter()
             (bundle, *_) = bundle_findings(rep, oracle.case_config(cfg), Path(d) / "bundles", max_bundles=1)

@@ -182,10 +182,10 @@ def _smaller_model(case: Case, spec: ModelSpec, path: Path, *, drop_first: int =
     given: dict[str, Any] = {k.name: getattr(spec, k.spec_field) for k in KNOBS if k.spec_field}
     if fam.kind == "hybrid" and not fam.parallel_hybrid:
         given["pattern"] = pattern
-        if fam.per_layer_kv:
-            given["kv_heads"] = tuple(kv)
     else:
         given["layers"] = len(pattern)
+    if fam.per_layer_kv:  # uneven K/V widths (what B5 needs) stay uneven
+        given["kv_heads"] = tuple(kv)
     if "embd" in width and "head_dim" in given and "head_dim" in fam.knobs:
         given["head_dim"] = None  # the family's own for the new width
     given.update(width)

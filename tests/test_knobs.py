@@ -9,6 +9,7 @@ import pytest
 from fuzz.bundle import Case, _smaller_model
 from synth.cli import make
 from synth.families import get_family
+from synth.make import write_fixture
 from synth.manifest import RECIPE_KNOBS
 from synth.spec import FLAG, KNOB, KNOBS, Knobs, ModelSpec
 
@@ -25,6 +26,7 @@ def test_the_cli_the_manifest_and_the_dataclass_speak_the_table():
 def test_a_fixture_re_made_with_one_layer_fewer_keeps_every_other_knob(tmp_path):
     spec = get_family("deepseek2").resolve(Knobs(layers=4, q_lora_rank=8, kv_lora_rank=16, experts=4, embd=48))
     case = Case("sweep", tmp_path / "x.gguf", [2], {}, "llama-cpp")
+    write_fixture(spec, case.fixture)
     made = _smaller_model(case, spec, tmp_path / "y.gguf", drop_first=1)
     assert made is not None
     new_case, new, _ = made
@@ -38,7 +40,9 @@ def test_a_fixture_re_made_with_one_layer_fewer_keeps_every_other_knob(tmp_path)
     assert [getattr(narrow, k.spec_field) == getattr(spec, k.spec_field) for k in KNOBS if k.spec_field] == \
         [k.name != "embd" for k in KNOBS if k.spec_field]
     llama = get_family("llama").resolve(Knobs(layers=2, embd=32, heads=4))
-    _, half, _ = _smaller_model(Case("sweep", case.fixture, [1], {}, "llama-cpp"), llama, tmp_path / "v.gguf", embd=16)
+    write_fixture(llama, tmp_path / "u.gguf")
+    _, half, _ = _smaller_model(Case("sweep", tmp_path / "u.gguf", [1], {}, "llama-cpp"), llama, tmp_path / "v.gguf",
+                                embd=16)
     assert (half.n_embd, half.head_dim) == (16, 4)  # a derived head dim follows the width
     assert _smaller_model(case, spec, tmp_path / "w.gguf", drop_first=2) is None  # the cut would leave the model
 
@@ -50,3 +54,11 @@ def test_a_knob_a_family_cannot_express_is_refused_naming_its_flag(knob):
     with pytest.raises(Exception) as e:
         fam.resolve(Knobs(**{knob: value}))
     assert FLAG[knob] in str(e.value) and "it supports:" in str(e.value)
+
+
+def test_uneven_kv_widths_survive_a_dropped_layer(tmp_path):
+    """B5 needs uneven K/V widths: a dense family that has them (laguna) keeps them when the shrinker drops a layer."""
+    spec = get_family("laguna").resolve(Knobs(layers=4, kv_heads=(1, 2, 4, 2)))
+    _, new, _ = _smaller_model(Case("handoff", tmp_path / "x.gguf", [2], {}, "llama-cpp"), spec,
+                               tmp_path / "y.gguf", drop_first=1)
+    assert new.n_head_kv == (2, 4, 2)
