@@ -364,7 +364,6 @@ class Radix:
         self.full_attention_only = not self.swa and kinds <= {"attention", "mlp"}
         self.refs: dict[tuple[int, int, int], dict[str, Any]] = {}  # (seed, tokens, trunk) → cold answers
         self.ref_t: Target | None = None
-        self.ref_key: tuple[int, int, int] | None = None
         self.srv: Target | None = None
 
     # ---- the whole run --------------------------------------------------------------------------------
@@ -442,8 +441,8 @@ class Radix:
         key = (sched.seed, sched.tokens, sched.trunk)
         if key not in self.refs:
             tree = prompt_tree(self.info.n_vocab, sched.seed, sched.trunk)
-            self._load(self.ref_t, slots=1, cache_ram=0)
-            self.ref_key = key
+            if not self.refs:
+                self._load(self.ref_t, slots=1, cache_ram=0)
             prompts = {n: tree[n] for n in PROMPTS}
             self.refs[key] = {"prompts": prompts, "answers": self._cold(prompts, sched.tokens),
                               "tail": tree["tail"], "tokens": sched.tokens}
@@ -454,8 +453,6 @@ class Radix:
         if name in ref["prompts"]:
             return
         self.grow(ref, name[:-1])
-        if self.ref_key != next(k for k, v in self.refs.items() if v is ref):
-            raise RuntimeError("grow: the reference server holds another prompt tree")
         prompt = ref["prompts"][name[:-1]] + ref["answers"][name[:-1]]["tokens"] + ref["tail"]
         ref["prompts"][name] = prompt
         ref["answers"].update(self._cold({name: prompt}, ref["tokens"]))
@@ -478,7 +475,6 @@ class Radix:
             raise UserError(f"{self.fixture}: llama-server cannot serve it: {r.failure.message}")
 
     def run_schedule(self, sched: Schedule) -> Run:
-        ref = self.reference(sched)
         t = self.srv
         k = len(sched.clients)
         run = Run(sched)
@@ -487,7 +483,9 @@ class Radix:
         last: list[str | None] = [None] * k  # each client's conversation: its last complete/continue's prompt
         kept: list[str | None] = [None] * k  # ... as it was at the client's last save (a restore goes back to it)
         ops: dict[str, dict[str, Any]] = {}
+        ref: dict[str, Any] = {}
         try:
+            ref = self.reference(sched)  # (a one-slot server that aborts loading: a crash finding too)
             self._load(t, slots=k, cache_ram=self.cfg.cache_ram)
             for n, step in enumerate(sched.script):
                 for c, point in step.waits:
