@@ -352,6 +352,55 @@ def radix_cmd(
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
+@app.command("campaign")
+def campaign_cmd(
+    budget: Annotated[str, Opt(help="how long: 90s, 10m, 1h30m")] = "10m",
+    out: Annotated[Path, Opt(help="the campaign's directory (state, bundles/, summary.md); rerun to resume")] =
+        Path("campaign"),
+    family: Annotated[list[str] | None, Opt(help="only these families (repeatable)")] = None,
+    oracle: Annotated[list[str] | None, Opt(help="only these oracles (repeatable; default: all)")] = None,
+    target: Annotated[str, Opt(help="llama-cpp, or a mutant (to see a campaign find it)")] = "llama-cpp",
+    shard: Annotated[str, Opt(help="I/N: this job's share of the campaign (cases i with i % N == I)")] = "0/1",
+    seed: Annotated[int, Opt(help="the campaign's seed: case i is a function of (seed, i)")] = 0,
+    cases: Annotated[int, Opt(help="stop after this many more cases, even within the budget (0: the budget "
+                                   "decides)")] = 0,
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+) -> int:
+    """Random legal specs × oracles × their configurations until the budget is spent; each finding reproduced,
+    deduplicated by family and fingerprint, shrunk and bundled once; resumable (same --out) and shardable. Exit 1
+    while the campaign holds a finding."""
+    from fuzz import campaign as cp
+    from targets.llama_server_worker import server_binary
+
+    seconds = cp.parse_budget(budget)
+    oracles = oracle
+    if not oracles and server_binary() is None:
+        oracles = [o for o in cp.ORACLES if o != "radix"]
+        print("skipped: radix (no llama-server binary: make server)")
+    use_build(llama_cpp, patches)
+    c = cp.Campaign(out, families=family, oracles=oracles, target=target, seed=seed, shard=cp.parse_shard(shard))
+    if cases < 0:
+        raise UserError(f"--cases {cases}: must be 0 or more")
+    st = c.run(seconds, cases)
+    print(cp.summary_text(st), end="")
+    print(f"wrote {out}/summary.md, {out}/{cp.STATE}")
+    return cp.exit_code(st)
+
+
+@app.command("campaign-merge")
+def campaign_merge_cmd(
+    out: Annotated[Path, typer.Argument(help="the merged campaign's directory")],
+    dirs: Annotated[list[Path], typer.Argument(help="shards' campaign directories")],
+) -> int:
+    """Shards of one campaign (`fuzz campaign --shard I/N`) as one directory: counts summed, each finding once."""
+    from fuzz import campaign as cp
+
+    st = cp.merge(out, dirs)
+    print(cp.summary_text(st), end="")
+    return cp.exit_code(st)
+
+
 @app.command("inputs")
 def inputs_cmd(
     kind: Annotated[str, typer.Argument(help="gguf, manifest, bundle or package: which input of this toolkit to fuzz")],

@@ -506,8 +506,11 @@ class Runner:
         if action in ("actions/checkout", "actions/setup-python"):
             return Step(name, "uses", log="(simulated: the clone is the workspace; python3 is on PATH)")
         if action == "actions/cache":
+            if str(args.get("path", "")).startswith("campaign/") and args.get("key") and args.get("restore-keys"):
+                return Step(name, "uses", log=f"(simulated: cache miss for {args['key']}: a first night)")
             if args.get("path") != "~/.cache/family-certify" or not args.get("key"):
-                raise Unknown(f"actions/cache with {args}: only ~/.cache/family-certify with a key is modelled")
+                raise Unknown(f"actions/cache with {args}: only ~/.cache/family-certify with a key (and a "
+                              "campaign directory restored by prefix) is modelled")
             return Step(name, "uses", log=f"(simulated: cache hit on {self.real_cache} for key {args['key']})")
         if action == "actions/upload-artifact":
             art, src = str(args["name"]), self.repo / os.path.expanduser(str(args["path"]))
@@ -547,7 +550,7 @@ class Runner:
 # what the tests choose: one small row, the inputs a dispatcher would give
 INPUTS = {
     "family-certify.yml": {"tier": "1", "target": "llama-cpp", "shards": "4"},
-    "nightly.yml": {"examples": "60", "rows": "llama"},
+    "nightly.yml": {"examples": "60", "rows": "llama", "campaign": "20s"},
     "ci.yml": {},
     # the canary on the pinned tree as is: every step runs as committed, with nothing to compile (a real candidate
     # build and patch series: tests/test_bump.py, slow)
@@ -592,7 +595,8 @@ def job(ci: Runner, workflow: str, job_id: str) -> Job:
     needs = wf["jobs"][job_id].get("needs", [])
     for n in [needs] if isinstance(needs, str) else needs:
         job(ci, workflow, n)
-    return ci.run(workflow, job_id, INPUTS[workflow], SHARD if job_id in ("certify", "bump") else None)
+    matrix = SHARD if job_id in ("certify", "bump") else {"shard": 0} if job_id == "campaign" else None
+    return ci.run(workflow, job_id, INPUTS[workflow], matrix)
 
 
 def assert_compiled_nothing(j: Job, ci: Runner) -> None:
@@ -704,6 +708,24 @@ def test_nightly_determinism_runs_the_chosen_rows(ci):
     d = assert_consumer(j, ci, "out/determinism")
     report = json.loads((d / "report.json").read_text())
     assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", "determinism")}, report["results"]
+
+
+@executes
+def test_nightly_campaign_runs_a_shard_and_the_merge_publishes_it(ci):
+    """The campaign job (matrix shard 0 of 2, a 20-second budget from the dispatch input) starts from an empty
+    cache, runs only its shard's cases and uploads its directory; the merge job downloads the shards, merges them
+    and writes the step summary. Clean upstream: exit 0 unless a case found something."""
+    j = job(ci, "nightly.yml", "campaign")
+    d = ci.artifacts["nightly.yml"]["campaign-shard-0"]
+    st = json.loads((d / "campaign.json").read_text())
+    assert st["params"]["shard"] == [0, 2] and st["cases"] >= 1 and all(i % 2 == 0 for i in st["case_ids"])
+    assert j.ok == (not st["findings"]), j.why()
+    assert_compiled_nothing(j, ci)
+    m = job(ci, "nightly.yml", "campaign-merge")
+    assert m.ok == (not st["findings"]), m.why()
+    merged = ci.artifacts["nightly.yml"]["campaign"]
+    assert json.loads((merged / "campaign.json").read_text())["cases"] == st["cases"]
+    assert "fuzz campaign" in m.summary
 
 
 @executes

@@ -1,0 +1,74 @@
+"""`fuzz campaign`: case i is a function of (seed, i); a campaign finds a mutant's bug, bundles each fingerprint
+once, resumes where it stopped without bundling anything twice; shards split the cases and merge."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fuzz.campaign import merge, parse_budget, parse_shard
+from synth.errors import UserError
+from synth.strategies import random_spec
+
+from conftest import run_cli
+
+
+def test_budgets_and_shards_parse_or_are_refused():
+    assert [parse_budget(x) for x in ("90", "90s", "10m", "1h30m", "1.5")] == [90, 90, 600, 5400, 1.5]
+    assert parse_shard("1/4") == (1, 4)
+    for bad in ("", "ten", "5x"):
+        with pytest.raises(UserError):
+            parse_budget(bad)
+    for bad in ("4/4", "1", "a/b"):
+        with pytest.raises(UserError):
+            parse_shard(bad)
+
+
+def test_a_case_is_a_function_of_seed_and_index():
+    draw = [random_spec(np.random.Generator(np.random.PCG64([7, i])), None, 8) for i in range(30)]
+    again = [random_spec(np.random.Generator(np.random.PCG64([7, i])), None, 8) for i in range(30)]
+    assert draw == again and sum(s is not None for s in draw) >= 27
+    assert len({s.family for s in draw if s}) >= 8  # spread over the families
+
+
+@pytest.mark.llama
+def test_a_campaign_finds_bundles_once_and_resumes(tmp_path):
+    out = tmp_path / "c"
+    args = ["campaign", "--out", str(out), "--family", "jamba", "--oracle", "handoff", "--target",
+            "mutant:b1-first-layer-probe", "--budget", "10m"]
+    first = run_cli("fuzz", *args, "--cases", "6")
+    assert first.returncode == 1, first.stdout + first.stderr
+    st = json.loads((out / "campaign.json").read_text())
+    assert st["cases"] == 6 and st["findings"], st
+    keys = [json.dumps(f["key"], sort_keys=True) for f in st["findings"]]
+    assert len(keys) == len(set(keys))
+    bundles = sorted(p.name for p in (out / "bundles").iterdir())
+    assert len(bundles) == len(st["findings"])
+    assert run_cli("fuzz", "replay", str(out / st["findings"][0]["bundle"])).returncode == 1
+    second = run_cli("fuzz", *args, "--cases", "4")
+    st2 = json.loads((out / "campaign.json").read_text())
+    assert st2["cases"] == 10 and st2["case_ids"][:6] == st["case_ids"] and min(st2["case_ids"][6:]) > \
+        max(st["case_ids"])  # continued after the last case, never re-ran one
+    keys2 = [json.dumps(f["key"], sort_keys=True) for f in st2["findings"]]
+    assert keys2[:len(keys)] == keys and len(keys2) == len(set(keys2))
+    assert len(list((out / "bundles").iterdir())) == len(st2["findings"])  # nothing bundled twice
+    assert "Findings (" in (out / "summary.md").read_text() and second.returncode == 1
+    other = run_cli("fuzz", "campaign", "--out", str(out), "--seed", "3", "--cases", "1")
+    assert other.returncode == 2 and "other parameters" in other.stderr and len(other.stderr.splitlines()) == 1
+
+
+@pytest.mark.llama
+def test_shards_split_the_cases_and_merge(tmp_path):
+    dirs = []
+    for i in range(2):
+        d = tmp_path / f"s{i}"
+        r = run_cli("fuzz", "campaign", "--out", str(d), "--shard", f"{i}/2", "--cases", "3", "--oracle", "sweep",
+                    "--oracle", "isolation", "--budget", "10m")
+        assert r.returncode == 0, r.stdout + r.stderr
+        dirs.append(d)
+    ids = [json.loads((d / "campaign.json").read_text())["case_ids"] for d in dirs]
+    assert all(i % 2 == 0 for i in ids[0]) and all(i % 2 == 1 for i in ids[1])
+    st = merge(tmp_path / "all", dirs)
+    assert st["cases"] == 6 and sorted(st["case_ids"]) == sorted(ids[0] + ids[1])
+    with pytest.raises(UserError):
+        merge(tmp_path / "twice", [dirs[0], dirs[0]])
