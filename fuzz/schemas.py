@@ -168,6 +168,32 @@ BUMP = {
         "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]}}}
 
 
+COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+CAMPAIGN = {
+    "type": "object", "description": "a fuzz campaign's state (DIR/campaign.json; campaign-merge writes one too)",
+    "required": ["schema", "params", "next_case", "cases", "refused", "seconds", "runs", "specs", "statuses",
+                 "findings"],
+    "properties": {
+        "schema": {"const": 1},
+        "params": {"type": "object", "required": ["families", "oracles", "target", "seed", "shard"], "properties": {
+            "families": {"type": "array", "items": {"type": "string"}},
+            "oracles": {"type": "array", "items": ORACLE}, "target": {"type": "string"},
+            "seed": {"type": "integer", "minimum": 0},
+            "shard": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}}},
+        "next_case": {"type": "integer", "minimum": 0}, "cases": {"type": "integer", "minimum": 0},
+        "refused": {"type": "integer", "minimum": 0}, "seconds": {"type": "number", "minimum": 0},
+        "case_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
+        "runs": COUNTS, "specs": COUNTS, "statuses": {**COUNTS, "propertyNames": STATUS},
+        "known": {**COUNTS, "description": "committed upstream repros (corpora/repros) seen again"},
+        "findings": {"type": "array", "items": {"type": "object", "required": ["key", "case", "message", "bundle"],
+                                                "properties": {"key": {"type": "object", "required": ["family"]},
+                                                               "case": {"type": "integer"},
+                                                               "message": {"type": "string"},
+                                                               "bundle": {"type": "string"}}}},
+        "flaky": {"type": "array", "description": "reported by an oracle, not reproduced again: not findings"},
+        "shards": {"type": "array", "items": {"type": "string"}}}}
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """file name → schema, each self-contained."""
     def doc(name: str, title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +206,7 @@ def schemas() -> dict[str, dict[str, Any]]:
                                        {"report": REPORT, "finding": FINDING}),
         "bundle.schema.json": doc("bundle", f"family-certify repro bundle, schema {BUNDLE_SCHEMA}", BUNDLE, {}),
         "bump.schema.json": doc("bump", "family-certify bump, schema 1", BUMP, {}),
+        "campaign.schema.json": doc("campaign", "family-certify fuzz campaign state, schema 1", CAMPAIGN, {}),
     }
 
 
@@ -193,7 +220,8 @@ def write(out: Path = DIR) -> list[Path]:
 
 
 def validate(data: Any, name: str) -> None:
-    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle or bump)."""
+    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump or
+    campaign)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fuzz.campaign import merge, parse_budget, parse_shard
+from fuzz.schemas import validate
 from synth.errors import UserError
 from synth.strategies import random_spec
 
@@ -39,6 +40,7 @@ def test_a_campaign_finds_bundles_once_and_resumes(tmp_path):
     first = run_cli("fuzz", *args, "--cases", "6")
     assert first.returncode == 1, first.stdout + first.stderr
     st = json.loads((out / "campaign.json").read_text())
+    validate(st, "campaign")
     assert st["cases"] == 6 and st["findings"], st
     keys = [json.dumps(f["key"], sort_keys=True) for f in st["findings"]]
     assert len(keys) == len(set(keys))
@@ -69,6 +71,7 @@ def test_shards_split_the_cases_and_merge(tmp_path):
     ids = [json.loads((d / "campaign.json").read_text())["case_ids"] for d in dirs]
     assert all(i % 2 == 0 for i in ids[0]) and all(i % 2 == 1 for i in ids[1])
     st = merge(tmp_path / "all", dirs)
+    validate(json.loads((tmp_path / "all" / "campaign.json").read_text()), "campaign")
     assert st["cases"] == 6 and sorted(st["case_ids"]) == sorted(ids[0] + ids[1])
     with pytest.raises(UserError):
         merge(tmp_path / "twice", [dirs[0], dirs[0]])
