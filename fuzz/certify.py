@@ -47,7 +47,7 @@ from synth.families import get_family
 from synth.make import write_fixture
 from synth.manifest import LANES, SCAN_LANES, Manifest, Row, load_manifest
 from targets import TARGETS_HELP, Target, open_target
-from targets.llama_server_worker import server_binary
+from targets.llama_server_worker import NO_SERVER, server_binary
 
 app = new_app("Certify model families against the family-tier manifest (family_tiers.toml).")
 Opt = typer.Option
@@ -255,7 +255,7 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     plan's interleavings)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
-                          "no llama-server binary: run scripts/build_llama_server.sh (make server)")
+                          NO_SERVER)
     server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
     rounds, rounds_case = oracle_run("prefix-cache", path, PrefixCacheConfig(rounds=3, tokens=6, target=server))
     sched, sched_case = oracle_run("radix", path, RadixConfig(plan=LANE_PLANS, limit=12, budget=60.0,

@@ -21,6 +21,7 @@ from fuzz.contract import CRASH, FINDING, PASS, Finding, Oracle, Report, make_re
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
+from targets.llama_server_worker import NO_SERVER
 
 NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
 
@@ -96,8 +97,7 @@ class PrefixCache:
                 t.start()
             hello = srv.hello()
             if not hello.ok or not hello.data.get("binary"):
-                raise UserError("no llama-server binary: run scripts/build_llama_server.sh (or set "
-                                "FAMILY_CERTIFY_LLAMA_SERVER) to run the prefix-cache lane")
+                raise UserError(f"{NO_SERVER} (the prefix-cache lane needs it)")
             reference = self._reference(ref_t, sched)
             findings, rounds = self._schedule(srv, sched, reference)
             if findings:  # a finding must reproduce on a fresh server before it counts as one

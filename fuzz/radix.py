@@ -43,6 +43,7 @@ from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
+from targets.llama_server_worker import NO_SERVER
 
 VERSION = "r1"
 PROMPTS = ("T", "B0", "B1", "L", "U")
@@ -381,8 +382,7 @@ class Radix:
                 t.start()
             hello = self.srv.hello()
             if not hello.ok or not hello.data.get("binary"):
-                raise UserError("no llama-server binary: run scripts/build_llama_server.sh (or set "
-                                "FAMILY_CERTIFY_LLAMA_SERVER) to run the radix lane")
+                raise UserError(f"{NO_SERVER} (the radix lane needs it)")
             with Progress(0 if self.fixed else int(cfg.budget), "s") as progress:
                 for sched in self.schedules():
                     explored += 1

@@ -32,6 +32,8 @@ from typing import Any
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON, RequestError, build_commit, main_with
 from targets.native import cache_dir
 
+NO_SERVER = ("no llama-server binary: run scripts/build_llama_server.sh (make server), or set "
+             "FAMILY_CERTIFY_LLAMA_SERVER")
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
 
 
@@ -102,8 +104,7 @@ class ServerWorker:
         self._stop()
         binary = server_binary()
         if binary is None:
-            raise RequestError("load_failed", "no llama-server binary: run scripts/build_llama_server.sh (or set "
-                               "FAMILY_CERTIFY_LLAMA_SERVER)")
+            raise RequestError("load_failed", NO_SERVER)
         path = req.get("path")
         if not path or not Path(path).is_file():
             raise RequestError("bad_request", f"load: no such file: {path!r}")
