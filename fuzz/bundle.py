@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.configs import config_from
-from fuzz.contract import CRASH, FINDING, Finding, Report, describe
+from fuzz.contract import CRASH, FINDING, Finding, Report, describe, matches
 from fuzz.oracles import ORACLES, get_oracle
 from fuzz.parity import describe_node
 from synth.errors import UserError, read_json
@@ -344,7 +344,7 @@ def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any],
     case, fp = load_case(path, target)
     use_recorded_build(read_bundle(path).get("build") or {}, path)
     got, rep = case.run()
-    return fp in got, fp, rep
+    return any(matches(fp, g) for g in got), fp, rep
 
 
 def use_recorded_build(build: dict[str, Any], path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.bundle import bundle_findings
+from fuzz.contract import matches
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
@@ -185,11 +186,11 @@ class Campaign:
             return {k: v for k, v in g.fingerprint.items() if k != "seq"}
 
         seen = [f["key"] for f in st["findings"]]
-        known = {json.dumps({k: v for k, v in x.items() if k != "repro"}, sort_keys=True): x["repro"]
-                 for x in known_upstream()}
+        known = known_upstream()
         for f in rep.findings:
             key = {"family": family, **fp(f)}
-            repro = known.get(json.dumps(key, sort_keys=True))
+            repro = next((x["repro"] for x in known
+                          if matches({k: v for k, v in x.items() if k != "repro"}, key)), None)
             if repro:  # an upstream finding already bundled in corpora/repros
                 st.setdefault("known", {})[repro] = st.get("known", {}).get(repro, 0) + 1
                 continue

@@ -167,7 +167,15 @@ def fingerprint(f: Finding, kinds: str) -> dict[str, Any]:
         fp["cut_kinds"] = [kinds[c] for c in f.cuts]
     if isinstance(f.layer, int) and 0 <= f.layer < len(kinds):
         fp["layer_kind"] = kinds[f.layer]
+    if f.cause and f.cause.get("kind"):  # a leak must not shrink into a numerics difference (or back)
+        fp["cause"] = f.cause["kind"]
     return fp
+
+
+def matches(recorded: dict[str, Any], fp: dict[str, Any]) -> bool:
+    """A fingerprint recorded earlier names this one: every key it holds agrees (a bundle recorded before a key
+    was added — a cause, say — still replays)."""
+    return all(fp.get(k) == v for k, v in recorded.items())
 
 
 def describe(fp: dict[str, Any]) -> str:

@@ -50,7 +50,9 @@ FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "des
                                         "description": "boundary or logits; radix: the operation kind or 'schedule'"},
                               "seq": {"type": "integer"},
                               "cut_kinds": {"type": "array", "items": {"enum": ["A", "R", "B", "M"]}},
-                              "layer_kind": {"enum": ["A", "R", "B", "M"]}}, "additionalProperties": False}
+                              "layer_kind": {"enum": ["A", "R", "B", "M"]},
+                              "cause": {"type": "string", "description": "the cause analysis' verdict"}},
+               "additionalProperties": False}
 
 FINDING = {"type": "object", "required": ["oracle", "status", "message"], "additionalProperties": False,
            "properties": {

@@ -61,3 +61,18 @@ def test_broken_bundles_are_one_line_errors(tmp_path):
     (tmp_path / "bundle.json").write_text('{"schema": 1, "oracle": "sweep", "fixture": "fixture.gguf"}')
     r = run_cli("fuzz", "replay", str(tmp_path))
     assert r.returncode == 2 and "sha256" in r.stderr
+
+
+def test_a_fingerprint_carries_the_cause_and_an_older_one_still_matches():
+    """The cause analysis' verdict is part of what shrinking keeps fixed (a leak cannot shrink into a cell-position
+    difference); a bundle recorded before the cause was in fingerprints still replays (its keys all agree)."""
+    from fuzz.contract import Finding, fingerprint, matches
+
+    leak = Finding(oracle="isolation", status="finding", message="m", phase="unified-kv", seq=1,
+                   cause={"kind": "batch", "detail": "other neighbours change it"})
+    fp = fingerprint(leak, "AA")
+    assert fp == {"oracle": "isolation", "status": "finding", "phase": "unified-kv", "seq": 1, "cause": "batch"}
+    cells = fingerprint(Finding(**{**leak.__dict__, "cause": {"kind": "cell position"}}), "AA")
+    assert fp != cells
+    older = {k: v for k, v in fp.items() if k != "cause"}
+    assert matches(older, fp) and matches(older, cells) and not matches(fp, cells)
