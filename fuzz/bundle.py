@@ -131,8 +131,7 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         if cand is None or not keeps(cand[0]):
             return False
         spec = cand[1]
-        out.log.append(f"{why} → {spec.n_layer} layers {spec.pattern}, cuts {out.case.cuts}" if "drop" in why
-                       else f"{why} → {cand[2]}")
+        out.log.append(f"{why} → {cand[2] or f'{spec.n_layer} layers {spec.pattern}, cuts {out.case.cuts}'}")
         return True
 
     progressed = True

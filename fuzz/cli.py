@@ -371,17 +371,17 @@ def campaign_cmd(
     deduplicated by family and fingerprint, shrunk and bundled once; resumable (same --out) and shardable. Exit 1
     while the campaign holds a finding."""
     from fuzz import campaign as cp
-    from targets.llama_server_worker import server_binary
+    from targets.llama_server_worker import NO_SERVER, server_binary
 
     seconds = cp.parse_budget(budget)
+    if cases < 0:
+        raise UserError(f"--cases {cases}: must be 0 or more")
     oracles = oracle
     if not oracles and server_binary() is None:
         oracles = [o for o in cp.ORACLES if o != "radix"]
-        print("skipped: radix (no llama-server binary: make server)")
+        print(f"skipped: radix ({NO_SERVER})")
     use_build(llama_cpp, patches)
     c = cp.Campaign(out, families=family, oracles=oracles, target=target, seed=seed, shard=cp.parse_shard(shard))
-    if cases < 0:
-        raise UserError(f"--cases {cases}: must be 0 or more")
     st = c.run(seconds, cases)
     print(cp.summary_text(st), end="")
     print(f"wrote {out}/summary.md, {out}/{cp.STATE}")

@@ -119,12 +119,7 @@ class PrefixCache:
     def _reference(self, t: Target, sched: Schedule) -> dict[str, dict[str, Any]]:
         """Each prompt alone on a one-slot server with the cache off."""
         self._load(t, slots=1, cache_ram=0)
-        reqs = [{"prompt": p, "n_predict": self.cfg.tokens, "cache_prompt": False} for p in sched.prompts.values()]
-        r = t.call("complete", requests=reqs, concurrent=False)
-        if not r.ok or any("error" in x for x in r.data["results"]):
-            raise UserError(f"{self.fixture}: the uncached reference fails: "
-                            f"{r.failure.message if not r.ok else r.data['results']}")
-        return dict(zip(sched.prompts, r.data["results"], strict=True))
+        return cold_answers(t, self.fixture, sched.prompts, self.cfg.tokens)
 
     def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
         """One run of every round on a fresh server; findings and a per-round summary."""
@@ -148,7 +143,7 @@ class PrefixCache:
                 if why:
                     findings.append(ServerFinding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} "
                                                   f"prompt tokens from the cache): {why}"))
-            busy = self._busy_slots(t)
+            busy = busy_slots(t)
             if busy:
                 findings.append(ServerFinding("leaked-slot", k, f"slots {busy} still processing after round {k} "
                                         f"({len(names)} requests, all answered)"))
@@ -159,11 +154,6 @@ class PrefixCache:
                 findings.append(ServerFinding("capacity", None, probe))
         return findings, rounds
 
-    def _busy_slots(self, t: Target) -> list[int]:
-        r = t.call("slots")
-        if not r.ok:
-            return [-1]
-        return [s["id"] for s in r.data["slots"] if s["is_processing"]]
 
     def _capacity_probe(self, t: Target) -> str | None:
         """A prompt needing most of one slot's context: fits only if the cache gave its cells back."""
@@ -175,6 +165,24 @@ class PrefixCache:
             return f"a {n}-token prompt after the rounds: {r.failure.message}"
         got = r.data["results"][0]
         return f"a {n}-token prompt after the rounds failed: {got['error']}" if "error" in got else None
+
+
+def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
+    """Each prompt's answer, one after another with the cache off (on a loaded one-slot server): the reference."""
+    reqs = [{"prompt": p, "n_predict": tokens, "cache_prompt": False} for p in prompts.values()]
+    r = t.call("complete", requests=reqs, concurrent=False)
+    if not r.ok or any("error" in x for x in r.data["results"]):
+        raise UserError(f"{fixture}: the uncached reference fails: "
+                        f"{r.failure.message if not r.ok else r.data['results']}")
+    return dict(zip(prompts, r.data["results"], strict=True))
+
+
+def busy_slots(t: Target) -> list[int]:
+    """The slots still processing ([-1]: the server could not say)."""
+    r = t.call("slots")
+    if not r.ok:
+        return [-1]
+    return [s["id"] for s in r.data["slots"] if s["is_processing"]]
 
 
 def compare(ref: dict[str, Any], got: dict[str, Any]) -> str | None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.prefix_cache import compare
+from fuzz.prefix_cache import busy_slots, cold_answers, compare
 from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -444,8 +444,8 @@ class Radix:
             if not self.refs:
                 self._load(self.ref_t, slots=1, cache_ram=0)
             prompts = {n: tree[n] for n in PROMPTS}
-            self.refs[key] = {"prompts": prompts, "answers": self._cold(prompts, sched.tokens),
-                              "tail": tree["tail"], "tokens": sched.tokens}
+            answers = cold_answers(self.ref_t, self.fixture, prompts, sched.tokens)
+            self.refs[key] = {"prompts": prompts, "answers": answers, "tail": tree["tail"], "tokens": sched.tokens}
         return self.refs[key]
 
     def grow(self, ref: dict[str, Any], name: str) -> None:
@@ -455,15 +455,7 @@ class Radix:
         self.grow(ref, name[:-1])
         prompt = ref["prompts"][name[:-1]] + ref["answers"][name[:-1]]["tokens"] + ref["tail"]
         ref["prompts"][name] = prompt
-        ref["answers"].update(self._cold({name: prompt}, ref["tokens"]))
-
-    def _cold(self, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
-        reqs = [{"prompt": p, "n_predict": tokens, "cache_prompt": False} for p in prompts.values()]
-        r = self.ref_t.call("complete", requests=reqs, concurrent=False)
-        if not r.ok or any("error" in x for x in r.data["results"]):
-            raise UserError(f"{self.fixture}: the uncached reference fails: "
-                            f"{r.failure.message if not r.ok else r.data['results']}")
-        return dict(zip(prompts, r.data["results"], strict=True))
+        ref["answers"].update(cold_answers(self.ref_t, self.fixture, {name: prompt}, ref["tokens"]))
 
     def _load(self, t: Target, **params: Any) -> None:
         """A server that refuses the model is bad input; one that aborts loading it (a signal) is a crash of the
@@ -598,8 +590,7 @@ class Radix:
         busy: list[int] = []
         cancels = any(o["op"].kind == "cancel" for o in ops.values())
         for _ in range(50 if cancels else 10):  # a disconnect is noticed at the server's next token: a moment
-            r = t.call("slots")
-            busy = [-1] if not r.ok else [s["id"] for s in r.data["slots"] if s["is_processing"]]
+            busy = busy_slots(t)
             if not busy:
                 break
             time.sleep(0.02)

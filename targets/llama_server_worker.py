@@ -78,6 +78,21 @@ class Operation:
             self.reached[point].set()
 
 
+def completion_body(r: dict, *, stream: bool) -> dict:
+    """A /completion request: greedy, ignoring EOS, tokens and top-k logprobs returned; a stream is pinned to the
+    request's slot (id_slot), a plain request lets the server choose."""
+    body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
+            "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
+            "temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True, "return_tokens": True, "stream": stream}
+    return {**body, "id_slot": int(r.get("slot", -1))} if stream else body
+
+
+def top_of(data: dict) -> list[list[list[float]]]:
+    """Per generated token: [[id, logprob], ...] of the top candidates (a response or one streamed chunk)."""
+    return [[[int(c["id"]), float(c["logprob"])] for c in step.get("top_logprobs", [])]
+            for step in data.get("completion_probabilities", [])]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -228,10 +243,7 @@ class ServerWorker:
 
     def _stream(self, o: Operation) -> dict:
         r = o.req
-        body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
-                "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
-                "temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True, "return_tokens": True,
-                "stream": True, "id_slot": int(r.get("slot", -1))}
+        body = completion_body(r, stream=True)
         after = int(r["after"]) if r["kind"] == "cancel" else None
         tokens: list[int] = []
         top: list[list[list[float]]] = []
@@ -248,8 +260,7 @@ class ServerWorker:
                     if "error" in chunk:
                         return {"error": str(chunk["error"]), "tokens": tokens}
                     tokens += [int(t) for t in chunk.get("tokens", [])]
-                    top += [[[int(c["id"]), float(c["logprob"])] for c in step.get("top_logprobs", [])]
-                            for step in chunk.get("completion_probabilities", [])]
+                    top += top_of(chunk)
                     last = chunk
                     if tokens:
                         o.mark("prompt")
@@ -274,19 +285,14 @@ class ServerWorker:
         return {"n_tokens": int(n), "id_slot": slot}
 
     def _complete_one(self, r: dict) -> dict:
-        body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
-                "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
-                "temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True, "return_tokens": True,
-                "stream": False}
+        body = completion_body(r, stream=False)
         try:
             data = self._post("/completion", body, timeout=float(r.get("timeout", 60)))
         except urllib.error.HTTPError as e:
             return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"}
         except (OSError, ValueError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
-        top = [[[int(c["id"]), float(c["logprob"])] for c in step.get("top_logprobs", [])]
-               for step in data.get("completion_probabilities", [])]
-        return {"tokens": [int(t) for t in data.get("tokens", [])], "top": top,
+        return {"tokens": [int(t) for t in data.get("tokens", [])], "top": top_of(data),
                 "cache_n": int(data.get("timings", {}).get("cache_n", 0)), "id_slot": int(data.get("id_slot", -1))}
 
     def _url(self, path: str) -> str:
