@@ -260,6 +260,11 @@ def bundle_name(fixture: Path, f: Finding, per_cut: bool) -> str:
     return "-".join([Path(fixture).stem, f.oracle, *where, str(f.phase)])
 
 
+def finding_key(fp: dict[str, Any]) -> dict[str, Any]:
+    """What makes two findings one bug: the fingerprint without the sequence it was seen on."""
+    return {k: v for k, v in fp.items() if k != "seq"}
+
+
 def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3,
                     seen: list[dict[str, Any]] | None = None) -> list[Path]:
     """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then
@@ -270,7 +275,7 @@ def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, m
     paths = []
     for f in report.findings:
         # the same finding on another sequence of the batch is the same bug: bundled once, for its first sequence
-        key = {k: v for k, v in f.fingerprint.items() if k != "seq"}
+        key = finding_key(f.fingerprint)
         if (oracle.per_cut and f.cuts is None) or key in seen or len(paths) >= max_bundles:
             continue
         seen.append(key)

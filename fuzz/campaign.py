@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.bundle import bundle_findings
+from fuzz.bundle import bundle_findings, finding_key
 from fuzz.contract import matches
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
@@ -91,8 +91,7 @@ def known_upstream() -> list[dict[str, Any]]:
     for b in sorted(REPROS.glob("*/bundle.json")) if REPROS.is_dir() else []:
         data = json.loads(b.read_text())
         if not str(data.get("target", "")).startswith("mutant:") and isinstance(data.get("spec"), dict):
-            fp = {k: v for k, v in data["fingerprint"].items() if k != "seq"}
-            out.append({"family": data["spec"]["family"], **fp, "repro": b.parent.name})
+            out.append({"family": data["spec"]["family"], **finding_key(data["fingerprint"]), "repro": b.parent.name})
     return out
 
 
@@ -168,7 +167,7 @@ class Campaign:
                 st["runs"][oracle_name] = st["runs"].get(oracle_name, 0) + 1
                 st["specs"][spec.family] = st["specs"].get(spec.family, 0) + 1
                 st["statuses"][rep.status] = st["statuses"].get(rep.status, 0) + 1
-                self._bundle(rep, oracle, cfg, i, spec.family, fixture, progress)
+                self._bundle(rep, oracle, cfg, i, spec.family, progress)
                 fixture.unlink(missing_ok=True)
                 st["seconds"] = round(before + time.perf_counter() - t0, 3)
                 self.save()  # after every case: a campaign killed now resumes at the next one
@@ -178,12 +177,13 @@ class Campaign:
         write_summary(self.out, st)
         return st
 
-    def _bundle(self, rep: Any, oracle: Any, cfg: Any, case: int, family: str, fixture: Path,
-                progress: Progress) -> None:
+    def _bundle(self, rep: Any, oracle: Any, cfg: Any, case: int, family: str, progress: Progress) -> None:
         st = self.state
+        if not rep.findings:
+            return
 
         def fp(g: Any) -> dict[str, Any]:
-            return {k: v for k, v in g.fingerprint.items() if k != "seq"}
+            return finding_key(g.fingerprint)
 
         seen = [f["key"] for f in st["findings"]]
         known = known_upstream()
