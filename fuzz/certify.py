@@ -350,7 +350,47 @@ def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneR
     return LaneResult(row.key, "reject", SKIPPED, f"no expectation for target {target_spec} in the manifest")
 
 
+def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
+    """A lane against skippy (fuzz/skippy.py): the lane's cut sets through skippy's stages and its own correctness
+    lanes; the dtype lane on the row's fixture made in each dtype."""
+    from fuzz.skippy import lane_config, lane_detail
+
+    if lane == "load" and row.expect.get("skippy", "").startswith("rejects"):
+        return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
+                                                      "that it does so cleanly")
+    cfg = lane_config(row, lane, target_spec)
+    if cfg is None:
+        return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not driven through skippy yet")
+    paths = [path]
+    if lane == "dtype":
+        if not row.dtypes:
+            return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
+        paths = []
+        for dtype in row.dtypes:
+            knobs = replace(row.knobs(), dtype=dtype)
+            if dtype in WIDE_BLOCKS and knobs.embd is None:
+                knobs = replace(knobs, embd=256)
+            paths.append(workdir / f"{row.key}.{dtype}.gguf")
+            write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), paths[-1])
+    res = LaneResult(row.key, lane, UNSUPPORTED)
+    parts = []
+    for p in paths:
+        rep = res.add(*oracle_run("skippy", p, cfg))
+        if lane != "dtype":
+            parts.append(lane_detail(rep))
+        else:  # one word per dtype unless it failed
+            dtype = p.stem.split(".")[-1]
+            parts.append(f"{dtype}: {lane_detail(rep)}" if rep.status in FAILING else
+                         f"{dtype} {rep.summary[PASS]}/{len(rep.results)}")
+    res.detail = ("skippy serve at L/2, cases passing per dtype: " if lane == "dtype" else "") + \
+        (", " if lane == "dtype" else " | ").join(parts)
+    res.data["skippy"] = res.reports[0].extra.get("skippy", {}) if res.reports else {}
+    return res
+
+
 def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
+    if target_spec.startswith("skippy:") and lane != "reject":
+        return lane_skippy(row, lane, path, target, target_spec, workdir)
     if lane == "load":
         return lane_load(row, path, target)
     if lane in ("parity", "boundary-sweep", "fixed-split"):
@@ -440,14 +480,17 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
 
 
 def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None, *, manifest: Path,
-                command: str) -> dict[str, Any]:
-    """Every planned row × lane, one plain line each (rich progress on a terminal); the run's report."""
+                command: str, require_lanes: bool = False) -> dict[str, Any]:
+    """Every planned row × lane, one plain line each (rich progress on a terminal); the run's report.
+    require_lanes: a skipped lane fails closed (missing), as the users' own runner's --require-lanes."""
     t0 = time.perf_counter()
     lanes: list[LaneResult] = []
     total = sum(len(ls) for _, ls in plan)
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, Progress(total, "lanes") as progress:
         for row, row_lanes in plan:
             for res in run_row(row, row_lanes, target, Path(d), progress):
+                if require_lanes and res.status == SKIPPED:
+                    res = replace(res, status=MISSING, detail=f"skipped, and --require-lanes: {res.detail}")
                 finish_lane(res, out)
                 lanes.append(res)
                 loud = "skipped: " if res.status == SKIPPED else ""
@@ -455,9 +498,17 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
                               f"{loud}{res.detail}")
     commit = next((r.llama_cpp_commit for x in lanes for r in x.reports if r.llama_cpp_commit), None) or \
         next((x.data.get("llama_cpp_commit") for x in lanes if x.data.get("llama_cpp_commit")), None)
+    build = None
+    if target.startswith("skippy:"):  # the receipt names the skippy build: an aggregate refuses to mix two
+        from fuzz.contract import build_identity
+        from targets.skippy import identity
+
+        sk = identity(target[len("skippy:"):])
+        build = {**build_identity(sk.get("llama_cpp")), "skippy": sk,
+                 "key": f"skippy-{sk.get('commit') or sk.get('version') or 'unknown'}-abi-{sk.get('abi')}"}
     run = run_report([x.to_dict() for x in lanes], plan=[(r.key, ls) for r, ls in plan],
                      manifest=manifest_identity(manifest), target=target, llama_cpp_commit=commit,
-                     wall_s=time.perf_counter() - t0, command=command)
+                     wall_s=time.perf_counter() - t0, command=command, build=build)
     if out is not None:
         from fuzz.pictures import battery_picture
 
@@ -506,12 +557,18 @@ def run_cmd(
     out: OutOpt = None,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    require_lanes: Annotated[bool, Opt("--require-lanes", help="a skipped lane fails the run (missing)")] = False,
 ) -> int:
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
     use_build(llama_cpp, patches)
     plan = lane_plan(m, tier, rows, lane)
-    run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]))
+    if target.startswith("skippy:"):
+        from targets.skippy import identity
+
+        identity(target[len("skippy:"):])  # a wrong config, binary or build: exit 2 before anything runs
+    run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]),
+                      require_lanes=require_lanes)
     return finish_run(run, out, report)
 
 

@@ -352,6 +352,29 @@ def radix_cmd(
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
+@app.command("skippy")
+def skippy_cmd(
+    fixture: FixtureArg,
+    target: Annotated[str, Opt(help="skippy:CONFIG.toml (targets/skippy.py describes the config)")],
+    check: Annotated[list[str] | None, Opt(help="checks to run (repeatable): load, serve, prefix, repeat, concurrent, "
+                                                "single-step, chain, split-scan, state-handoff (default: all)")] = None,
+    cuts: Annotated[str, Opt(help="half, thirds, all, period, or cut lists like '3;5;2,6'")] = "half",
+    period: PeriodOpt = None,
+    tokens: Annotated[int, Opt(help="max_tokens per completion")] = 8,
+    prompt_len: Annotated[int, Opt(help="letters per prompt (a and b)")] = 24,
+    seed: SeedOpt = 0,
+    report: ReportOpt = None,
+    bundle: BundleOpt = None,
+) -> int:
+    """skippy's split serving vs its unsplit serving, and skippy-correctness's own lanes, on the fixture's cut sets
+    (fuzz/skippy.py); every case one of the users' outcomes."""
+    from fuzz.skippy import CHECKS, SkippyRunConfig
+
+    cfg = SkippyRunConfig(checks=tuple(check) if check else CHECKS, cuts=cuts, period=period, tokens=tokens,
+                          prompt_len=prompt_len, seed=seed, target=target)
+    return run_oracle("skippy", fixture, cfg, report, bundle)
+
+
 @app.command("campaign")
 def campaign_cmd(
     budget: Annotated[str, Opt(help="how long: 90s, 10m, 1h30m")] = "10m",

@@ -4,6 +4,7 @@
   llama-cpp            the pinned llama.cpp through llama-cpp-python, in a worker process
   cmd:"<command line>" any external program that speaks the protocol on stdin/stdout
   mutant:NAME          llama-cpp with a known bug class re-created (targets/mutants.py), to prove lanes catch it
+  skippy:CONFIG.toml   skippy, the split-serving runtime (targets/skippy.py): its binaries and OpenAI HTTP
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'targets' has no attribute {name!r}")
 
 TARGETS_HELP = ('llama-cpp, llama-server (prefix-cache lane), cmd:"<command line>" (a program speaking '
-                'targets/PROTOCOL.md), or mutant:NAME')
+                'targets/PROTOCOL.md), mutant:NAME, or skippy:CONFIG.toml (skippy\'s binaries, targets/skippy.py)')
 
 
 def worker_argv(spec: str) -> list[str]:
@@ -46,6 +47,13 @@ def worker_argv(spec: str) -> list[str]:
         if name not in MUTANTS and name not in NOT_BUGS:
             raise UserError(f"--target {spec!r}: unknown mutant; mutants: {', '.join([*MUTANTS, *NOT_BUGS])}")
         return [sys.executable, "-m", "targets.mutants", name]
+    if spec.startswith("skippy:"):
+        from pathlib import Path
+
+        from targets.skippy import identity
+
+        identity(spec[len("skippy:"):])  # the config, its binaries and the build they are: exit 2 if wrong
+        return [sys.executable, "-m", "targets.skippy_worker", str(Path(spec[len("skippy:"):]).resolve())]
     if spec.startswith("cmd:"):
         import shlex
 

@@ -393,6 +393,31 @@ class LlamaWorker:
                                + self._last_error("state rejected"))
         return {"read": int(got)}
 
+    def op_tokenize(self, req: dict) -> dict:
+        """The model's own tokenizer (llama_tokenize): no BOS/EOS added, special-token text not parsed."""
+        L, vocab = self.L, self.L.llama_model_get_vocab(self._need_model())
+        text = str(req.get("text", "")).encode()
+        n = L.llama_tokenize(vocab, text, len(text), None, 0, False, False)  # -(tokens needed), or 0
+        buf = (ctypes.c_int32 * max(-n, 1))()
+        got = L.llama_tokenize(vocab, text, len(text), buf, len(buf), False, False) if n < 0 else 0
+        return {"tokens": list(buf[:got])}
+
+    def op_detokenize(self, req: dict) -> dict:
+        """Token ids back to text (llama_detokenize): special tokens neither removed nor rendered."""
+        L, vocab = self.L, self.L.llama_model_get_vocab(self._need_model())
+        tokens = [int(t) for t in req.get("tokens", [])]
+        if any(not 0 <= t < L.llama_vocab_n_tokens(vocab) for t in tokens):
+            raise RequestError("bad_request", "detokenize: token id out of range")
+        ids = (ctypes.c_int32 * max(len(tokens), 1))(*tokens)
+        size = 16 * len(tokens) + 16
+        for _ in range(2):  # a negative result is the size needed
+            out = ctypes.create_string_buffer(size)
+            n = L.llama_detokenize(vocab, ids, len(tokens), out, size, False, False)
+            if n >= 0:
+                return {"text": out.raw[:n].decode("utf-8", errors="replace")}
+            size = -n
+        raise RequestError("bad_request", "detokenize: llama_detokenize did not fit its own size")
+
     def op_seq_rm(self, req: dict) -> dict:
         L, ctx = self.L, self._need_ctx()
         ok = L.llama_memory_seq_rm(L.llama_get_memory(ctx), int(req.get("seq", -1)), int(req.get("p0", -1)),
