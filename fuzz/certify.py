@@ -341,8 +341,18 @@ def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneR
     want = row.expect.get(target_spec) or row.expect.get(target_spec.split(":")[0], "")
     loaded = target.load(str(path))
     if want.startswith("rejects"):
-        ok = not loaded.ok and loaded.failure.kind == "error" and "unsupported" in loaded.failure.message.lower()
+        def refused(r: Any) -> bool:
+            return not r.ok and r.failure.kind == "error" and "unsupported" in r.failure.message.lower()
+
+        ok = refused(loaded)
         detail = loaded.failure.message if not loaded.ok else "loaded; expected a clean 'unsupported family' error"
+        if ok and target_spec.startswith("skippy:"):  # and its stages too: no split may fall through to a config
+            n = row.spec().n_layer
+            split = target.call("split", path=str(path), cuts=[max(1, n // 2)], n_layer=n, model_id="fixture")
+            ok = refused(split)
+            detail = f"serve-openai: {detail}; serve-binary at cut {max(1, n // 2)}: " + (
+                split.failure.message if not split.ok else "its stages started; expected a clean 'unsupported "
+                                                           "family' error")
         return LaneResult(row.key, "reject", PASS if ok else FINDING, detail)
     if want == "loads":
         return LaneResult(row.key, "reject", PASS if loaded.ok else FINDING,

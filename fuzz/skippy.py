@@ -49,6 +49,7 @@ HTTP_CHECKS = ("serve", "wire", "prefix", "repeat", "concurrent")
 # others are measured (s8-row is skippy's 8-bit codec: per-row scales, not q8_0's blocks of 32)
 CODEC_OF = {"f16": "f16-rne-v1", "bf16": "bf16-rne-v1", "q8_0": "s8-row-f32-rne-v1"}
 GATED = ("f16",)
+PAYLOADS = ("resident-kv", "recurrent-only", "kv-recurrent", "full-state")  # skippy-correctness --state-payload-kind
 STATUS_OF = {"pass": PASS, "mismatch": FINDING, "model-invalid": FINDING, "harness": FINDING,
              "unsupported": UNSUPPORTED, "timeout": TIMEOUT, "runtime-error": CRASH}
 
@@ -63,6 +64,7 @@ class SkippyRunConfig:
     prompts: int = 2
     prefix: int = 4  # state-handoff --prefix-token-count; kv_cache min_tokens
     wires: tuple[str, ...] = tuple(CODEC_OF)  # the wire check's codecs
+    payloads: tuple[str, ...] = PAYLOADS  # the state-handoff check's payload kinds (where a stage needs them)
     seed: int = 0
     target: str = ""
     timeout: float = 900.0  # per worker call (the config's own timeouts stop skippy earlier)
@@ -118,6 +120,7 @@ class Run:
             for case in self.cases():
                 res = self.run_case(t, case)
                 if res["status"] in (FINDING, CRASH, TIMEOUT):
+                    t.call("keep_logs")  # the case's logs stay where its result names them
                     again = self.run_case(t, case)  # once more on fresh processes before it is reported
                     res["reproduced"] = again["status"] == res["status"] and again.get("outcome") == res["outcome"]
                 self.results.append(res)
@@ -142,7 +145,8 @@ class Run:
                 for cs in self.sets:
                     bounds = [0, *cs, self.n_layer]
                     for i in range(len(bounds) - 1):
-                        for kind in payload_kinds(self.kinds[bounds[i]:bounds[i + 1]]):
+                        for kind in [k for k in payload_kinds(self.kinds[bounds[i]:bounds[i + 1]])
+                                     if k in self.cfg.payloads]:
                             out.append({"check": check, "cuts": cs, "stage": i, "payload": kind,
                                         "layers": [bounds[i], bounds[i + 1]]})
         return out
@@ -375,6 +379,13 @@ def lane_detail(rep: Report) -> str:
             + (f"; first: {rep.findings[0].message}" if rep.findings else ""))
 
 
+def narrow(config: dict[str, Any], f: Finding) -> dict[str, Any]:
+    """Only the finding's check, and its wire or payload kind."""
+    out = select("checks", lambda g: g.phase)(config, f)
+    key = {"wire": "wires", "state-handoff": "payloads"}.get(str(f.phase))
+    return select(key, lambda g: g.where)(out, f) if key else out
+
+
 ORACLE = Oracle(name="skippy", config=SkippyRunConfig, run=report, format=format_report, per_cut=True,
-                narrow=select("checks", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 4)),
-                case_fields=("checks", "tokens", "prompt_len", "prompts", "prefix", "wires", "seed"))
+                narrow=narrow, shrink=(("tokens", 1), ("prompt_len", 4)),
+                case_fields=("checks", "tokens", "prompt_len", "prompts", "prefix", "wires", "payloads", "seed"))

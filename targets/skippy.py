@@ -17,6 +17,8 @@ A config (TOML; relative paths are relative to the config file):
     commit = ""                                # expected skippy commit; checked against `binary --version`
     abi = ""                                   # expected skippy ABI (e.g. "0.1.67"); from --version or the roster
     roster = ""                                # skippy-api's split-certified.json: native_recipe.skippy_abi, pin
+    logs = ""                                  # keep every process's log here (default: a temporary directory,
+                                               # kept only when something failed; replies name it)
     [timeouts]                                 # seconds
     ready = 60                                 # a process until it listens / its /v1/models answers
     request = 120                              # one HTTP completion
@@ -28,7 +30,7 @@ A config (TOML; relative paths are relative to the config file):
     n_ubatch = 64
     [env]                                      # environment for every skippy process (e.g. SKIPPY_KV_CACHE)
 
-Ports are free ports on 127.0.0.1 chosen per process; logs stay in one directory per worker (`logs` in each reply).
+Ports are free ports on 127.0.0.1 chosen per process; logs are one file per process (`logs` in each reply).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from synth.errors import UserError
 LOAD_MODES = ("runtime-slice", "artifact-slice", "layer-package")
 SECTIONS = {
     "skippy": {"binary": str, "correctness": str, "model_package": str, "load_mode": str, "commit": str, "abi": str,
-               "roster": str},
+               "roster": str, "logs": str},
     "timeouts": {"ready": (int, float), "request": (int, float), "lane": (int, float)},
     "stage": {"ctx_size": int, "lane_count": int, "n_batch": int, "n_ubatch": int, "n_gpu_layers": int,
               "cache_type_k": str, "cache_type_v": str, "flash_attn_type": str},
@@ -68,6 +70,7 @@ class SkippyConfig:
     commit: str
     abi: str
     roster: Path | None
+    logs: Path | None
     timeouts: dict[str, float]
     stage: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
@@ -125,7 +128,8 @@ def read_config(path: str | Path) -> SkippyConfig:
         raise _bad(path, "[timeouts] must be positive")
     return SkippyConfig(path=path.resolve(), binary=where("binary", True), correctness=where("correctness", False),
                         model_package=package, load_mode=load_mode, commit=sk.get("commit", ""), abi=sk.get("abi", ""),
-                        roster=roster, timeouts=timeouts, stage={**STAGE_DEFAULTS, **raw.get("stage", {})},
+                        roster=roster, logs=(path.parent / sk["logs"]) if sk.get("logs") else None,
+                        timeouts=timeouts, stage={**STAGE_DEFAULTS, **raw.get("stage", {})},
                         env=dict(raw.get("env", {})))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -128,7 +129,10 @@ class SkippyWorker:
         if len(sys.argv) < 2:
             raise SystemExit("usage: python -m targets.skippy_worker CONFIG.toml")
         self.cfg = read_config(sys.argv[1])
-        self.logs = Path(tempfile.mkdtemp(prefix="family-certify-skippy-"))  # kept: reports link these logs
+        if self.cfg.logs is not None:
+            self.cfg.logs.mkdir(parents=True, exist_ok=True)
+        self.logs = Path(tempfile.mkdtemp(prefix="family-certify-skippy-", dir=self.cfg.logs))
+        self.keep = self.cfg.logs is not None  # a temporary log directory goes at exit unless something failed
         self.runs = 0
         self.reference: Topology | None = None
         self.split: Topology | None = None
@@ -254,6 +258,7 @@ class SkippyWorker:
         res: dict[str, Any] = {"exit_code": p.returncode, "log": str(log), "seconds": round(time.monotonic() - t0, 2),
                                "argv": argv[1:]}
         if timed_out:
+            self.keep = True
             return {**res, "outcome": "timeout", "report": None,
                     "note": f"skippy-correctness {lane} timed out after {self.cfg.timeouts['lane']:g} s"}
         report, problem = read_report(report_path, lane)
@@ -268,7 +273,13 @@ class SkippyWorker:
             outcome, note = "mismatch", last_error(log)
         else:  # the report says it matched, the exit code says it failed: skippy's own words decide
             outcome, note = classify(text, last_error(log)), last_error(log)
+        self.keep = self.keep or outcome != "pass"
         return {**res, "outcome": outcome, "report": report, "note": note}
+
+    def op_keep_logs(self, _req: dict) -> dict:
+        """The engine found something in the answers: keep this worker's logs (reports name them)."""
+        self.keep = True
+        return {"logs": str(self.logs)}
 
     def op_unload(self, _req: dict) -> dict:
         self._stop("reference")
@@ -277,6 +288,8 @@ class SkippyWorker:
 
     def close(self) -> None:
         self.op_unload({})
+        if not self.keep:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _model(self, req: dict) -> Path:
@@ -302,13 +315,16 @@ class SkippyWorker:
         while time.monotonic() < deadline:
             gone = top.exited()
             if gone:
+                self.keep = True
+                why = top.why(*gone)
                 top.stop()
-                raise RequestError("load_failed", top.why(*gone))
+                raise RequestError("load_failed", why)
             if ok():
                 return
             time.sleep(0.05)
         logs = self._logs(top)
         top.stop()
+        self.keep = True
         raise RequestError("timeout", f"skippy {name} did not become ready in {self.cfg.timeouts['ready']:g} s "
                                       f"(logs: {logs[-1] if logs else 'none'})")
 

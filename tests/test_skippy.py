@@ -124,3 +124,153 @@ def test_the_fake_config_is_valid():
     cfg = read_config(FAKE)
     assert cfg.binary.name == "skippy" and os.access(cfg.binary, os.X_OK)
     assert cfg.correctness is not None and os.access(cfg.correctness, os.X_OK)
+
+
+# ---- against the fake skippy ----------------------------------------------------------------------------------
+
+def fake(tmp_path, bug=None, **timeouts):
+    """The fake's config with FAKE_SKIPPY_BUG set (None: the correct fake) and any timeouts changed."""
+    text = FAKE.read_text().replace('"fake_skippy/', f'"{ROOT}/tests/fake_skippy/')
+    for k, v in timeouts.items():
+        text = text.replace(f"\n{k} = ", f"\n{k} = {v}\n# was ", 1)
+    p = tmp_path / f"skippy-{bug or 'correct'}.toml"
+    p.write_text(text + (f'\n[env]\nFAKE_SKIPPY_BUG = "{bug}"\n' if bug else ""))
+    return p
+
+
+def lanes(out):
+    return {(x["row"], x["lane"]): x for x in json.loads((out / "report.json").read_text())["results"]}
+
+
+def no_fake_left():
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [ln for ln in ps.splitlines() if "tests.fake_skippy" in ln or "targets.skippy_worker" in ln]
+
+
+@pytest.mark.llama
+def test_the_correct_fake_passes_every_lane(tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("family-certify", "run", "qwen3", "jamba", "gpt2", "--target", f"skippy:{FAKE}", "--out", str(out),
+                cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    got = lanes(out)
+    assert {k: v["status"] for k, v in got.items() if v["status"] != "pass"} == {("gpt2", "load"): "unsupported"}
+    assert "serve-binary at cut 2: skippy stage-1 exited (exit code 1): Error: Unsupported:" in \
+        got[("gpt2", "reject")]["detail"]
+    # jamba's boundary lanes sweep every cut offset modulo its layer pattern's period (RRRRA RRR: 5), like our own
+    # sweep: 5 cuts, each through skippy's stages and single-step
+    assert got[("jamba", "boundary-sweep")]["detail"].startswith("skippy serve, single-step: 10 cases, 10 pass")
+    handoff = got[("jamba", "handoff")]["reports"][0]["results"]
+    assert {(r["stage"], r["payload"]) for r in handoff if r["cuts"] == [4]} == \
+        {(0, "recurrent-only"), (0, "full-state"), (1, "kv-recurrent"), (1, "full-state")}
+    wire = [r for r in got[("jamba", "wire")]["reports"][0]["results"] if r["cuts"] == [4]]
+    assert [(r["wire"], r["status"]) for r in wire] == [("f16", "pass"), ("bf16", "pass"), ("q8_0", "pass")]
+    run = json.loads((out / "report.json").read_text())
+    assert run["build"]["skippy"]["abi"] == "0.1.67" and run["build"]["key"].startswith("skippy-0000")
+    rep = got[("qwen3", "parity")]["reports"][0]
+    assert rep["skippy"]["model_id"] == f"fixture-{rep['sha256'][:12]}"  # neutral: no family name
+    assert '<testcase classname="qwen3" name="prefix-cache"' in (out / "junit.xml").read_text()
+    assert no_fake_left() == []
+
+
+@pytest.mark.llama
+def test_b1_fake_fails_the_prefix_cache_lane_and_shrinks_to_rar(tmp_path):
+    b1, out = fake(tmp_path, "drops-recurrent"), tmp_path / "out"
+    r = run_cli("family-certify", "run", "jamba", "--lane", "prefix-cache", "--target", f"skippy:{b1}",
+                "--out", str(out), cwd=ROOT, timeout=600)
+    assert r.returncode == 1
+    lane = lanes(out)[("jamba", "prefix-cache")]
+    # only the cut whose second stage starts on the attention layer: the first-layer probe says "not recurrent"
+    assert [(x["cuts"], x["outcome"]) for x in lane["reports"][0]["results"] if x["status"] != "pass"] == \
+        [([4], "mismatch")]
+    (bundle,) = [out / b for b in lane["bundles"]]
+    data = json.loads((bundle / "bundle.json").read_text())
+    assert data["fingerprint"] == {"oracle": "skippy", "status": "finding", "phase": "prefix", "cut_kinds": ["A"],
+                                   "cause": "mismatch"}
+    spec = data["spec"]
+    assert (spec["pattern"], data["cuts"], spec["n_embd"], spec["n_vocab"]) == ("RAR", [1], 16, 8)
+    assert run_cli("fuzz", "replay", str(bundle), cwd=ROOT).returncode == 1
+    assert run_cli("fuzz", "replay", str(bundle), "--target", f"skippy:{FAKE}", cwd=ROOT).returncode == 0
+
+
+@pytest.mark.llama
+def test_b5_fake_fails_state_handoff_where_a_stage_holds_two_kv_widths(tmp_path):
+    from fuzz.skippy import SkippyRunConfig, report
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    path = tmp_path / "laguna.gguf"
+    write_fixture(load_manifest(None).row("laguna").spec(), path)  # K/V heads 1 on layer 0, 2 elsewhere
+    b5 = fake(tmp_path, "truncates-kv")
+    cfg = SkippyRunConfig(checks=("state-handoff", "prefix"), cuts="1;4", target=f"skippy:{b5}")
+    rep = report(path, cfg)
+    bad = {(tuple(r["cuts"]), r["check"], r.get("stage"), r.get("payload")) for r in rep.results
+           if r["status"] != "pass"}
+    # stage 1:8 holds a pass-through copy of layer 0 (laguna sizes RoPE from it): both widths, rows cut; at cut 4
+    # every stage's layers have one width
+    assert bad == {((1,), "state-handoff", 1, "resident-kv"), ((1,), "state-handoff", 1, "full-state"),
+                   ((1,), "prefix", None, None)}
+    assert all(f.reproduced and f.cause["kind"] == "mismatch" for f in rep.findings)
+    assert "staged execution did not match full-model baseline" in rep.findings[0].message
+    assert report(path, replace_target(cfg, FAKE)).findings == []
+
+
+def replace_target(cfg, toml):
+    from dataclasses import replace
+
+    return replace(cfg, target=f"skippy:{toml}")
+
+
+@pytest.mark.llama
+def test_a_fake_that_loads_a_dropped_family_fails_the_reject_lane(tmp_path):
+    r = run_cli("family-certify", "run", "--tier", "3", "--lane", "reject", "--target",
+                f"skippy:{fake(tmp_path, 'loads-dropped')}", cwd=ROOT, timeout=600)
+    assert r.returncode == 1
+    lines = [ln for ln in r.stdout.splitlines() if " reject " in ln]
+    assert len(lines) == 18 and all("FINDING      loaded; expected a clean 'unsupported family' error" in ln
+                                    for ln in lines), r.stdout
+
+
+@pytest.mark.llama
+def test_a_malformed_report_is_a_harness_finding_never_a_pass(tmp_path):
+    out = tmp_path / "report.json"
+    r = run_cli("family-certify", "run", "qwen3", "--lane", "parity", "--target",
+                f"skippy:{fake(tmp_path, 'malformed-report')}", "--report", str(out), cwd=ROOT, timeout=600)
+    assert r.returncode == 1
+    rep = json.loads(out.read_text())["results"][0]["reports"][0]
+    assert {(x["check"], x["outcome"], x["status"]) for x in rep["results"]} == \
+        {("serve", "pass", "pass"), ("single-step", "harness", "finding"), ("chain", "harness", "finding"),
+         ("split-scan", "harness", "finding")}
+    assert rep["findings"][0]["cause"]["detail"] == \
+        "report single-step.json lacks status, matches: not a skippy-correctness single-step report"
+
+
+@pytest.mark.llama
+def test_a_hanging_fake_times_out_and_leaves_nothing_running(tmp_path):
+    from fuzz.skippy import SkippyRunConfig, report
+    from synth.make import resolve, write_fixture
+    from synth.spec import Knobs
+
+    path = tmp_path / "llama.gguf"
+    write_fixture(resolve("llama", Knobs(layers=2)), path)
+    hangs = fake(tmp_path, "hangs", request=2, lane=3)
+    rep = report(path, SkippyRunConfig(checks=("serve", "single-step"), cuts="1", target=f"skippy:{hangs}"))
+    assert [(r["check"], r["outcome"], r["status"], r["reproduced"]) for r in rep.results] == \
+        [("serve", "timeout", "timeout", True), ("single-step", "timeout", "timeout", True)]
+    assert rep.results[1]["note"] == "skippy-correctness single-step timed out after 3 s"
+    assert rep.status == "timeout" and no_fake_left() == []
+    log = rep.results[1]["logs"][0]
+    assert "fake-skippy bug: FAKE_SKIPPY_BUG=hangs: never answering" in open(log).read()  # the log is kept
+
+
+def test_require_lanes_turns_a_skipped_lane_into_a_failure(tmp_path):
+    m = tmp_path / "family_tiers.toml"
+    m.write_text((ROOT / "family_tiers.toml").read_text().replace(
+        'recipe = { family = "qwen3", layers = 6 }', 'recipe = { family = "qwen3", layers = 6 }\ndtypes = []', 1))
+    args = ["run", "qwen3", "--lane", "dtype", "--manifest", str(m)]
+    r = run_cli("family-certify", *args, cwd=ROOT)
+    assert r.returncode == 0 and "SKIPPED      skipped: no dtypes for this row" in r.stdout
+    r = run_cli("family-certify", *args, "--require-lanes", cwd=ROOT)
+    assert r.returncode == 1 and "MISSING      skipped, and --require-lanes: no dtypes for this row" in r.stdout
