@@ -446,7 +446,8 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
             except UserError as e:  # a fixture the toolkit made, refused or failed on by the target: not bad input
                 res = LaneResult(row.key, lane, CRASH, f"the lane could not run on the target: {e}")
             res.seconds = time.perf_counter() - t0
-            out.append(known(row, res))
+            # the manifest's known findings are the pinned llama.cpp's: another runtime is judged on its own
+            out.append(res if target_spec.startswith("skippy:") else known(row, res))
     return out
 
 

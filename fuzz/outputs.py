@@ -67,7 +67,7 @@ def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifes
                             f"({manifest['path']}); re-run every shard on the same commit")
     builds = {build_name(r["build"]) for r in runs}
     if len(builds) > 1:
-        raise UserError(f"shards ran on different llama.cpp builds ({', '.join(sorted(builds))}); re-run them on one")
+        raise UserError(f"shards ran on different builds ({', '.join(sorted(builds))}); re-run them on one")
     lanes = [x for r in runs for x in r["results"] if x["status"] != MISSING] + list(also)
     return run_report(lanes, plan=plan, manifest=manifest, target=runs[0]["target"] if runs else "",
                       llama_cpp_commit=None, wall_s=max((r["wall_s"] for r in runs), default=0.0),

@@ -35,9 +35,22 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, UNSUPPORTED, Finding, Oracle, Report, make_report, select
+from fuzz.contract import (
+    CRASH,
+    FINDING,
+    NUMERICS,
+    PASS,
+    TIMEOUT,
+    UNSUPPORTED,
+    Finding,
+    Oracle,
+    Report,
+    make_report,
+    select,
+)
 from fuzz.stages import KIND_LETTER, pattern_period
 from fuzz.sweep import cut_sets
+from fuzz.wire import NEAR_TIE  # a gated flip where the unsplit model's top-2 margin is below this is not judged
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target
@@ -156,7 +169,7 @@ class Run:
         run = self.load_case if case["check"] == "load" else self.http_case if case["check"] in HTTP_CHECKS \
             else self.lane_case
         res = {**case, **run(t, case)}
-        res["status"] = STATUS_OF[res["outcome"]]
+        res["status"] = NUMERICS if "near_tie" in res else STATUS_OF[res["outcome"]]
         res["seconds"] = round(time.perf_counter() - t0, 2)
         return res
 
@@ -252,6 +265,10 @@ class Run:
         at = next((i for i, (a, b) in enumerate(zip(first["text"], first["reference"], strict=False))
                    if a != b),
                   min(len(first["text"]), len(first["reference"])))
+        if check == "wire":  # a gate with near-ties excused, as our own wire oracle's (skippy gives no logprobs)
+            tie = near_tie(self.fixture, dict(asks)[first["ask"]], first["reference"], at, self.cfg.tokens)
+            if tie is not None and tie["margin"] < NEAR_TIE:
+                out["near_tie"] = tie
         return {**out, "outcome": "mismatch", "position": at,
                 "note": f"{first['ask']}: the split answered {first['text'][:40]!r}, the unsplit model "
                         f"{first['reference'][:40]!r} (first difference at character {at}"
@@ -282,6 +299,26 @@ class Run:
         if isinstance(rep, dict):
             out["report"] = summarize(check, rep)
         return out
+
+
+def near_tie(fixture: Path, prompt: str, reference: str, at: int, tokens: int) -> dict[str, Any] | None:
+    """The unsplit model's own top-1/top-2 logit margin at the step whose text holds character `at`, from the
+    pinned llama.cpp (an extra opinion on the reference: skippy's API gives no logprobs) — None unless llama.cpp's
+    greedy answer is skippy's unsplit answer, so the margin is of the step skippy took."""
+    with open_target("llama-cpp") as t:
+        if not t.load(str(fixture)).ok:
+            return None
+        toks = t.call("tokenize", text=prompt)
+        g = t.generate(toks.data["tokens"], tokens) if toks.ok else None
+        if g is None or not g.ok or t.call("detokenize", tokens=g.data["tokens"]).data.get("text") != reference:
+            return None
+        done = 0
+        for step, tok in enumerate(g.data["tokens"]):
+            done += len(t.call("detokenize", tokens=[tok]).data["text"])
+            if done > at:
+                top = np.sort(g.data["logits"][step])[::-1]
+                return {"step": step, "token": int(tok), "margin": float(top[0] - top[1])}
+    return None
 
 
 def lane_config(row: Any, lane: str, target: str) -> SkippyRunConfig | None:
@@ -331,12 +368,18 @@ def summarize(check: str, rep: dict[str, Any]) -> dict[str, Any]:
 
 def finding_of(r: dict[str, Any]) -> Finding:
     cuts = r["cuts"]
+    if "near_tie" in r:
+        tie = r["near_tie"]
+        cause = {"kind": "near-tie", "detail": f"the unsplit model's top-2 margin at step {tie['step']} is "
+                                               f"{tie['margin']:.1e} (< {NEAR_TIE:g}): a flip there is not judged"}
+    else:
+        cause = {"kind": r["outcome"], "detail": r.get("note", "")}
     what = f"skippy {r['check']}" + (f" stage {r['stage']} ({r['payload']})" if "stage" in r else "") + \
         (f" {r['wire']}" if "wire" in r else "") + \
         f" at cuts {','.join(map(str, cuts))}: {r['outcome']}" + (f": {r['note']}" if r.get("note") else "")
     return Finding(oracle="skippy", status=r["status"], message=what, cuts=list(cuts), stage=r.get("stage"),
                    phase=r["check"], where=r.get("payload") or r.get("wire"), position=r.get("position"),
-                   cause={"kind": r["outcome"], "detail": r.get("note", "")}, reproduced=r.get("reproduced"),
+                   cause=cause, reproduced=r.get("reproduced"),
                    detail=r)
 
 
@@ -350,10 +393,12 @@ def report(fixture: Path, cfg: SkippyRunConfig) -> Report:
             "timing": {"wall_s": round(time.perf_counter() - t0, 2)},
             "skippy": {**run.ident, "model_id": run.model_id, "fixture_sha256": run.sha}}
     findings = [finding_of(r) for r in run.results if r["status"] in (FINDING, CRASH, TIMEOUT)]
+    numerics = [finding_of(r) for r in run.results if r["status"] == NUMERICS]
     for r in run.results:
         if r["status"] == UNSUPPORTED:
             r["reason"] = r.get("note", "")
-    return make_report("skippy", fixture, data, results=run.results, findings=findings, extra=("skippy",))
+    return make_report("skippy", fixture, data, results=run.results, findings=findings, numerics=numerics,
+                       extra=("skippy",))
 
 
 def format_report(rep: Report) -> str:
@@ -362,7 +407,9 @@ def format_report(rep: Report) -> str:
     for r in rep.results:
         lines.append(f"  {r['check']:<14} cuts {','.join(map(str, r['cuts'])):<8}"
                      + (f" stage {r['stage']} {r['payload']:<14}" if "stage" in r else "")
-                     + f" {r['outcome']:<13} {r.get('note', '')}"[:200])
+                     + f" {r['outcome']:<13} {r.get('note', '')}"[:200]
+                     + (f" — numerics: the unsplit model's top-2 margin there is {r['near_tie']['margin']:.1e}"
+                        if "near_tie" in r else ""))
     lines.append(f"{len(rep.findings)} findings")
     return "\n".join(lines)
 
@@ -371,10 +418,13 @@ def lane_detail(rep: Report) -> str:
     """One line for a lane: cases per outcome, and the first finding."""
     counts: dict[str, int] = {}
     for r in rep.results:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+        word = "near-tie flip (numerics)" if r["status"] == NUMERICS else r["outcome"]
+        counts[word] = counts.get(word, 0) + 1
     checks = ", ".join(dict.fromkeys(r["check"] for r in rep.results))
     why = next((r.get("note") for r in rep.results if r["outcome"] == "unsupported"), "")
+    prefix = [c or 0 for r in rep.results if r["check"] == "prefix" for c in r.get("cached_tokens", ())]
     return (f"skippy {checks}: {len(rep.results)} cases, " + ", ".join(f"{v} {k}" for k, v in counts.items())
+            + (f"; {sum(prefix)} prompt tokens restored from skippy's kv_cache" if prefix else "")
             + (f"; unsupported: {why}" if why and not rep.findings else "")
             + (f"; first: {rep.findings[0].message}" if rep.findings else ""))
 

@@ -43,6 +43,7 @@ class FixtureStages:
         self._source: SourceModel | None = None
         self._cache: dict[tuple[int, int], tuple[Path, StageInfo] | Unsupported] = {}
         self.workdir: Path | None = None
+        self.bytes_written = 0  # stage files written so far
 
     @contextlib.contextmanager
     def workspace(self, workdir: Path | None) -> Iterator[Path]:
@@ -67,6 +68,7 @@ class FixtureStages:
             path = stage_path(self.workdir, self.fixture, a, b)
             try:
                 self._cache[(a, b)] = (path, self.slicer(self.fixture, path, a, b))
+                self.bytes_written += path.stat().st_size
             except Unsupported as e:
                 self._cache[(a, b)] = e
         return self._cache[(a, b)]

@@ -262,6 +262,8 @@ class Sweep:
         self.cfg = cfg
         self.slicer = slicer
         self.decode_seconds = 0.0
+        self.load_seconds = 0.0  # llama.cpp's model loads and context creations, summed over every worker
+        self.write_seconds = 0.0  # writing stage files
         self._lock = threading.Lock()
 
     def _read_fixture(self) -> None:
@@ -272,6 +274,12 @@ class Sweep:
     def _add_time(self, seconds: float) -> None:
         with self._lock:
             self.decode_seconds += seconds
+
+    def _loaded(self, r: Reply) -> Reply:
+        if r.ok:
+            with self._lock:
+                self.load_seconds += float(r.data.get("load_seconds", 0.0))
+        return r
 
     def run(self) -> SweepReport:
         cfg = self.cfg
@@ -308,7 +316,9 @@ class Sweep:
                     "n_batch": self._params["n_batch"], "n_ubatch": self._params["n_ubatch"]},
             control=control, results=results,
             timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
-                    "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0})
+                    "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0,
+                    "load_s": round(self.load_seconds, 4), "stage_write_s": round(self.write_seconds, 4),
+                    "stage_bytes": self.st.bytes_written})
 
     def _load_params(self, n_seq: int) -> dict[str, Any]:
         return context_params(n_seq=n_seq, n_ubatch=self.cfg.n_ubatch)
@@ -317,11 +327,11 @@ class Sweep:
         """Load the full model on t, or take the load started for it at the beginning."""
         th = self._preload.pop(id(t), None)
         if th is None:
-            return t.load(str(self.fixture), **self._params)
+            return self._loaded(t.load(str(self.fixture), **self._params))
         th.join()
         if th.error is not None:
             raise th.error
-        return th.result
+        return self._loaded(th.result)
 
     def _run(self, sets: list[list[int]], workers: list[Target], progress: Progress):
         """The reference runs on the first worker while a thread materializes the stages, and the control run
@@ -419,7 +429,9 @@ class Sweep:
                 if tasks.aborted:
                     return
                 res = CutResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status="pass")
+                t0 = time.perf_counter()
                 stages = self.st.stages(cuts)
+                self.write_seconds += time.perf_counter() - t0
                 if isinstance(stages, Unsupported):
                     res.status, res.reason = "unsupported", str(stages)
                     tasks.finish(_Job(i, res, None))
@@ -469,6 +481,7 @@ class Sweep:
                                     capture=capture, n_pos_per_token=self.n_pos, logits_mode=mode)
             requests.append(script_request(reqs, reset=True))
         replies = t.pipeline(requests)
+        self._loaded(replies[0])
         if not replies[0].ok:
             job.failures.setdefault(names[0], ("load", RunFailure(replies[0].failure, s)))
             return

@@ -143,6 +143,7 @@ class LlamaWorker:
         if params["n_batch"] < params["n_seq_max"]:
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
         self.native.log_clear()
+        t0 = time.perf_counter()
         mp = L.llama_model_default_params()
         if "mmap" in req:  # (llama.cpp's default otherwise: auto)
             mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if req["mmap"] else L.LLAMA_LOAD_MODE_NONE
@@ -173,7 +174,7 @@ class LlamaWorker:
             raise RequestError("load_failed", "load: " + self._last_error("failed to create context"))
         self.model, self.ctx, self.params = model, ctx, params
         self.info = self._model_info()
-        return self.info
+        return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6)}
 
     def op_info(self, _req: dict) -> dict:
         self._need_model()
