@@ -184,8 +184,11 @@ class Run:
                 return {"error": f"the unsplit reference did not load: {self.load_failure}",
                         "outcome": outcome_of_failure(self.load_failure)}
             r = t.call("complete", via="reference", requests=[{"prompt": prompt, "max_tokens": self.cfg.tokens}])
-            self.refs[prompt] = r.data["results"][0] if r.ok else {"error": r.failure.message,
-                                                                  "outcome": outcome_of_failure(r.failure.message)}
+            got = r.data["results"][0] if r.ok else {"error": r.failure.message,
+                                                     "outcome": outcome_of_failure(r.failure.message)}
+            if "error" in got:  # not kept: a reproduction asks again
+                return got
+            self.refs[prompt] = got
         return self.refs[prompt]
 
     def load_case(self, t: Target, _case: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ A config (TOML; relative paths are relative to the config file):
     [skippy]
     binary = "/opt/skippy/bin/skippy"          # or skippy-server
     correctness = "/opt/skippy/bin/skippy-correctness"
-    model_package = ""                         # skippy-model-package (load_mode layer-package); optional
+    model_package = ""                         # skippy-model-package: optional, recorded (layer packages come
+                                               # from `synth package`, the v1 format)
     load_mode = "runtime-slice"                # runtime-slice | artifact-slice | layer-package
     commit = ""                                # expected skippy commit; checked against `binary --version`
     abi = ""                                   # expected skippy ABI (e.g. "0.1.67"); from --version or the roster
@@ -120,8 +121,6 @@ def read_config(path: str | Path) -> SkippyConfig:
     if load_mode not in LOAD_MODES:
         raise _bad(path, f"[skippy] load_mode {load_mode!r}: one of {', '.join(LOAD_MODES)}")
     package = where("model_package", False)
-    if load_mode == "layer-package" and package is None:
-        raise _bad(path, "load_mode layer-package needs [skippy] model_package (skippy-model-package)")
     roster = where("roster", False)
     timeouts = {**TIMEOUTS, **{k: float(v) for k, v in raw.get("timeouts", {}).items()}}
     if any(v <= 0 for v in timeouts.values()):
@@ -155,7 +154,10 @@ def identity(config: str | Path) -> dict[str, Any]:
         line = (out.stdout.strip() or out.stderr.strip()).splitlines()[0] if out.returncode == 0 else ""
     except (OSError, subprocess.TimeoutExpired, IndexError) as e:
         raise _bad(cfg.path, f"{cfg.binary} --version failed ({e}); is it skippy's binary?") from None
-    ident: dict[str, Any] = {"binary": str(cfg.binary), "version_line": line or None, **parse_version(line)}
+    ident: dict[str, Any] = {"binary": str(cfg.binary), "version_line": line or None, **parse_version(line),
+                             "load_mode": cfg.load_mode}
+    if cfg.model_package is not None:
+        ident["model_package"] = str(cfg.model_package)
     if cfg.roster is not None:
         try:
             recipe = json.loads(cfg.roster.read_text()).get("native_recipe", {})

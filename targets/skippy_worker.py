@@ -92,6 +92,12 @@ class Topology:
         self.procs = []
 
 
+def hash_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def last_error(log: Path) -> str:
     """The log's last line that says what went wrong (else its last line)."""
     try:
@@ -185,7 +191,8 @@ class SkippyWorker:
         for i in range(len(bounds) - 1):
             configs.append({
                 "run_id": f"family-certify-{self.runs}", "topology_id": f"cuts-{'-'.join(map(str, cuts))}",
-                "model_id": self.model_id, "model_path": str(path), "stage_id": f"stage-{i}", "stage_index": i,
+                "model_id": self.model_id, "model_path": str(self._artifact(path, bounds[i], bounds[i + 1])),
+                "stage_id": f"stage-{i}", "stage_index": i,
                 "layer_start": bounds[i], "layer_end": bounds[i + 1], "load_mode": self.cfg.load_mode,
                 "bind_addr": f"127.0.0.1:{ports[i]}", **self.cfg.stage, "activation_codec": codec,
                 "upstream": peer(i - 1) if i > 0 else None,
@@ -297,6 +304,37 @@ class SkippyWorker:
         if not path or not Path(path).exists():
             raise RequestError("bad_request", f"no such model file: {path!r}")
         return Path(path)
+
+    def _artifact(self, path: Path, a: int, b: int) -> Path:
+        """What a stage's model_path names in the config's load mode: the whole GGUF (runtime-slice: skippy slices
+        it), a layer package of it (layer-package: `synth package`, the v1 format, made once per fixture) or the
+        stage's own GGUF (artifact-slice: synth.stage, the slicer our sweep certifies)."""
+        from synth.errors import UserError
+
+        if self.cfg.load_mode == "runtime-slice":
+            return path
+        d = self.logs / "artifacts" / f"{path.stem}-{hash_of(path)[:12]}"
+        try:
+            if self.cfg.load_mode == "layer-package":
+                pkg = d / "package"
+                if not (pkg / "model-package.json").is_file():
+                    from synth.package import write_package
+
+                    write_package(path, pkg, model_id=self.model_id)
+                return pkg
+            from synth.stage import SourceModel, Unsupported
+
+            dst = d / f"stage-{a}-{b}.gguf"
+            if not dst.is_file():
+                d.mkdir(parents=True, exist_ok=True)
+                try:
+                    SourceModel(path).slice(dst, a, b)
+                except Unsupported as e:
+                    raise RequestError("load_failed", f"Unsupported: stage {a}:{b}: {e} (artifact-slice: the "
+                                                      f"stage file cannot be made)") from None
+            return dst
+        except UserError as e:
+            raise RequestError("bad_request", f"{self.cfg.load_mode} artifact of {path}: {e}") from None
 
     def _topology(self, kind: str) -> Topology:
         self.runs += 1

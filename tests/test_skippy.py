@@ -38,7 +38,6 @@ def config(tmp_path, body: str):
     ("[skipy]\nbinary = 'skippy'\n", "unknown section [skipy]"),
     ("[skippy]\nbinary = 'skippy'\nport = 3\n", "unknown key [skippy] port"),
     ("[skippy]\nbinary = 'skippy'\nload_mode = 'whole'\n", "load_mode 'whole'"),
-    ("[skippy]\nbinary = 'skippy'\nload_mode = 'layer-package'\n", "needs [skippy] model_package"),
     ("[skippy]\nbinary = 'skippy'\n[timeouts]\nready = 'soon'\n", "[timeouts] ready = 'soon': wrong type"),
     ("[skippy\n", "not valid TOML"),
 ])
@@ -128,12 +127,13 @@ def test_the_fake_config_is_valid():
 
 # ---- against the fake skippy ----------------------------------------------------------------------------------
 
-def fake(tmp_path, bug=None, **timeouts):
-    """The fake's config with FAKE_SKIPPY_BUG set (None: the correct fake) and any timeouts changed."""
-    text = FAKE.read_text().replace('"fake_skippy/', f'"{ROOT}/tests/fake_skippy/')
+def fake(tmp_path, bug=None, load_mode="runtime-slice", **timeouts):
+    """The fake's config with FAKE_SKIPPY_BUG set (None: the correct fake), a load mode and any timeouts changed."""
+    text = FAKE.read_text().replace('"fake_skippy/', f'"{ROOT}/tests/fake_skippy/').replace(
+        '"runtime-slice"', f'"{load_mode}"')
     for k, v in timeouts.items():
         text = text.replace(f"\n{k} = ", f"\n{k} = {v}\n# was ", 1)
-    p = tmp_path / f"skippy-{bug or 'correct'}.toml"
+    p = tmp_path / f"skippy-{bug or 'correct'}-{load_mode}.toml"
     p.write_text(text + (f'\n[env]\nFAKE_SKIPPY_BUG = "{bug}"\n' if bug else ""))
     return p
 
@@ -324,3 +324,22 @@ def test_a_gated_f16_flip_at_a_near_tie_is_numerics_not_a_finding(tmp_path):
     (r,) = rep.results
     assert (r["outcome"], r["status"], r["near_tie"]["step"]) == ("mismatch", "numerics", 1)
     assert 0 < r["near_tie"]["margin"] < 1e-2 and rep.findings == [] and rep.numerics[0].cause["kind"] == "near-tie"
+
+
+@pytest.mark.llama
+def test_layer_packages_and_stage_artifacts_serve_like_runtime_slices(tmp_path):
+    """load_mode layer-package (a `synth package` v1 directory as model_path: where B1 first lived) and
+    artifact-slice (each stage's own GGUF): the same answers; the B1 fake is caught the same way."""
+    from fuzz.skippy import SkippyRunConfig, report
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    path = tmp_path / "jamba.gguf"
+    write_fixture(load_manifest(None).row("jamba").spec(), path)
+
+    def bad(bug, mode):
+        cfg = SkippyRunConfig(checks=("serve", "prefix"), cuts="1;4", target=f"skippy:{fake(tmp_path, bug, mode)}")
+        return [(r["check"], r["cuts"], r["outcome"]) for r in report(path, cfg).results if r["status"] != "pass"]
+
+    assert bad(None, "layer-package") == [] and bad(None, "artifact-slice") == []
+    assert bad("drops-recurrent", "layer-package") == [("prefix", [4], "mismatch")]
