@@ -4,7 +4,7 @@ summed over workers) and stage files written (time, bytes).
 
   default       a 12-layer hybrid fixture (qwen3next, period 4): goal ratio <= 1.25x, wall <= 15 s on 2 cores
   --real PATH   any GGUF (a user's model): goal ratio <= 1.3x
-  --real-size   a synthetic fixture at a real model's size, made here (gemma3: 18 layers, n_embd 640, vocab 262144,
+  --real-size   a synthetic fixture at a real model's size, made here (gemma3: 18 layers, n_embd 768 — q4_k blocks are 256 wide —, vocab 262144,
                 q4_k, ~200 MB — the shape of gemma-3-270m): goal ratio <= 1.3x
 
 Each repeat is a whole sweep (workers started and stopped) with its ratio measured in that run; the
@@ -45,7 +45,7 @@ def main() -> None:
         path = args.real or Path(d) / "bench.gguf"
         t0 = time.perf_counter()
         if args.real_size:
-            write_fixture(resolve("gemma3", Knobs(layers=18, embd=640, vocab=262144, dtype="q4_k")), path)
+            write_fixture(resolve("gemma3", Knobs(layers=18, embd=768, vocab=262144, dtype="q4_k")), path)
         elif not args.real:
             write_fixture(resolve(args.family, Knobs(layers=args.layers, period=args.period)), path)
         made = time.perf_counter() - t0
@@ -60,7 +60,7 @@ def main() -> None:
             shutil.rmtree(Path(d) / "stages", ignore_errors=True)
             if rep.summary["pass"] != len(rep.results):
                 raise SystemExit(f"the sweep did not pass: {rep.summary}")
-    print(f"fixture: {args.family}, {rep.n_layer} layers {rep.kinds}; {len(rep.results)} cut sets x "
+    print(f"fixture: {rep.arch}, {rep.n_layer} layers {rep.kinds}; {len(rep.results)} cut sets x "
           f"(prefill {rep.config['prompt_len']} tokens in chunks of {rep.config['chunk']}, {args.tokens} decode "
           f"steps, batched {rep.config['n_seq']} seqs) on {rep.config['workers']} workers; summary {rep.summary}")
     for ratio, wall, tm in runs:

@@ -32,8 +32,12 @@ def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
 
 
 class FixtureStages:
-    def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None):
+    def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None,
+                 sparse: bool = False):
+        """sparse: stage files without the token embedding a stage after the first never reads
+        (synth.stage.write_stage), for an oracle that never feeds such a stage tokens."""
         self.fixture = Path(fixture)
+        self.sparse = sparse
         self.g = GGUFFile(self.fixture)  # parsed once, for every reader below
         self.info: ModelInfo = inspect_gguf(self.g)
         self.embd_refused = embd_input_contract(self.g)
@@ -60,7 +64,7 @@ class FixtureStages:
     def _slice(self, src: Path, dst: Path, a: int, b: int) -> StageInfo:
         if self._source is None:
             self._source = SourceModel(self.g if Path(src) == self.fixture else src)
-        return self._source.slice(dst, a, b)
+        return self._source.slice(dst, a, b, sparse=self.sparse)
 
     def stage(self, a: int, b: int) -> tuple[Path, StageInfo] | Unsupported:
         assert self.workdir is not None, "use FixtureStages.workspace()"
@@ -68,7 +72,7 @@ class FixtureStages:
             path = stage_path(self.workdir, self.fixture, a, b)
             try:
                 self._cache[(a, b)] = (path, self.slicer(self.fixture, path, a, b))
-                self.bytes_written += path.stat().st_size
+                self.bytes_written += path.stat().st_blocks * 512  # on disk: a sparse stage's holes cost nothing
             except Unsupported as e:
                 self._cache[(a, b)] = e
         return self._cache[(a, b)]

@@ -193,12 +193,17 @@ def split_tensors(tensors: Tensors) -> tuple[Tensors, dict[int, Tensors]]:
 
 
 def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tensors, layer_tensors: LayerTensors,
-                dst: str | os.PathLike, a: int, b: int) -> StageInfo:
+                dst: str | os.PathLike, a: int, b: int, *, sparse: bool = False) -> StageInfo:
     """Write the stage [a, b) of a model given as pieces, wherever they came from (one GGUF or a layer package).
 
     g describes the whole model (arch, metadata values, every tensor's name); kv is its writable metadata;
     globals_ its non-block tensors in source order; layer_tensors(i) the tensors of source layer i, called only
-    for the layers the stage holds (pads included). Raises Unsupported for a stage llama.cpp cannot express."""
+    for the layers the stage holds (pads included). Raises Unsupported for a stage llama.cpp cannot express.
+
+    sparse: the token embedding of a stage after the first is left a file hole (zeros, not written): such a stage
+    takes embeddings and never reads it — when the model has its own output head (tied, the embedding is the last
+    stage's head). A real model's embedding is 100+ MB in every stage file otherwise. (A stage before the last keeps
+    its head: the llama.cpp worker orders captured rows by the logits llama.cpp returns.)"""
     n = info.n_layer
     if not 0 <= a < b <= n:
         raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
@@ -208,7 +213,13 @@ def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tenso
     st = plan_stage(g, info, a, b)
     new_kv = _stage_metadata(g, kv, st)
     new_tensors = _stage_tensors(globals_, layer_tensors, st, neutralize_positions=a > 0)
-    write_gguf(dst, g.arch, new_kv, new_tensors)
+    holes: set[str] = set()
+    names = {name for name, _ in new_tensors}
+    if sparse and a > 0 and "output.weight" in names:
+        holes |= {"token_embd.weight"} & names
+    if holes:
+        st.notes.append(f"sparse: {', '.join(sorted(holes))} not written (never read by this stage)")
+    write_gguf(dst, g.arch, new_kv, new_tensors, holes=frozenset(holes))
     return st
 
 
@@ -220,9 +231,11 @@ class SourceModel:
         self.info = inspect_gguf(self.g)
         self.globals, self.by_layer = split_tensors(self.tensors)
 
-    def slice(self, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
-        """Write the stage [a, b) to dst. Raises Unsupported for a stage llama.cpp cannot express."""
-        return write_stage(self.g, self.info, self.kv, self.globals, lambda i: self.by_layer.get(i, []), dst, a, b)
+    def slice(self, dst: str | os.PathLike, a: int, b: int, *, sparse: bool = False) -> StageInfo:
+        """Write the stage [a, b) to dst (sparse: see write_stage). Raises Unsupported for a stage llama.cpp cannot
+        express."""
+        return write_stage(self.g, self.info, self.kv, self.globals, lambda i: self.by_layer.get(i, []), dst, a, b,
+                           sparse=sparse)
 
 
 def slice_model(src: str | os.PathLike, dst: str | os.PathLike, a: int, b: int) -> StageInfo:

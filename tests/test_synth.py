@@ -91,9 +91,40 @@ def test_the_tensor_writer_writes_gguf_pys_bytes(tmp_path, family, monkeypatch):
 
     spec = resolve(family, Knobs())
     write_fixture(spec, tmp_path / "ours.gguf")
-    monkeypatch.setattr(gguf_io, "_write_tensors", lambda w: w.write_tensors_to_file())
+    monkeypatch.setattr(gguf_io, "_write_tensors", lambda w, holes=frozenset(): w.write_tensors_to_file())
     write_fixture(spec, tmp_path / "gguf-py.gguf")
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
+
+
+def test_large_tensors_and_holes_write_the_same_bytes(tmp_path, monkeypatch):
+    """Tensors of 1 MiB and more are written from their own memory; a sparse stage leaves the token embedding of a
+    stage after the first a hole: the same bytes as the whole stage with that tensor zeroed, fewer on disk."""
+    import numpy as np
+
+    from synth import gguf_io
+    from synth.gguf_io import GGUFFile
+    from synth.stage import SourceModel
+
+    spec = resolve("llama", Knobs(layers=2, vocab=8192, embd=64))  # token_embd and output: 2 MiB of f32 each
+    write_fixture(spec, tmp_path / "ours.gguf")
+    with monkeypatch.context() as m:
+        m.setattr(gguf_io, "_write_tensors", lambda w, holes=frozenset(): w.write_tensors_to_file())
+        write_fixture(spec, tmp_path / "gguf-py.gguf")
+    assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
+    src = SourceModel(tmp_path / "ours.gguf")
+    whole, sparse = tmp_path / "whole.gguf", tmp_path / "sparse.gguf"
+    src.slice(whole, 1, 2)
+    st = src.slice(sparse, 1, 2, sparse=True)
+    assert st.notes[-1] == "sparse: token_embd.weight not written (never read by this stage)"
+    w, sp = GGUFFile(whole), GGUFFile(sparse)
+    for t in w.reader.tensors:
+        got = sp.tensor_data(t.name)
+        want = np.zeros_like(w.tensor_data(t.name)) if t.name == "token_embd.weight" else w.tensor_data(t.name)
+        assert np.array_equal(got, want), t.name
+    assert sparse.stat().st_size == whole.stat().st_size
+    assert sparse.stat().st_blocks * 512 < whole.stat().st_size - 2_000_000  # the embedding's 2 MiB not written
+    src.slice(sparse, 0, 1, sparse=True)  # the first stage reads its tokens' embeddings: nothing left out
+    assert sparse.read_bytes() == (src.slice(whole, 0, 1) and whole.read_bytes())
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
