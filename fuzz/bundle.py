@@ -17,6 +17,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from fuzz.parity import describe_node
 from synth.errors import UserError, read_json
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
+from synth.inspect import inspect_file
 from synth.make import write_fixture
 from synth.spec import KNOBS, SPEC_KEY, Knobs, ModelSpec
 
@@ -117,10 +119,11 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
                 break
             out.log.append(f"{key} → {smaller}")
 
-    # 2. the model (synthetic fixtures only): the layer range bisected (half the leading or trailing layers at
-    # once, then a quarter, ... one), then each width halved, while the failure holds
+    # 2. the model: the layer range bisected (half the leading or trailing layers at once, then a quarter, ...
+    # one), then (synthetic fixtures: regenerated from the spec) each width halved, while the failure holds
     spec = spec_of(out.case.fixture)
-    if spec is None:
+    if spec is None:  # a user's GGUF: its layer range only, as slices of the model itself
+        _shrink_real_layers(out, keeps, workdir)
         return out
     n = 0
 
@@ -150,6 +153,44 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
             if now is None or now <= floor or not attempt(f"{knob} halved", **{knob: max(floor, now // 2)}):
                 break
     return out
+
+
+def _shrink_real_layers(out: Shrunk, keeps: Callable[[Case], bool], workdir: Path) -> None:
+    """A model without our spec (a user's GGUF) shrunk to the layers the finding needs: leading or trailing layers
+    bisected away, each candidate the layers [a, b) of the model as synth.stage slices them — a standalone GGUF
+    (the token embedding, those layers, the head), its cuts moved with the layers."""
+    n = 0
+    progressed = True
+    while progressed:
+        progressed = False
+        for side in ("first", "last"):
+            k = inspect_file(str(out.case.fixture)).n_layer // 2
+            while k >= 1:
+                cand = _sliced_model(out.case, workdir / f"shrink-{n}.gguf", **{f"drop_{side}": k})
+                n += 1
+                if cand is not None and keeps(cand):
+                    out.log.append(f"dropped the {side} {k} layer{'s' if k > 1 else ''} → "
+                                   f"{inspect_file(str(cand.fixture)).n_layer} layers, cuts {cand.cuts}")
+                    progressed = True
+                    break
+                k //= 2
+
+
+def _sliced_model(case: Case, path: Path, *, drop_first: int = 0, drop_last: int = 0) -> Case | None:
+    """The case on layers [drop_first, n - drop_last) of its model (None: not expressible, or a cut falls
+    outside). Pass-through pads synth.stage adds (a contract of the arch) move the cuts by as many layers."""
+    from synth.stage import SourceModel, Unsupported
+
+    n = inspect_file(str(case.fixture)).n_layer
+    a, b = drop_first, n - drop_last
+    if not 0 <= a < b <= n or any(not a < c < b for c in case.cuts):
+        return None
+    try:
+        st = SourceModel(case.fixture).slice(path, a, b)
+    except (Unsupported, UserError):
+        return None
+    where = {src: j for j, src in enumerate(st.layers) if j not in st.pads}
+    return replace(case, fixture=path, cuts=[where[c] for c in case.cuts])
 
 
 # the widths the shrinker halves, coarsest first, with floors (synth refuses what a family cannot express)

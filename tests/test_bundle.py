@@ -76,3 +76,27 @@ def test_a_fingerprint_carries_the_cause_and_an_older_one_still_matches():
     assert fp != cells
     older = {k: v for k, v in fp.items() if k != "cause"}
     assert matches(older, fp) and matches(older, cells) and not matches(fp, cells)
+
+
+def test_a_users_model_shrinks_to_the_layers_the_finding_needs(fixtures, tmp_path):
+    """A GGUF without our spec (a user's model, here a fixture with its spec key removed) cannot be regenerated
+    narrower, but its layer range can be sliced: the B1 hand-off finding on 8 layers shrinks to the layers it
+    needs — recurrent, attention, recurrent, cut 1 — as a slice of the model itself (its own weights)."""
+    from synth.gguf_io import read_all, write_gguf
+    from synth.inspect import inspect_file
+    from synth.spec import SPEC_KEY
+
+    g, kv, tensors = read_all(fixtures("jamba", layers=8, period=4))  # RRARRRAR
+    user = tmp_path / "users-model.gguf"
+    write_gguf(user, g.arch, {k: v for k, v in kv.items() if k != SPEC_KEY}, tensors)
+    out = tmp_path / "b"
+    r = run_cli("fuzz", "handoff", str(user), "--cuts", "2", "--prompt-len", "6", "--modes", "full",
+                "--target", "mutant:b1-first-layer-probe", "--bundle", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (bundle,) = list(out.iterdir())
+    data = json.loads((bundle / "bundle.json").read_text())
+    assert data["spec"] is None and data["cuts"] == [1]
+    kinds = "".join(x.kind[0].upper() for x in inspect_file(str(bundle / "fixture.gguf")).layers)
+    assert kinds == "RAR", data["shrink"]["steps"]
+    assert any(s.startswith("dropped the") for s in data["shrink"]["steps"])
+    assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
