@@ -80,7 +80,7 @@ class SkippyRunConfig:
     payloads: tuple[str, ...] = PAYLOADS  # the state-handoff check's payload kinds (where a stage needs them)
     seed: int = 0
     target: str = ""
-    timeout: float = 900.0  # per worker call (the config's own timeouts stop skippy earlier)
+    timeout: float = 900.0  # per worker call, at least the config's own timeouts (they stop skippy first) + a minute
 
 
 def plan_cuts(spec: str, n_layer: int, period: int) -> list[list[int]]:
@@ -127,7 +127,12 @@ class Run:
 
     # ---- running ------------------------------------------------------------------------------------------
     def run(self) -> None:
-        with open_target(self.cfg.target, timeout=self.cfg.timeout) as t:
+        from targets.skippy import read_config
+
+        own = read_config(self.cfg.target[len("skippy:"):]).timeouts
+        # a call starts several processes (each up to `ready`) or one correctness lane: the worker answers first
+        timeout = max(self.cfg.timeout, own["lane"] + own["request"] + 4 * own["ready"] + 60)
+        with open_target(self.cfg.target, timeout=timeout) as t:
             hello = t.hello()
             self.ident = hello.data.get("skippy", {}) if hello.ok else {}
             for case in self.cases():
