@@ -329,7 +329,10 @@ def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, m
         with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
             sh = shrink(case, f.fingerprint, rep, Path(d))
             sh.runs += 1
-            paths.append(write_bundle(out_root / bundle_name(report.fixture, f, oracle.per_cut), sh, original=case))
+            where = out_root / bundle_name(report.fixture, f, oracle.per_cut)
+            if where in paths:  # two findings of one phase and cut set, told apart where they are (a payload kind)
+                where = where.with_name(f"{where.name}-{f.where or len(paths)}")
+            paths.append(write_bundle(where, sh, original=case))
     return paths
 
 

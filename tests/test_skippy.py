@@ -303,11 +303,13 @@ def test_b5_fake_fails_laguna_handoff_lane_with_a_bundle(tmp_path):
     r = run_cli("family-certify", "run", "laguna", "--lane", "handoff", "--target",
                 f"skippy:{fake(tmp_path, 'truncates-kv')}", "--out", str(out), cwd=ROOT, timeout=1200)
     assert r.returncode == 1
-    (bundle,) = [out / b for b in lanes(out)[("laguna", "handoff")]["bundles"]]
-    data = json.loads((bundle / "bundle.json").read_text())
-    assert (data["fingerprint"]["phase"], data["fingerprint"]["stage"], data["cuts"]) == ("state-handoff", 1, [1])
-    assert data["spec"]["n_head_kv"][0] < max(data["spec"]["n_head_kv"])  # both K/V widths survive the shrinking
-    assert run_cli("fuzz", "replay", str(bundle), cwd=ROOT).returncode == 1
+    bundles = [out / b for b in lanes(out)[("laguna", "handoff")]["bundles"]]
+    assert [b.name for b in bundles] == ["laguna-skippy-1-state-handoff", "laguna-skippy-1-state-handoff-full-state"]
+    for bundle in bundles:  # one per payload kind that loses the rows: resident-kv, full-state
+        data = json.loads((bundle / "bundle.json").read_text())
+        assert (data["fingerprint"]["phase"], data["fingerprint"]["stage"], data["cuts"]) == ("state-handoff", 1, [1])
+        assert data["spec"]["n_head_kv"][0] < max(data["spec"]["n_head_kv"])  # both K/V widths survive shrinking
+        assert run_cli("fuzz", "replay", str(bundle), cwd=ROOT).returncode == 1
 
 
 @pytest.mark.llama
