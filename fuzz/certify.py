@@ -190,11 +190,7 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     res = LaneResult(row.key, "dtype", UNSUPPORTED)
     parts, why = [], ""
     for dtype in row.dtypes:
-        path = workdir / f"{row.key}.{dtype}.gguf"
-        knobs = replace(row.knobs(), dtype=dtype)
-        if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
-            knobs = replace(knobs, embd=256)
-        write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
+        path, knobs = dtype_fixture(row, dtype, workdir)
         rep = res.add(*oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
                                                              target=target_spec)))
         why = why or next((r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")), "")
@@ -204,6 +200,16 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
     res.detail = f"cut sets passing per dtype ({cuts}): " + ", ".join(parts) + \
         (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
     return res
+
+
+def dtype_fixture(row: Row, dtype: str, workdir: Path) -> tuple[Path, Any]:
+    """The row's fixture with its matmul weights in this dtype (and its knobs)."""
+    path = workdir / f"{row.key}.{dtype}.gguf"
+    knobs = replace(row.knobs(), dtype=dtype)
+    if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
+        knobs = replace(knobs, embd=256)
+    write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
+    return path, knobs
 
 
 def lane_wire(row: Row, path: Path, target_spec: str) -> LaneResult:
@@ -375,13 +381,7 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     if lane == "dtype":
         if not row.dtypes:
             return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
-        paths = []
-        for dtype in row.dtypes:
-            knobs = replace(row.knobs(), dtype=dtype)
-            if dtype in WIDE_BLOCKS and knobs.embd is None:
-                knobs = replace(knobs, embd=256)
-            paths.append(workdir / f"{row.key}.{dtype}.gguf")
-            write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), paths[-1])
+        paths = [dtype_fixture(row, dtype, workdir)[0] for dtype in row.dtypes]
     res = LaneResult(row.key, lane, UNSUPPORTED)
     parts = []
     for p in paths:
