@@ -71,24 +71,21 @@ class Topology:
 
     def stop(self) -> None:
         """SIGTERM to the group (skippy shuts down gracefully on it), SIGKILL to what is left after 5 s."""
-        if not self.procs:
-            return
-        try:
-            os.killpg(self.pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        for _, p, _ in self.procs:
+        # the group is signalled only while one of its processes is unreaped: a group id stays reserved while it
+        # has members, and once it has none the number may already be another process's group (pids wrap)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if all(p.poll() is not None for _, p, _ in self.procs):
+                break
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
                 pass
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for _, p, _ in self.procs:
-            p.wait()
+            deadline = time.monotonic() + 5
+            for _, p, _ in self.procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         self.procs = []
 
 
