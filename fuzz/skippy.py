@@ -270,13 +270,16 @@ class Run:
                                                           f"answers as unsplit"}
         if first is None:
             return {**out, "outcome": "pass", "note": ""}
-        at = next((i for i, (a, b) in enumerate(zip(first["text"], first["reference"], strict=False))
-                   if a != b),
-                  min(len(first["text"]), len(first["reference"])))
+        def first_difference(j: dict[str, Any]) -> int:
+            return next((i for i, (a, b) in enumerate(zip(j["text"], j["reference"], strict=False)) if a != b),
+                        min(len(j["text"]), len(j["reference"])))
+
+        at = first_difference(first)
         if check == "wire":  # a gate with near-ties excused, as our own wire oracle's (skippy gives no logprobs)
-            tie = near_tie(self.fixture, dict(asks)[first["ask"]], first["reference"], at, self.cfg.tokens)
-            if tie is not None and tie["margin"] < NEAR_TIE:
-                out["near_tie"] = tie
+            ties = [near_tie(self.fixture, dict(asks)[j["ask"]], j["reference"], first_difference(j), self.cfg.tokens)
+                    for j in judged if not j["same"]]
+            if all(x is not None and x["margin"] < NEAR_TIE for x in ties):  # every flip, not only the first
+                out["near_tie"] = ties[0]
         return {**out, "outcome": "mismatch", "position": at,
                 "note": f"{first['ask']}: the split answered {first['text'][:40]!r}, the unsplit model "
                         f"{first['reference'][:40]!r} (first difference at character {at}"
