@@ -4,8 +4,8 @@ summed over workers) and stage files written (time, bytes).
 
   default       a 12-layer hybrid fixture (qwen3next, period 4): goal ratio <= 1.25x, wall <= 15 s on 2 cores
   --real PATH   any GGUF (a user's model): goal ratio <= 1.3x
-  --real-size   a synthetic fixture at a real model's size, made here (gemma3: 18 layers, n_embd 768 — q4_k blocks are 256 wide —, vocab 262144,
-                q4_k, ~200 MB — the shape of gemma-3-270m): goal ratio <= 1.3x
+  --real-size   a synthetic fixture at a real model's size, made here (gemma3: 18 layers, n_embd 768 — q4_k
+                blocks are 256 wide —, vocab 262144, q4_k: 240 MB, near gemma-3-270m's shape): goal ratio <= 1.3x
 
 Each repeat is a whole sweep (workers started and stopped) with its ratio measured in that run; the
 median over the repeats is the figure (one run of the default takes a third of a second, so a stray process on the

@@ -137,16 +137,7 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         out.log.append(f"{why} → {cand[2] or f'{spec.n_layer} layers {spec.pattern}, cuts {out.case.cuts}'}")
         return True
 
-    progressed = True
-    while progressed:
-        progressed = False
-        for side in ("first", "last"):
-            k = spec.n_layer // 2
-            while k >= 1:
-                if attempt(f"dropped the {side} {k} layer{'s' if k > 1 else ''}", **{f"drop_{side}": k}):
-                    progressed = True
-                    break
-                k //= 2
+    _bisect_layers(lambda: spec.n_layer, attempt)
     for knob, floor in WIDTHS:
         while True:
             now = _width(spec, knob)
@@ -155,33 +146,48 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
     return out
 
 
-def _shrink_real_layers(out: Shrunk, keeps: Callable[[Case], bool], workdir: Path) -> None:
-    """A model without our spec (a user's GGUF) shrunk to the layers the finding needs: leading or trailing layers
-    bisected away, each candidate the layers [a, b) of the model as synth.stage slices them — a standalone GGUF
-    (the token embedding, those layers, the head), its cuts moved with the layers."""
-    n = 0
+def _bisect_layers(n_layer: Callable[[], int], attempt: Callable[..., bool]) -> None:
+    """Leading or trailing layers dropped while the failure holds: half of them at once, then a quarter, … one —
+    from the top again after each success. attempt(why, drop_first=k | drop_last=k) tries one candidate."""
     progressed = True
     while progressed:
         progressed = False
         for side in ("first", "last"):
-            k = inspect_file(str(out.case.fixture)).n_layer // 2
+            k = n_layer() // 2
             while k >= 1:
-                cand = _sliced_model(out.case, workdir / f"shrink-{n}.gguf", **{f"drop_{side}": k})
-                n += 1
-                if cand is not None and keeps(cand):
-                    out.log.append(f"dropped the {side} {k} layer{'s' if k > 1 else ''} → "
-                                   f"{inspect_file(str(cand.fixture)).n_layer} layers, cuts {cand.cuts}")
+                if attempt(f"dropped the {side} {k} layer{'s' if k > 1 else ''}", **{f"drop_{side}": k}):
                     progressed = True
                     break
                 k //= 2
 
 
-def _sliced_model(case: Case, path: Path, *, drop_first: int = 0, drop_last: int = 0) -> Case | None:
-    """The case on layers [drop_first, n - drop_last) of its model (None: not expressible, or a cut falls
-    outside). Pass-through pads synth.stage adds (a contract of the arch) move the cuts by as many layers."""
+def _shrink_real_layers(out: Shrunk, keeps: Callable[[Case], bool], workdir: Path) -> None:
+    """A model without our spec (a user's GGUF) shrunk to the layers the finding needs: leading or trailing layers
+    bisected away, each candidate the layers [a, b) of the model as synth.stage slices them — a standalone GGUF
+    (the token embedding, those layers, the head), its cuts moved with the layers."""
+    layers = inspect_file(str(out.case.fixture)).n_layer
+    n = 0
+
+    def attempt(why: str, **drop: int) -> bool:
+        nonlocal layers, n
+        cand = _sliced_model(out.case, layers, workdir / f"shrink-{n}.gguf", **drop)
+        n += 1
+        if cand is None or not keeps(cand[0]):
+            return False
+        layers = cand[1]
+        out.log.append(f"{why} → {layers} layers, cuts {out.case.cuts}")
+        return True
+
+    _bisect_layers(lambda: layers, attempt)
+
+
+def _sliced_model(case: Case, n: int, path: Path, *, drop_first: int = 0, drop_last: int = 0) \
+        -> tuple[Case, int] | None:
+    """The case on layers [drop_first, n - drop_last) of its n-layer model, and the slice's layer count (None: not
+    expressible, or a cut falls outside). Pass-through pads synth.stage adds (a contract of the arch) move the cuts
+    by as many layers."""
     from synth.stage import SourceModel, Unsupported
 
-    n = inspect_file(str(case.fixture)).n_layer
     a, b = drop_first, n - drop_last
     if not 0 <= a < b <= n or any(not a < c < b for c in case.cuts):
         return None
@@ -190,7 +196,7 @@ def _sliced_model(case: Case, path: Path, *, drop_first: int = 0, drop_last: int
     except (Unsupported, UserError):
         return None
     where = {src: j for j, src in enumerate(st.layers) if j not in st.pads}
-    return replace(case, fixture=path, cuts=[where[c] for c in case.cuts])
+    return replace(case, fixture=path, cuts=[where[c] for c in case.cuts]), st.n_layer
 
 
 # the widths the shrinker halves, coarsest first, with floors (synth refuses what a family cannot express)
