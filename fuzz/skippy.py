@@ -112,7 +112,7 @@ class Run:
             raise UserError(f"--target {cfg.target!r}: the skippy oracle drives skippy: use --target skippy:CONFIG")
         self.fixture, self.cfg = Path(fixture), cfg
         info = inspect_file(str(fixture))
-        self.n_layer, self.arch = info.n_layer, info.arch
+        self.n_layer, self.arch, self.n_embd = info.n_layer, info.arch, info.n_embd
         self.kinds = "".join(KIND_LETTER[x.kind] for x in info.layers)
         self.sha = hashlib.sha256(self.fixture.read_bytes()).hexdigest()
         self.model_id = f"fixture-{self.sha[:12]}"  # neutral: no family name in it
@@ -299,8 +299,7 @@ class Run:
             a, b = case["layers"]
             args += ["--state-layer-start", str(a), "--state-layer-end", str(b), "--state-stage-index",
                      str(case["stage"]), "--state-payload-kind", case["payload"], "--prefix-token-count",
-                     str(self.cfg.prefix), "--cache-hit-repeats", "2", "--activation-width",
-                     str(inspect_file(str(self.fixture)).n_embd)]
+                     str(self.cfg.prefix), "--cache-hit-repeats", "2", "--activation-width", str(self.n_embd)]
         r = t.call("correctness", lane=check, path=str(self.fixture), model_id=self.model_id, args=args)
         if not r.ok:
             return {"outcome": outcome_of_failure(r.failure.message), "note": r.failure.message}

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import subprocess
 import tomllib
@@ -180,8 +181,6 @@ def identity(config: str | Path) -> dict[str, Any]:
 
 
 def child_env(cfg: SkippyConfig) -> dict[str, str]:
-    import os
-
     return {**os.environ, **cfg.env}
 
 

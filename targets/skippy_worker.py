@@ -15,6 +15,7 @@ compares the answers' text and token counts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -89,12 +90,6 @@ class Topology:
         self.procs = []
 
 
-def hash_of(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def last_error(log: Path) -> str:
     """The log's last line that says what went wrong (else its last line)."""
     try:
@@ -141,6 +136,8 @@ class SkippyWorker:
         self.split: Topology | None = None
         self.ports: dict[str, int] = {}
         self.model_id = ""
+        self._digests: dict[tuple[Path, int], str] = {}  # a fixture's sha256, read once
+        self._source: tuple[Path, Any] | None = None  # the fixture artifact-slice stages are cut from, read once
         self.decode_seconds = self.callback_seconds = 0.0
 
     # ---- ops ---------------------------------------------------------------------------------------
@@ -240,16 +237,13 @@ class SkippyWorker:
             raise RequestError("bad_request", f"skippy config {self.cfg.path}: no [skippy] correctness binary")
         path = self._model(req)
         lane = str(req.get("lane", ""))
-        self.runs += 1
-        out = self.logs / f"run-{self.runs}"
-        out.mkdir()
-        report_path, log = out / f"{lane}.json", out / f"{lane}.log"
+        top = self._topology(lane)
+        report_path, log = top.logs / f"{lane}.json", top.logs / f"{lane}.log"
         argv = [str(self.cfg.correctness), lane, "--model", str(path), "--model-id", str(req.get("model_id") or
                 "fixture"), "--stage-server-bin", str(self.cfg.binary), "--stage-load-mode", self.cfg.load_mode,
                 "--ctx-size", str(self.cfg.stage["ctx_size"]), "--startup-timeout-secs",
                 str(int(self.cfg.timeouts["ready"])), "--report-out", str(report_path),
                 *[str(a) for a in req.get("args", [])]]
-        top = Topology(out, self.cfg)
         p = top.start(lane, argv)
         t0 = time.monotonic()
         try:
@@ -310,7 +304,7 @@ class SkippyWorker:
 
         if self.cfg.load_mode == "runtime-slice":
             return path
-        d = self.logs / "artifacts" / f"{path.stem}-{hash_of(path)[:12]}"
+        d = self.logs / "artifacts" / f"{path.stem}-{self._digest(path)[:12]}"
         try:
             if self.cfg.load_mode == "layer-package":
                 pkg = d / "package"
@@ -325,13 +319,21 @@ class SkippyWorker:
             if not dst.is_file():
                 d.mkdir(parents=True, exist_ok=True)
                 try:
-                    SourceModel(path).slice(dst, a, b)
+                    if self._source is None or self._source[0] != d:
+                        self._source = (d, SourceModel(path))  # read once for all of a fixture's stages
+                    self._source[1].slice(dst, a, b)
                 except Unsupported as e:
                     raise RequestError("load_failed", f"Unsupported: stage {a}:{b}: {e} (artifact-slice: the "
                                                       f"stage file cannot be made)") from None
             return dst
         except UserError as e:
             raise RequestError("bad_request", f"{self.cfg.load_mode} artifact of {path}: {e}") from None
+
+    def _digest(self, path: Path) -> str:
+        key = (path, path.stat().st_mtime_ns)
+        if key not in self._digests:
+            self._digests[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return self._digests[key]
 
     def _topology(self, kind: str) -> Topology:
         self.runs += 1
