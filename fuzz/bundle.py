@@ -4,10 +4,12 @@ and replay with one command: `fuzz replay DIR`.
 Everything here reads the oracle contract (fuzz/contract.py, fuzz/oracles.py): a bundle is a `Case` (oracle,
 fixture, cut set, the oracle's config) plus the fingerprint of its finding. Shrinking keeps that fingerprint
 fixed (oracle, status, phase, stage, where, the kinds of layer at the cut and at the divergence), so it cannot
-slide to another bug (../shared/reference/oracle-anchors.md). It narrows the run to the finding's phase, mode or
-KV layout, halves the config fields the oracle declares shrinkable, then, for a synthetic fixture, regenerates it
-without a leading or trailing layer while the cuts still fall on the same layer kinds. Every candidate is a valid
-fixture and a full oracle run.
+slide to another bug (../shared/reference/oracle-anchors.md). Coarse first: it narrows the run to the finding's
+phase, mode or KV layout, halves the config fields the oracle declares shrinkable, drops cuts (fewer stages: the
+finding at the remaining cuts), bisects the layer range (for a synthetic fixture regenerated from its spec, for a
+user's GGUF sliced from the model itself) while the cuts still fall on the same layer kinds, moves a cut toward
+the one before it, halves every width, then deletes prompt tokens ddmin-style. Every candidate is a valid fixture
+and a full oracle run.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
     out = Shrunk(case, fp, report)
     t0 = time.perf_counter()
 
-    def keeps(candidate: Case) -> bool:
+    def keeps(candidate: Case, like: Callable[[dict[str, Any]], bool] | None = None) -> bool:
+        """candidate still fails with the fingerprint (or with one `like` accepts: it becomes the fingerprint)."""
         if out.runs >= max_runs or time.perf_counter() - t0 > budget_s:
             return False
         out.runs += 1
@@ -94,10 +97,11 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
             got, rep = candidate.run()
         except UserError:  # e.g. a schedule too small for the oracle: not a smaller reproduction
             return False
-        if fp in got:
-            out.case, out.report = candidate, rep
-            return True
-        return False
+        hit = next((g for g in got if (like(g) if like else g == out.fingerprint)), None)
+        if hit is None:
+            return False
+        out.case, out.report, out.fingerprint = candidate, rep, hit
+        return True
 
     # 1. the schedule: only the finding's phase / mode / KV layout, then each shrinkable field halved
     if oracle.narrow:
@@ -119,11 +123,17 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
                 break
             out.log.append(f"{key} → {smaller}")
 
-    # 2. the model: the layer range bisected (half the leading or trailing layers at once, then a quarter, ...
-    # one), then (synthetic fixtures: regenerated from the spec) each width halved, while the failure holds
+    # 2. the stages: a cut dropped (two stages merged) while the finding holds at the others
+    _fewer_stages(out, keeps)
+
+    # 3. the model: the layer range bisected (half the leading or trailing layers at once, then a quarter, ...
+    # one), again after a cut moved toward the one before it, then (synthetic fixtures: regenerated from the
+    # spec) each width halved, while the failure holds
     spec = spec_of(out.case.fixture)
     if spec is None:  # a user's GGUF: its layer range only, as slices of the model itself
         _shrink_real_layers(out, keeps, workdir)
+        while _move_cuts(out, keeps):
+            _shrink_real_layers(out, keeps, workdir)
         return out
     n = 0
 
@@ -138,12 +148,53 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         return True
 
     _bisect_layers(lambda: spec.n_layer, attempt)
+    while _move_cuts(out, keeps):
+        _bisect_layers(lambda: spec.n_layer, attempt)
     for knob, floor in WIDTHS:
         while True:
             now = _width(spec, knob)
             if now is None or now <= floor or not attempt(f"{knob} halved", **{knob: max(floor, now // 2)}):
                 break
     return out
+
+
+def _fewer_stages(out: Shrunk, keeps: Callable[..., bool]) -> None:
+    """Each cut dropped in turn (its two stages merged into one) while the same finding holds at the others: every
+    key of its fingerprint but the stage index (the merge renumbers the stages), one cut kind fewer, and a
+    boundary's divergence may now show in the logits (its stage became the last)."""
+    def same(want: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+        def like(g: dict[str, Any]) -> bool:
+            rest = {k: v for k, v in g.items() if k not in ("stage", "where")}
+            return rest == {k: v for k, v in want.items() if k not in ("stage", "where")} and \
+                (g.get("where") == want.get("where") or (want.get("where"), g.get("where")) == ("boundary", "logits"))
+        return like
+
+    i = 0
+    while len(out.case.cuts) > 1 and i < len(out.case.cuts):
+        cuts = out.case.cuts[:i] + out.case.cuts[i + 1:]
+        want = dict(out.fingerprint)
+        if "cut_kinds" in want:
+            want["cut_kinds"] = want["cut_kinds"][:i] + want["cut_kinds"][i + 1:]
+        dropped = out.case.cuts[i]
+        if keeps(replace(out.case, cuts=cuts), same(want)):
+            out.log.append(f"dropped cut {dropped} → cuts {cuts}")
+        else:
+            i += 1
+
+
+def _move_cuts(out: Shrunk, keeps: Callable[..., bool]) -> bool:
+    """A stage between two cuts loses no layer when the model's ends are cut away: each cut after another is moved
+    toward it, onto the first layer of its own kind after the cut before (the fingerprint unchanged), so that the
+    layers it leaves behind are trailing ones the bisection can drop. True if a cut moved."""
+    moved = False
+    for i in range(1, len(out.case.cuts)):
+        cuts, kinds = out.case.cuts, out.report.kinds
+        for p in range(cuts[i - 1] + 1, cuts[i]):
+            if kinds[p] == kinds[cuts[i]] and keeps(replace(out.case, cuts=[*cuts[:i], p, *cuts[i + 1:]])):
+                out.log.append(f"moved cut {cuts[i]} to {p} → cuts {out.case.cuts}")
+                moved = True
+                break
+    return moved
 
 
 def _bisect_layers(n_layer: Callable[[], int], attempt: Callable[..., bool]) -> None:

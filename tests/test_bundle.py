@@ -33,6 +33,24 @@ def test_sweep_finding_shrinks_and_replays(fixtures, tmp_path):
     assert fixed.returncode == 0 and "not reproduced" in fixed.stdout
 
 
+def test_a_three_stage_finding_shrinks_to_two_stages(fixtures, tmp_path):
+    """Fewer stages first: the swapped-rows finding on cuts 2,5 (three stages) holds with cut 5 alone, where the
+    stage it shows in became the last (its logits differ); then the leading layers go: RRRA, cut 1."""
+    path = fixtures("qwen3next", layers=8, period=4)  # RRRARRRA
+    out = tmp_path / "bundles"
+    r = run_cli("fuzz", "sweep", str(path), "--cuts", "2,5", "--target", "mutant:batched-rows-swapped",
+                "--bundle", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (bundle,) = list(out.iterdir())
+    data = json.loads((bundle / "bundle.json").read_text())
+    assert data["original"]["cuts"] == [2, 5]
+    assert (data["spec"]["pattern"], data["cuts"]) == ("RRRA", [1]), data["shrink"]["steps"]
+    assert "dropped cut 2 → cuts [5]" in data["shrink"]["steps"]
+    fp = data["fingerprint"]
+    assert (fp["cut_kinds"], fp["stage"], fp["where"]) == (["R"], 1, "logits")
+    assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
+
+
 def test_handoff_finding_bundle(fixtures, tmp_path):
     path = fixtures("jamba", layers=8, period=4)  # RRARRRAR: cut 2 starts a stage on attention
     out = tmp_path / "b"
@@ -100,3 +118,43 @@ def test_a_users_model_shrinks_to_the_layers_the_finding_needs(fixtures, tmp_pat
     assert kinds == "RAR", data["shrink"]["steps"]
     assert any(s.startswith("dropped the") for s in data["shrink"]["steps"])
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1
+
+
+def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, tmp_path, monkeypatch):
+    """The shrinker's search alone (no target: an oracle that is a rule over the cut set, registered for this test).
+    The rule: a finding at the third stage whenever there are three stages, the second starting and the third
+    starting on a recurrent layer. Neither cut can go; the middle stage [1, 5) loses no layer from the model's ends;
+    moving cut 5 onto the first recurrent layer after cut 1 leaves trailing layers the bisection drops."""
+    from dataclasses import dataclass
+
+    from fuzz import oracles
+    from fuzz.bundle import Case, shrink
+    from fuzz.contract import FINDING, Finding, Oracle, make_report
+
+    @dataclass
+    class RuleConfig:
+        cuts: str = "none"
+        target: str = "rule"
+
+    def run(fixture, cfg):
+        from fuzz.stages import FixtureStages
+
+        st = FixtureStages(fixture)
+        cuts = [int(c) for c in cfg.cuts.split(",")]
+        kinds = st.kinds
+        hit = len(cuts) == 2 and all(kinds[c] == "R" for c in cuts)
+        findings = [Finding("rule", FINDING, "three stages", cuts=cuts, stage=2, where="boundary", layer=cuts[1])] \
+            if hit else []
+        data = {"arch": st.info.arch, "n_layer": st.info.n_layer, "config": {"cuts": cfg.cuts}, "target": "rule"}
+        return make_report("rule", fixture, data, results=[{"status": FINDING if hit else "pass"}],
+                           findings=findings)
+
+    monkeypatch.setitem(oracles.ORACLES, "rule", Oracle("rule", RuleConfig, run, str, per_cut=True))
+    path = fixtures("jamba", layers=8, period=4)  # RRARRRAR
+    case = Case("rule", path, [1, 5], {}, "rule")
+    got, rep = case.run()
+    sh = shrink(case, got[0], rep, tmp_path)
+    assert "moved cut 5 to 3 → cuts [1, 3]" in sh.log, sh.log
+    from fuzz.bundle import spec_of
+
+    assert (spec_of(sh.case.fixture).pattern, sh.case.cuts) == ("RRAR", [1, 3]), sh.log
