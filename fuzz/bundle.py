@@ -28,6 +28,7 @@ from fuzz.configs import config_from
 from fuzz.contract import CRASH, FINDING, Finding, Report, describe, matches
 from fuzz.oracles import ORACLES, get_oracle
 from fuzz.parity import describe_node
+from fuzz.schedule import main_prompt
 from synth.errors import UserError, read_json
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
@@ -119,7 +120,10 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
     for key, floor in oracle.shrink:
         while out.case.config[key] > floor:
             smaller = max(floor, out.case.config[key] // 2)
-            if not keeps(replace(out.case, config={**out.case.config, key: smaller})):
+            cfg = {**out.case.config, key: smaller}
+            if key == "prompt_len" and cfg.get("prompt"):  # a prompt given: its first tokens
+                cfg["prompt"] = cfg["prompt"][:smaller]
+            if not keeps(replace(out.case, config=cfg)):
                 break
             out.log.append(f"{key} → {smaller}")
 
@@ -134,7 +138,17 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         _shrink_real_layers(out, keeps, workdir)
         while _move_cuts(out, keeps):
             _shrink_real_layers(out, keeps, workdir)
-        return out
+    else:
+        _shrink_spec_model(out, spec, keeps, workdir)
+
+    # 4. the prompt's tokens, deleted ddmin-style
+    _delete_prompt_tokens(out, keeps)
+    return out
+
+
+def _shrink_spec_model(out: Shrunk, spec: ModelSpec, keeps: Callable[..., bool], workdir: Path) -> None:
+    """A synthetic fixture, regenerated from its spec: layers bisected away (again after a cut moved), then each
+    width halved while the finding holds."""
     n = 0
 
     def attempt(why: str, **change: Any) -> bool:
@@ -155,7 +169,32 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
             now = _width(spec, knob)
             if now is None or now <= floor or not attempt(f"{knob} halved", **{knob: max(floor, now // 2)}):
                 break
-    return out
+
+
+def _delete_prompt_tokens(out: Shrunk, keeps: Callable[..., bool]) -> None:
+    """ddmin over the prompt (an oracle whose config takes one, `prompt`): the tokens split in n parts (2 at first),
+    each part deleted in turn; a deletion that keeps the finding is taken (n one fewer), else n doubles — until
+    single tokens cannot go. The prompt is then given as token ids (the oracle drew it from its seed)."""
+    oracle = get_oracle(out.case.oracle)
+    if "prompt" not in oracle.case_fields:
+        return
+    floor = dict(oracle.shrink).get("prompt_len", 1)
+    toks = main_prompt(out.case.config_object("shrink"), inspect_file(str(out.case.fixture)).n_vocab)
+    parts = 2
+    while len(toks) > floor:
+        size = -(-len(toks) // parts)
+        for lo in range(0, len(toks), size):
+            fewer = toks[:lo] + toks[lo + size:]
+            if len(fewer) >= floor and keeps(replace(out.case, config={**out.case.config, "prompt": fewer,
+                                                                          "prompt_len": len(fewer)})):
+                out.log.append(f"deleted prompt token{'s' if size > 1 else ''} {lo}"
+                               + (f"..{lo + size - 1}" if size > 1 else "") + f" → prompt {fewer}")
+                toks, parts = fewer, max(parts - 1, 2)
+                break
+        else:
+            if size == 1:
+                return
+            parts = min(len(toks), 2 * parts)
 
 
 def _fewer_stages(out: Shrunk, keeps: Callable[..., bool]) -> None:

@@ -40,6 +40,8 @@ TimeoutOpt = Annotated[float, Opt(help="per-call timeout, seconds")]
 SeedOpt = Annotated[int, Opt(help="prompt seed")]
 StagesOpt = Annotated[int, Opt(help="stages per chain (with --cuts all|period)")]
 PeriodOpt = Annotated[int | None, Opt(help="interleave period for --cuts period (default: from the file)")]
+PromptOpt = Annotated[str | None, Opt(help="the prompt's token ids, e.g. 1,7,3 (default: --prompt-len tokens drawn "
+                                          "from --seed)")]
 BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")]
 LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build to run: pinned (default), "
                                         "pypi:VERSION (the tree a llama-cpp-python sdist vendors, with its own "
@@ -95,6 +97,7 @@ def sweep_cmd(
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 32,
     period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
+    prompt: PromptOpt = None,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 7,
     n_seq: Annotated[int, Opt("--n-seq", "--seqs", help="sequences in the batched-decode phase")] = 3,
     n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64): below --chunk, every batch of hidden "
@@ -119,8 +122,8 @@ def sweep_cmd(
 
         if wire not in WIRES:
             raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
-        cfg = WireConfig(wire=wire, cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk,
-                         period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
+        cfg = WireConfig(wire=wire, cuts=cuts, stages=stages, tokens=tokens, **prompt_fields(prompt, prompt_len),
+                         chunk=chunk, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
         return run_oracle("wire", fixture, cfg, report, bundle, (llama_cpp, patches))
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not ph or set(ph) - set(PHASES):
@@ -128,10 +131,16 @@ def sweep_cmd(
     for name, v in (("--tokens", tokens), ("--prompt-len", prompt_len), ("--chunk", chunk), ("--n-seq", n_seq)):
         if v < 1:
             raise UserError(f"{name} {v}: must be at least 1")
-    cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, n_seq=n_seq,
-                      n_ubatch=n_ubatch, phases=ph, period=period, target=target, timeout=timeout, seed=seed,
-                      workdir=keep)
+    cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, **prompt_fields(prompt, prompt_len), chunk=chunk,
+                      n_seq=n_seq, n_ubatch=n_ubatch, phases=ph, period=period, target=target, timeout=timeout,
+                      seed=seed, workdir=keep)
     return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches))
+
+
+def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
+    """--prompt (token ids) and --prompt-len as an oracle config's fields: a given prompt sets the length."""
+    toks = tuple(parse_tokens(prompt)) if prompt is not None else ()
+    return {"prompt": toks, "prompt_len": len(toks) if toks else prompt_len}
 
 
 def build_label(commit: str | None) -> str:
@@ -207,6 +216,7 @@ def handoff_cmd(
     tokens: Annotated[int, Opt(help="greedy decode steps after the prompt")] = 4,
     period: PeriodOpt = None,
     prompt_len: Annotated[int, Opt(help="prompt tokens (every offset in it is a hand-off point)")] = 12,
+    prompt: PromptOpt = None,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
     modes: Annotated[str, Opt(help="full (into a fresh context), partial (a rollback), busy (into a context where "
                                    "another sequence is live)")] = ",".join(ho.MODES),
@@ -226,9 +236,11 @@ def handoff_cmd(
     ms = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not ms or set(ms) - set(ho.MODES):
         raise UserError(f"--modes {modes!r}: choose from {','.join(ho.MODES)}")
-    if prompt_len < 3 or chunk < 1 or tokens < 1:
-        raise UserError("--prompt-len must be at least 3 (two hand-off offsets), --chunk and --tokens at least 1")
-    cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, prompt_len=prompt_len, chunk=chunk, modes=ms,
+    given = prompt_fields(prompt, prompt_len)
+    if given["prompt_len"] < 3 or chunk < 1 or tokens < 1:
+        raise UserError("--prompt-len (or --prompt) must be at least 3 tokens (two hand-off offsets), --chunk and "
+                        "--tokens at least 1")
+    cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, **given, chunk=chunk, modes=ms,
                            n_ubatch=n_ubatch, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     return run_oracle("handoff", fixture, cfg, report, bundle, (llama_cpp, patches))
 
@@ -244,6 +256,8 @@ def determinism_cmd(
     flash_attn: Annotated[str, Opt(help="off,on")] = "off,on",
     repeats: Annotated[int, Opt(help="runs per schedule")] = 3,
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 16,
+    prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
+    prompt: PromptOpt = None,
     period: PeriodOpt = None,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
@@ -263,7 +277,8 @@ def determinism_cmd(
     if max(ub) > 64:
         raise UserError(f"--ubatch {ubatch}: n_ubatch cannot exceed n_batch (64)")
     cfg = det.DeterminismConfig(threads=int_list(threads, "--threads"), ubatch=ub, chunks=int_list(chunks, "--chunks"),
-                                flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens, cuts=cuts,
+                                flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens,
+                                **prompt_fields(prompt, prompt_len), cuts=cuts,
                                 stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     return run_oracle("determinism", fixture, cfg, report, bundle, (llama_cpp, patches))
 

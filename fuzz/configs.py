@@ -29,7 +29,12 @@ def check_config(cfg: Any) -> None:
     for f in fields(cfg):
         v, default = getattr(cfg, f.name), f.default if f.default is not MISSING else None
         what = f"{flag(f.name)} {v!r}"
-        if isinstance(default, tuple) and all(type(x) is int for x in default):  # e.g. thread counts
+        if f.name == "prompt":  # token ids, the prompt_len of them (empty: prompt_len drawn from the seed)
+            if not isinstance(v, tuple) or any(type(x) is not int or x < 0 for x in v):
+                raise UserError(f"{what}: must be token ids (integers >= 0)")
+            if v and len(v) != cfg.prompt_len:
+                raise UserError(f"{what}: has {len(v)} tokens, but --prompt-len is {cfg.prompt_len}")
+        elif isinstance(default, tuple) and all(type(x) is int for x in default):  # e.g. thread counts
             if not isinstance(v, tuple) or (not v and default) or any(type(x) is not int or x < 1 for x in v):
                 raise UserError(f"{what}: must be one or more integers >= 1")
         elif isinstance(default, tuple):  # a selection: phases, modes, KV layouts, flash attention on/off

@@ -42,7 +42,7 @@ from fuzz.parity import (
     run_script,
     script_steps,
 )
-from fuzz.schedule import Step, prompt_tokens, sequential_steps
+from fuzz.schedule import Step, main_prompt, sequential_steps
 from fuzz.stages import FixtureStages
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
@@ -80,6 +80,7 @@ class DeterminismConfig:
     flash_attn: tuple[bool, ...] = (False, True)
     repeats: int = 3
     prompt_len: int = 24
+    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
     tokens: int = 16
     cuts: str = "none"
     stages: int = 2
@@ -185,7 +186,7 @@ class Determinism:
         # with chains every row, as the sweep does: a stage's pass-through pad after its last real layer would
         # move that pruning, and FFN kernels over one row and over all rows round differently (gemma3, cut 5)
         self.logits_mode = "all" if sets else "last"
-        prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
+        prompt = main_prompt(cfg, self.info.n_vocab)
         findings: list[dict[str, Any]] = []
         runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}
         chains: list[dict[str, Any]] = []
@@ -250,7 +251,8 @@ class Determinism:
                        "target": cfg.target, "llama_cpp_commit": commit, "policy": POLICY, "chains": chains,
                        "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
                                   "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,
-                                  "prompt_len": cfg.prompt_len, "tokens": cfg.tokens, "seed": cfg.seed},
+                                  "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "tokens": cfg.tokens,
+                                  "seed": cfg.seed},
                        "timing": {"wall_s": round(time.perf_counter() - t0, 3)}})
         return report
 
@@ -474,4 +476,4 @@ def only_schedule(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 ORACLE = Oracle(name="determinism", config=DeterminismConfig, run=report, narrow=only_schedule,
                 format=lambda rep: format_determinism(rep.native), shrink=(("tokens", 1), ("repeats", 2)),
                 case_fields=("threads", "ubatch", "chunks", "flash_attn", "repeats", "tokens", "cuts", "stages",
-                             "prompt_len", "seed"))
+                             "prompt_len", "prompt", "seed"))

@@ -54,7 +54,7 @@ from fuzz.parity import (
     script_steps,
 )
 from fuzz.progress import Progress
-from fuzz.schedule import Step, prompt_tokens, sequential_steps
+from fuzz.schedule import Step, main_prompt, prompt_tokens, sequential_steps
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
@@ -76,6 +76,7 @@ class HandoffConfig:
     stages: int = 2
     tokens: int = 4  # decode steps after the prompt
     prompt_len: int = 12
+    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
     chunk: int = 5
     n_ubatch: int = 64  # ubatch rows (n_batch 64): below the chunk, each stage's batches split inside llama.cpp
     offsets: tuple[int, ...] = ()  # hand off at these prompt offsets only (default: every one), e.g. 15,16,17
@@ -213,7 +214,8 @@ class Handoff:
                 "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
                 "llama_cpp_commit": commit,
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
-                           "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_ubatch": cfg.n_ubatch,
+                           "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk,
+                           "n_ubatch": cfg.n_ubatch,
                            "offsets": list(cfg.offsets), "busy_offsets": self._busy_offsets(),
                            "tokens": cfg.tokens, "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
                 "summary": summary, "results": [r.to_dict() for r in results],
@@ -255,7 +257,7 @@ class Handoff:
                 return self._failed(res, r.failure)
         res.bytes = [self._stage_bytes(path, st) for path, st in stages]
         empties = [self._empty_state(t) for t in src]
-        prompt = prompt_tokens(cfg.seed, cfg.prompt_len, self.info.n_vocab)
+        prompt = main_prompt(cfg, self.info.n_vocab)
         kv_first: dict[int, tuple[int, int]] = {}
         offsets, busy_at = self._offsets(), self._busy_offsets()
         neighbour = self._neighbour(ref, cuts) if "busy" in cfg.modes else None
@@ -630,4 +632,4 @@ def finding_of(r: dict[str, Any]) -> Finding:
 
 ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
                 per_cut=True, narrow=select("modes", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 3)),
-                case_fields=("tokens", "prompt_len", "chunk", "n_ubatch", "offsets", "modes", "seed"))
+                case_fields=("tokens", "prompt_len", "prompt", "chunk", "n_ubatch", "offsets", "modes", "seed"))

@@ -7,8 +7,11 @@ prunes rows in its last layer and reference and stages compute the same shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from synth.errors import UserError
 
 PHASES = ("prefill", "decode", "batched")
 
@@ -39,6 +42,16 @@ def prompt_tokens(seed: int, n: int, n_vocab: int) -> list[int]:
     return [int(x) for x in rng.integers(0, n_vocab, n)]
 
 
+def main_prompt(cfg: Any, n_vocab: int) -> list[int]:
+    """An oracle's prompt: the token ids its config gives (`prompt`), else `prompt_len` tokens drawn from its seed."""
+    if not cfg.prompt:
+        return prompt_tokens(cfg.seed, cfg.prompt_len, n_vocab)
+    bad = next((t for t in cfg.prompt if t >= n_vocab), None)
+    if bad is not None:
+        raise UserError(f"--prompt token {bad}: not in the fixture's vocabulary ({n_vocab} tokens)")
+    return list(cfg.prompt)
+
+
 def batch_width(n_seq: int, phases: tuple[str, ...]) -> int:
     """Sequences a context must hold for these phases (the batched phase's, else one)."""
     return n_seq if "batched" in phases else 1
@@ -64,9 +77,11 @@ def sequential_steps(prompt: list[int], chunk: int, n_decode: int, *, split_at: 
 
 def build_schedule(*, n_vocab: int, prompt_len: int = 24, chunk: int = 7, n_decode: int = 32,
                    n_seq: int = 3, batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
-                   phases: tuple[str, ...] = PHASES) -> Schedule:
+                   phases: tuple[str, ...] = PHASES, prompt: list[int] | None = None) -> Schedule:
+    """prompt: the sequential run's (default: prompt_len tokens drawn from seed); the batched phase's sequences
+    draw their own from seed."""
     sched = Schedule(n_seq=batch_width(n_seq, phases))
-    prompt = prompt_tokens(seed, prompt_len, n_vocab)
+    prompt = prompt_tokens(seed, prompt_len, n_vocab) if prompt is None else prompt
     if "prefill" in phases or "decode" in phases:
         sched.sequential = sequential_steps(prompt, chunk, n_decode if "decode" in phases else 0)
     if "batched" in phases and n_seq > 1:

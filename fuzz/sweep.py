@@ -53,7 +53,7 @@ from fuzz.parity import (
     tokens_equal,
 )
 from fuzz.progress import Progress
-from fuzz.schedule import PHASES, Schedule, batch_width, build_schedule
+from fuzz.schedule import PHASES, Schedule, batch_width, build_schedule, main_prompt
 from fuzz.stages import FixtureStages, Slicer, stage_ranges
 from synth.errors import UserError
 from synth.families import family_for_arch
@@ -71,6 +71,7 @@ class SweepConfig:
     stages: int = 2
     tokens: int = 32
     prompt_len: int = 24
+    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
     chunk: int = 7
     n_seq: int = 3
     n_ubatch: int = 64  # llama.cpp splits each batch (n_batch 64) into ubatches of this many rows: a chunk of
@@ -312,7 +313,7 @@ class Sweep:
             arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds, target=cfg.target,
             llama_cpp_commit=commit,
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
-                    "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "n_seq": cfg.n_seq,
+                    "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk, "n_seq": cfg.n_seq,
                     "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers),
                     "n_batch": self._params["n_batch"], "n_ubatch": self._params["n_ubatch"]},
             control=control, results=results,
@@ -340,7 +341,8 @@ class Sweep:
         loaded into a fresh context. Divergences are reproduced and localized last."""
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
-                               n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases)
+                               n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases,
+                               prompt=main_prompt(cfg, self.info.n_vocab))
         self._sched = sched
         tasks = _Tasks(len(sets), progress)
         feeder = _Thread(self._materialize, sets, tasks)
@@ -673,4 +675,4 @@ def report(fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None) -> 
 ORACLE = Oracle(name="sweep", config=SweepConfig, run=report, format=lambda rep: format_report(rep.native),
                 per_cut=True, narrow=select("phases", lambda f: f.phase),
                 shrink=(("tokens", 1), ("prompt_len", 2), ("n_seq", 2)),
-                case_fields=("tokens", "prompt_len", "chunk", "n_seq", "n_ubatch", "phases", "seed"))
+                case_fields=("tokens", "prompt_len", "prompt", "chunk", "n_seq", "n_ubatch", "phases", "seed"))

@@ -24,7 +24,7 @@ import numpy as np
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FAILING, FINDING, PASS, TIMEOUT, UNSUPPORTED, Finding, Oracle, Report, make_report
 from fuzz.parity import Trace, context_params, first_row_diff, max_abs, pos_per_token, run_script, script_steps
-from fuzz.schedule import build_schedule
+from fuzz.schedule import build_schedule, main_prompt
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
@@ -46,6 +46,7 @@ class WireConfig:
     stages: int = 2
     tokens: int = 16
     prompt_len: int = 24
+    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
     chunk: int = 7
     period: int | None = None
     target: str = "llama-cpp"
@@ -83,7 +84,8 @@ class Wire:
         t0 = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
         steps = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
-                               n_decode=cfg.tokens, seed=cfg.seed, phases=("prefill", "decode")).sequential
+                               n_decode=cfg.tokens, seed=cfg.seed, phases=("prefill", "decode"),
+                               prompt=main_prompt(cfg, self.info.n_vocab)).sequential
         ref = open_target(cfg.target, timeout=cfg.timeout)
         workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max(len(s) for s in sets) + 1)]
         results = []
@@ -105,7 +107,8 @@ class Wire:
                 "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
                 "llama_cpp_commit": self.commit, "policy": POLICY,
                 "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
-                           "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "chunk": cfg.chunk, "seed": cfg.seed},
+                           "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt),
+                           "chunk": cfg.chunk, "seed": cfg.seed},
                 "results": results, "timing": {"wall_s": round(time.perf_counter() - t0, 3)}}
 
     def _stage(self, t: Target, path: Path, steps, *, tokens=None, embd=None, wire: str | None = None,
@@ -234,4 +237,4 @@ def report(fixture: Path, cfg: WireConfig) -> Report:
 
 ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_wire(rep.native), per_cut=True,
                 shrink=(("tokens", 1), ("prompt_len", 2)),
-                case_fields=("wire", "tokens", "prompt_len", "chunk", "seed"))
+                case_fields=("wire", "tokens", "prompt_len", "prompt", "chunk", "seed"))

@@ -102,6 +102,8 @@ BUNDLE = ROOT / "corpora" / "repros" / "qwen3next-sweep-3-batched"
     (lambda d: {**d, "config": {**d["config"], "tokens": True}}, "--tokens True: must be an integer"),
     (lambda d: {**d, "config": {**d["config"], "phases": ["sideways"]}}, "must be one or more of"),
     (lambda d: {**d, "config": {**d["config"], "bogus": 1}}, "config field 'bogus'"),
+    (lambda d: {**d, "config": {**d["config"], "prompt": [1, -2]}}, "must be token ids"),
+    (lambda d: {**d, "config": {**d["config"], "prompt": [1, 2, 3]}}, "has 3 tokens, but --prompt-len is"),
     (lambda d: {**d, "config": {**d["config"], "target": "x"}}, "config field 'target'"),
     (lambda d: {**d, "config": [1]}, "not an object"),
     (lambda d: {**d, "cuts": "3"}, "not a list of layer indices"),
@@ -131,6 +133,8 @@ def test_a_bundle_that_is_not_utf8_is_refused(tmp_path):
     (["handoff", "{f}", "--seed", "-1"], "--seed -1: must be at least 0"),
     (["isolation", "{f}", "--tol", "-1"], "--tol -1.0: must be at least 0"),
     (["determinism", "{f}", "--seed", "-1"], "--seed -1: must be at least 0"),
+    (["sweep", "{f}", "--prompt", "1,2,999"], "--prompt token 999: not in the fixture's vocabulary"),
+    (["handoff", "{f}", "--prompt", "1,x"], "--prompt '1,x': expected token ids"),
 ])
 def test_oracle_options_out_of_range_are_refused(fixtures, argv, words):
     f = str(fixtures("llama", layers=2))

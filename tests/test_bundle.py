@@ -54,16 +54,18 @@ def test_a_three_stage_finding_shrinks_to_two_stages(fixtures, tmp_path):
 def test_handoff_finding_bundle(fixtures, tmp_path):
     path = fixtures("jamba", layers=8, period=4)  # RRARRRAR: cut 2 starts a stage on attention
     out = tmp_path / "b"
-    r = run_cli("fuzz", "handoff", str(path), "--cuts", "2", "--prompt-len", "6", "--modes", "full",
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "2", "--prompt", "5,1,4,2,6,3", "--modes", "full",
                 "--target", "mutant:b1-first-layer-probe", "--bundle", str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     (bundle,) = list(out.iterdir())
     data = json.loads((bundle / "bundle.json").read_text())
     assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
+    assert data["original"]["config"]["prompt"] == [5, 1, 4, 2, 6, 3]
     # shrunk to the B1 shape itself: recurrent, attention-first stage, recurrent (cut 1), a 3-token prompt, 1 step —
     # and to the smallest width where it holds: embd 8, 2 heads, ff 2, vocab 8 (from 32, 4, 64, 64)
     assert (data["spec"]["pattern"], data["cuts"]) == ("RAR", [1])
     assert (data["config"]["prompt_len"], data["config"]["tokens"]) == (3, 1)
+    assert data["config"]["prompt"] == [5, 1, 4]  # the given prompt's first tokens (B1 needs no particular one)
     spec = data["spec"]
     assert (spec["n_embd"], spec["n_head"], spec["n_ff"], spec["n_vocab"]) == (8, 2, 2, 8)
     assert (bundle / "fixture.gguf").stat().st_size <= 16 * 1024
@@ -158,3 +160,44 @@ def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, 
     from fuzz.bundle import spec_of
 
     assert (spec_of(sh.case.fixture).pattern, sh.case.cuts) == ("RRAR", [1, 3]), sh.log
+
+
+def test_prompt_tokens_are_deleted_ddmin_style(fixtures, tmp_path, monkeypatch):
+    """The shrinker's search alone, with an oracle that is a rule over the prompt (registered for this test): a
+    finding whenever token 5 comes before token 9 somewhere in it. From a 12-token prompt given as ids, halving the
+    length would lose token 9 (it is last); deletion keeps exactly the two tokens the rule needs."""
+    from dataclasses import dataclass
+
+    from fuzz import oracles
+    from fuzz.bundle import Case, shrink
+    from fuzz.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.schedule import main_prompt
+    from fuzz.stages import FixtureStages
+
+    @dataclass
+    class PromptRule:
+        prompt_len: int = 12
+        prompt: tuple[int, ...] = ()
+        seed: int = 0
+        target: str = "rule"
+
+    def run(fixture, cfg):
+        st = FixtureStages(fixture)
+        toks = main_prompt(cfg, st.info.n_vocab)
+        hit = 5 in toks and 9 in toks[toks.index(5):]
+        data = {"arch": st.info.arch, "n_layer": st.info.n_layer, "config": {}, "target": "rule"}
+        return make_report("rule", fixture, data, results=[{"status": FINDING if hit else "pass"}],
+                           findings=[Finding("rule", FINDING, "5 then 9")] if hit else [])
+
+    monkeypatch.setitem(oracles.ORACLES, "rule", Oracle("rule", PromptRule, run, str, shrink=(("prompt_len", 1),),
+                                                        case_fields=("prompt_len", "prompt", "seed")))
+    prompt = [3, 1, 5, 4, 0, 2, 7, 6, 8, 11, 10, 9]
+    case = Case("rule", fixtures("llama", layers=1), [], {"prompt_len": 12, "prompt": prompt}, "rule")
+    got, rep = case.run()
+    sh = shrink(case, got[0], rep, tmp_path)
+    assert sh.case.config["prompt"] == [5, 9] and sh.case.config["prompt_len"] == 2, sh.log
+    assert not any(s.startswith("prompt_len") for s in sh.log), sh.log
+    # halves go first (each loses 5 or 9), then thirds, then pairs and single tokens
+    assert [x.split(" → ")[1] for x in sh.log if x.startswith("deleted")] == [
+        "prompt [3, 1, 5, 7, 6, 8, 11, 10, 9]", "prompt [3, 1, 5, 11, 10, 9]", "prompt [5, 11, 10, 9]",
+        "prompt [5, 10, 9]", "prompt [5, 9]"], sh.log
