@@ -118,6 +118,7 @@ class LlamaWorker:
         self.capturer: native.Native | native.Python = self.native
         L.llama_backend_init()
         self.model = None
+        self.model_key: tuple[Any, ...] | None = None  # the loaded model's file (path, identity, size, mtime), mmap
         self.ctx = None
         self.params: dict[str, Any] = {}
         self.kv_unified = False  # the loaded context's KV layout (one stream for every sequence)
@@ -134,22 +135,32 @@ class LlamaWorker:
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
+        """A fresh context on the file's model. The model (weights, vocabulary: read-only once loaded) is kept from
+        the previous load when it is the same file, unchanged (its identity, size and mtime) — a hand-off imports
+        into many fresh contexts of one stage; its context never is."""
         L = self.L
-        self._unload()
         path = req.get("path")
         if not path or not Path(path).is_file():
+            self._unload()
             raise RequestError("bad_request", f"load: no such file: {path!r}")
         params = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
         if params["n_batch"] < params["n_seq_max"]:
+            self._unload()
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
+        st = os.stat(path)
+        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, req.get("mmap"))
+        model_reused = key == self.model_key
+        self._unload(keep_model=model_reused)
         self.native.log_clear()
         t0 = time.perf_counter()
-        mp = L.llama_model_default_params()
-        if "mmap" in req:  # (llama.cpp's default otherwise: auto)
-            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if req["mmap"] else L.LLAMA_LOAD_MODE_NONE
-        model = L.llama_model_load_from_file(str(path).encode(), mp)
-        if not model:
-            raise RequestError("load_failed", "load: " + self._last_error("failed to load model"))
+        model = self.model
+        if model is None:
+            mp = L.llama_model_default_params()
+            if "mmap" in req:  # (llama.cpp's default otherwise: auto)
+                mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if req["mmap"] else L.LLAMA_LOAD_MODE_NONE
+            model = L.llama_model_load_from_file(str(path).encode(), mp)
+            if not model:
+                raise RequestError("load_failed", "load: " + self._last_error("failed to load model"))
         cp = L.llama_context_default_params()
         cp.n_ctx = params["n_ctx"]
         cp.n_batch = params["n_batch"]
@@ -171,10 +182,11 @@ class LlamaWorker:
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             L.llama_model_free(model)
+            self.model = self.model_key = None
             raise RequestError("load_failed", "load: " + self._last_error("failed to create context"))
-        self.model, self.ctx, self.params = model, ctx, params
+        self.model, self.model_key, self.ctx, self.params = model, key, ctx, params
         self.info = self._model_info()
-        return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6)}
+        return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6), "model_reused": model_reused}
 
     def op_info(self, _req: dict) -> dict:
         self._need_model()
@@ -451,12 +463,13 @@ class LlamaWorker:
         self._need_model()
         return self.ctx
 
-    def _unload(self) -> None:
+    def _unload(self, *, keep_model: bool = False) -> None:
         if self.ctx:
             self.L.llama_free(self.ctx)
-        if self.model:
+        self.ctx = None
+        if self.model and not keep_model:
             self.L.llama_model_free(self.model)
-        self.ctx = self.model = None
+            self.model = self.model_key = None
         self.params, self.info = {}, {}
 
     def _last_error(self, fallback: str) -> str:

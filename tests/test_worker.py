@@ -84,6 +84,29 @@ def test_bad_requests_leave_the_worker_usable(llama, fixtures):
     assert llama.decode([1, 2]).ok
 
 
+def test_a_reload_of_the_same_file_keeps_the_model_and_makes_a_fresh_context(fixtures, tmp_path):
+    """A hand-off loads one stage into many fresh contexts: the worker keeps the model (not the context) while the
+    file is the same and unchanged; the logits are the same bits as from a worker that loaded it anew."""
+    import shutil
+
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(fixtures("jamba"), path)
+    with open_target("llama-cpp") as t, open_target("llama-cpp") as cold:
+        first = t.load(str(path))
+        assert first.ok and first.data["model_reused"] is False
+        a = t.decode([1, 2, 3], logits="all")
+        again = t.load(str(path))
+        assert again.ok and again.data["model_reused"] is True
+        b = t.decode([1, 2, 3], logits="all")  # a fresh context: no cells of the first decode
+        assert cold.load(str(path)).ok
+        c = cold.decode([1, 2, 3], logits="all")
+        assert np.array_equal(a.data["logits"], b.data["logits"]) and np.array_equal(b.data["logits"], c.data["logits"])
+        assert t.load(str(path), mmap=False).data["model_reused"] is False  # another load mode: loaded again
+        shutil.copyfile(fixtures("qwen3"), path)  # the file rewritten in place: loaded again
+        other = t.load(str(path))
+        assert other.ok and other.data["model_reused"] is False and other.data["arch"] == "qwen3"
+
+
 def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
     path = str(fixtures("lfm2"))
     cmd = f"cmd:{shlex.quote(sys.executable)} -m targets.llama_cpp_worker"
