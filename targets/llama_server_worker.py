@@ -147,7 +147,7 @@ class ServerWorker:
                     return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:]}
             except (OSError, ValueError):
                 pass
-            time.sleep(0.02)
+            time.sleep(0.003)
         self._stop()
         raise RequestError("load_failed", "llama-server did not become healthy in time: " + self._why())
 
