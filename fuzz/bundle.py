@@ -339,7 +339,10 @@ def _smaller_model(case: Case, spec: ModelSpec, path: Path, *, drop_first: int =
     if width and tensor_types(path) != tensor_types(case.fixture):
         return None  # narrower than the weights' blocks: tensors that were quantized would stay float
     what = ", ".join(f"{k} {v}" for k, v in width.items())
-    return replace(case, fixture=path, cuts=cuts), new, what
+    config = case.config
+    if "vocab" in width and config.get("prompt"):  # a prompt given as ids: folded into the smaller vocabulary
+        config = {**config, "prompt": [t % width["vocab"] for t in config["prompt"]]}
+    return replace(case, fixture=path, cuts=cuts, config=config), new, what
 
 
 def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case) -> Path:

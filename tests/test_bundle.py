@@ -54,18 +54,19 @@ def test_a_three_stage_finding_shrinks_to_two_stages(fixtures, tmp_path):
 def test_handoff_finding_bundle(fixtures, tmp_path):
     path = fixtures("jamba", layers=8, period=4)  # RRARRRAR: cut 2 starts a stage on attention
     out = tmp_path / "b"
-    r = run_cli("fuzz", "handoff", str(path), "--cuts", "2", "--prompt", "5,1,4,2,6,3", "--modes", "full",
+    r = run_cli("fuzz", "handoff", str(path), "--cuts", "2", "--prompt", "5,1,44,2,6,3", "--modes", "full",
                 "--target", "mutant:b1-first-layer-probe", "--bundle", str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     (bundle,) = list(out.iterdir())
     data = json.loads((bundle / "bundle.json").read_text())
     assert data["fingerprint"]["cut_kinds"] == ["A"] and data["fingerprint"]["phase"] == "full"
-    assert data["original"]["config"]["prompt"] == [5, 1, 4, 2, 6, 3]
+    assert data["original"]["config"]["prompt"] == [5, 1, 44, 2, 6, 3]
     # shrunk to the B1 shape itself: recurrent, attention-first stage, recurrent (cut 1), a 3-token prompt, 1 step —
     # and to the smallest width where it holds: embd 8, 2 heads, ff 2, vocab 8 (from 32, 4, 64, 64)
     assert (data["spec"]["pattern"], data["cuts"]) == ("RAR", [1])
     assert (data["config"]["prompt_len"], data["config"]["tokens"]) == (3, 1)
-    assert data["config"]["prompt"] == [5, 1, 4]  # the given prompt's first tokens (B1 needs no particular one)
+    # the given prompt's first tokens (B1 needs no particular one), folded into the smaller vocabulary (44 % 8)
+    assert data["config"]["prompt"] == [5, 1, 4]
     spec = data["spec"]
     assert (spec["n_embd"], spec["n_head"], spec["n_ff"], spec["n_vocab"]) == (8, 2, 2, 8)
     assert (bundle / "fixture.gguf").stat().st_size <= 16 * 1024
