@@ -22,12 +22,13 @@ from synth.spec import Knobs
 
 GOAL_KB, GOAL_S = 64, 20.0
 
-# mutant: (oracle, family or row:ROW, knobs, config fields) — a large fixture where the mutant is caught
+# mutant[@case]: (oracle, family or row:ROW, knobs, config fields) — a large fixture where the mutant is caught
 CASES = {
     "b1-first-layer-probe": ("handoff", "jamba", {"layers": 24, "period": 4}, {"cuts": "2", "modes": ("full",)}),
     "b4-kidx-not-exported": ("handoff", "deepseek32", {"layers": 8}, {"cuts": "2", "modes": ("full",)}),
     "b5-uniform-kv-rows": ("handoff", "row:laguna", {}, {"cuts": "all", "modes": ("full",)}),  # its uneven K/V
     "batched-rows-swapped": ("sweep", "qwen3next", {"layers": 16, "period": 4}, {"cuts": "3"}),
+    "batched-rows-swapped@3-stages": ("sweep", "qwen3next", {"layers": 16, "period": 4}, {"cuts": "3,9"}),
     "seq-leak": ("isolation", "llama", {"layers": 12}, {}),
     "rollback-zeroed": ("handoff", "jamba", {"layers": 12, "period": 4}, {"cuts": "2", "modes": ("partial",)}),
     "wire-f16-truncated": ("wire", "qwen3next", {"layers": 12, "period": 4}, {"cuts": "3", "wire": "f16"}),
@@ -38,14 +39,15 @@ CASES = {
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", action="append", help="only these mutants (repeatable)")
+    ap.add_argument("--only", action="append", help="only these cases, e.g. b1-first-layer-probe (repeatable)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="shrink-bench-") as d:
-        for mutant, (oracle_name, family, knobs, fields) in CASES.items():
-            if args.only and mutant not in args.only:
+        for case, (oracle_name, family, knobs, fields) in CASES.items():
+            if args.only and case not in args.only:
                 continue
-            fixture = Path(d) / f"{family.replace(':', '-')}-{mutant}.gguf"
+            mutant = case.split("@")[0]
+            fixture = Path(d) / f"{family.replace(':', '-')}-{case}.gguf"
             spec = load_manifest(None).row(family[4:]).spec() if family.startswith("row:") else \
                 resolve(family, Knobs(**knobs))
             write_fixture(spec, fixture)
@@ -55,7 +57,7 @@ def main() -> None:
             rep = oracle.run(fixture, cfg)
             found = time.perf_counter() - t0
             if not rep.findings:
-                rows.append((mutant, "NOT FOUND (no finding to shrink)", found, 0.0, 0, 0, 0.0))
+                rows.append((case, "NOT FOUND (no finding to shrink)", found, 0.0, 0, 0, 0.0))
                 continue
             t1 = time.perf_counter()
             (bundle, *_) = bundle_findings(rep, oracle.case_config(cfg), Path(d) / "bundles", max_bundles=1)
@@ -65,8 +67,8 @@ def main() -> None:
             shape = (f"{spec['pattern']} cuts {data['cuts']}, embd {spec['n_embd']}, heads {spec['n_head']}, "
                      f"ff {spec['n_ff']}, vocab {spec['n_vocab']}")
             kb = (bundle / "fixture.gguf").stat().st_size / 1024
-            rows.append((mutant, shape, found, shrunk, data["shrink"]["runs"], fixture.stat().st_size // 1024, kb))
-    print(f"{'mutant':28} {'find s':>7} {'shrink s':>8} {'runs':>5} {'from KB':>8} {'to KB':>6}  shrunk shape")
+            rows.append((case, shape, found, shrunk, data["shrink"]["runs"], fixture.stat().st_size // 1024, kb))
+    print(f"{'mutant[@case]':28} {'find s':>7} {'shrink s':>8} {'runs':>5} {'from KB':>8} {'to KB':>6}  shrunk shape")
     for mutant, shape, found, shrunk, runs, before, kb in rows:
         print(f"{mutant:28} {found:7.1f} {shrunk:8.1f} {runs:5d} {before:8d} {kb:6.0f}  {shape}")
     for mutant, _, _, shrunk, _, _, kb in rows:
