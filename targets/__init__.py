@@ -74,7 +74,8 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     from targets.target import Target
 
     base = {} if spec.startswith("cmd:") else PY_WORKER_ENV
-    return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})})
+    return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},
+                  reuse=spec == "llama-cpp")
 
 
 __all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
+
+# Idle workers kept for the next target of the same command and environment: a worker takes ≈70 ms to start (Python,
+# the bindings, llama.cpp's backends) and an oracle run opens several. Only targets opened with reuse (the plain
+# llama.cpp worker: a mutant or another program may keep state of its own across loads) are kept, each after an
+# `unload` (no model, no context left), at most IDLE_MAX of them; they exit with this process.
+IDLE_MAX = 8
+_idle: dict[tuple[Any, ...], list[WorkerClient]] = {}
+_idle_lock = threading.Lock()
+
+
+def _close_idle() -> None:
+    with _idle_lock:
+        clients = [c for cs in _idle.values() for c in cs]
+        _idle.clear()
+    for c in clients:
+        c.request_close()
+    for c in clients:
+        c.wait_closed()
+
+
+atexit.register(_close_idle)
 
 
 def _f32(s: str) -> np.ndarray:
@@ -72,16 +96,44 @@ class Target:
     """Anything that speaks targets/PROTOCOL.md, run as a worker process."""
 
     def __init__(self, name: str, argv: list[str], *, timeout: float = DEFAULT_TIMEOUT,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, reuse: bool = False):
+        """reuse: take an idle worker of the same command and environment if there is one, and keep this one idle
+        when it is closed (see IDLE_MAX)."""
         self.name = name
-        self.client = WorkerClient(argv, timeout=timeout, env=env, name=name)
+        self.key = (tuple(argv), tuple(sorted({**os.environ, **(env or {})}.items()))) if reuse else None
+        with _idle_lock:
+            idle = _idle.get(self.key) if reuse else None
+            client = idle.pop() if idle else None
+        if client is not None:
+            client.timeout, client.name, client.restarts = timeout, name, 0
+        self.client = client or WorkerClient(argv, timeout=timeout, env=env, name=name)
+        self.parked = False  # closed, its worker kept idle (another target's from now on)
 
     def start(self) -> None:
         """Spawn the worker process now instead of at the first call."""
         self.client.start()
 
     def close(self) -> None:
-        self.client.close()
+        if not self.parked and not self._park():
+            self.client.close()
+
+    def _park(self) -> bool:
+        """Keep the worker idle for the next target of the same key: True if it was kept (or was already)."""
+        c = self.client
+        if self.parked:
+            return True
+        if self.key is None or c.proc is None or c.proc.poll() is not None:
+            return False
+        with _idle_lock:
+            if sum(map(len, _idle.values())) >= IDLE_MAX:
+                return False
+        c.load_request = None  # (a worker restarted from now on starts empty)
+        if not c.call("unload", timeout=10).ok:
+            return False
+        with _idle_lock:
+            _idle.setdefault(self.key, []).append(c)
+        self.parked = True
+        return True
 
     def __enter__(self) -> Target:
         return self
@@ -161,8 +213,9 @@ class Target:
 
 
 def close_all(targets: Sequence[Target]) -> None:
-    """Close several targets in parallel (each worker exits on its own; then wait for all)."""
-    for t in targets:
+    """Close several targets in parallel (each worker exits on its own; then wait for all); reused ones are kept."""
+    closing = [t for t in targets if not t._park()]
+    for t in closing:
         t.client.request_close()
-    for t in targets:
+    for t in closing:
         t.client.wait_closed()

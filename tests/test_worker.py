@@ -107,6 +107,20 @@ def test_a_reload_of_the_same_file_keeps_the_model_and_makes_a_fresh_context(fix
         assert other.ok and other.data["model_reused"] is False and other.data["arch"] == "qwen3"
 
 
+def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_nothing(fixtures):
+    """An oracle run opens several workers: a closed plain llama.cpp worker is kept (after an unload) for the next
+    target of the same command and environment — it starts with no model, no context; a mutant never shares it."""
+    with open_target("llama-cpp") as t:
+        assert t.load(str(fixtures("qwen3"))).ok and t.decode([1, 2]).ok
+        pid = t.client.proc.pid
+    with open_target("llama-cpp") as again:
+        assert again.client.proc.pid == pid  # the same process, taken from the idle ones
+        assert again.decode([1]).failure.error_kind == "bad_request"  # no model loaded: nothing kept but the process
+        assert again.load(str(fixtures("qwen3"))).data["model_reused"] is False
+    with open_target("mutant:seq-leak") as m:
+        assert m.hello().ok and m.client.proc.pid != pid
+
+
 def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
     path = str(fixtures("lfm2"))
     cmd = f"cmd:{shlex.quote(sys.executable)} -m targets.llama_cpp_worker"
