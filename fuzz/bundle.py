@@ -136,8 +136,6 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
     spec = spec_of(out.case.fixture)
     if spec is None:  # a user's GGUF: its layer range only, as slices of the model itself
         _shrink_real_layers(out, keeps, workdir)
-        while _move_cuts(out, keeps):
-            _shrink_real_layers(out, keeps, workdir)
     else:
         _shrink_spec_model(out, spec, keeps, workdir)
 
@@ -251,10 +249,10 @@ def _bisect_layers(n_layer: Callable[[], int], attempt: Callable[..., bool]) -> 
                 k //= 2
 
 
-def _shrink_real_layers(out: Shrunk, keeps: Callable[[Case], bool], workdir: Path) -> None:
+def _shrink_real_layers(out: Shrunk, keeps: Callable[..., bool], workdir: Path) -> None:
     """A model without our spec (a user's GGUF) shrunk to the layers the finding needs: leading or trailing layers
-    bisected away, each candidate the layers [a, b) of the model as synth.stage slices them — a standalone GGUF
-    (the token embedding, those layers, the head), its cuts moved with the layers."""
+    bisected away (again after a cut moved), each candidate the layers [a, b) of the model as synth.stage slices
+    them — a standalone GGUF (the token embedding, those layers, the head), its cuts moved with the layers."""
     layers = inspect_file(str(out.case.fixture)).n_layer
     n = 0
 
@@ -269,6 +267,8 @@ def _shrink_real_layers(out: Shrunk, keeps: Callable[[Case], bool], workdir: Pat
         return True
 
     _bisect_layers(lambda: layers, attempt)
+    while _move_cuts(out, keeps):
+        _bisect_layers(lambda: layers, attempt)
 
 
 def _sliced_model(case: Case, n: int, path: Path, *, drop_first: int = 0, drop_last: int = 0) \

@@ -75,13 +75,11 @@ def sequential_steps(prompt: list[int], chunk: int, n_decode: int, *, split_at: 
     return steps
 
 
-def build_schedule(*, n_vocab: int, prompt_len: int = 24, chunk: int = 7, n_decode: int = 32,
-                   n_seq: int = 3, batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
-                   phases: tuple[str, ...] = PHASES, prompt: list[int] | None = None) -> Schedule:
-    """prompt: the sequential run's (default: prompt_len tokens drawn from seed); the batched phase's sequences
-    draw their own from seed."""
+def build_schedule(*, n_vocab: int, prompt: list[int], chunk: int = 7, n_decode: int = 32, n_seq: int = 3,
+                   batched_prompt_len: int = 12, batched_decode: int = 8, seed: int = 0,
+                   phases: tuple[str, ...] = PHASES) -> Schedule:
+    """prompt: the sequential run's (main_prompt); the batched phase's sequences draw their own from seed."""
     sched = Schedule(n_seq=batch_width(n_seq, phases))
-    prompt = prompt_tokens(seed, prompt_len, n_vocab) if prompt is None else prompt
     if "prefill" in phases or "decode" in phases:
         sched.sequential = sequential_steps(prompt, chunk, n_decode if "decode" in phases else 0)
     if "batched" in phases and n_seq > 1:

@@ -340,9 +340,9 @@ class Sweep:
         on the last; then every worker takes (cut set, stage) tasks as their inputs become ready, each stage
         loaded into a fresh context. Divergences are reproduced and localized last."""
         cfg = self.cfg
-        sched = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
-                               n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed, phases=cfg.phases,
-                               prompt=main_prompt(cfg, self.info.n_vocab))
+        sched = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
+                               chunk=cfg.chunk, n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed,
+                               phases=cfg.phases)
         self._sched = sched
         tasks = _Tasks(len(sets), progress)
         feeder = _Thread(self._materialize, sets, tasks)

@@ -83,9 +83,9 @@ class Wire:
         cfg = self.cfg
         t0 = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
-        steps = build_schedule(n_vocab=self.info.n_vocab, prompt_len=cfg.prompt_len, chunk=cfg.chunk,
-                               n_decode=cfg.tokens, seed=cfg.seed, phases=("prefill", "decode"),
-                               prompt=main_prompt(cfg, self.info.n_vocab)).sequential
+        steps = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
+                               chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
+                               phases=("prefill", "decode")).sequential
         ref = open_target(cfg.target, timeout=cfg.timeout)
         workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max(len(s) for s in sets) + 1)]
         results = []
