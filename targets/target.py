@@ -16,15 +16,16 @@ from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
 # Idle workers kept for the next target of the same command and environment: a worker takes ≈70 ms to start (Python,
 # the bindings, llama.cpp's backends) and an oracle run opens several. Only targets opened with reuse (the plain
 # llama.cpp worker: a mutant or another program may keep state of its own across loads) are kept, each after an
-# `unload` (no model, no context left), at most IDLE_MAX of them; they exit with this process.
+# `unload` (no model, no context left), at most IDLE_MAX of them (the longest idle closed to make room: a worker of
+# an environment no longer used must not hold a place); they exit with this process.
 IDLE_MAX = 8
-_idle: dict[tuple[Any, ...], list[WorkerClient]] = {}
+_idle: list[tuple[tuple[Any, ...], WorkerClient]] = []  # (key, worker), the longest idle first
 _idle_lock = threading.Lock()
 
 
 def _close_idle() -> None:
     with _idle_lock:
-        clients = [c for cs in _idle.values() for c in cs]
+        clients = [c for _, c in _idle]
         _idle.clear()
     for c in clients:
         c.request_close()
@@ -102,8 +103,8 @@ class Target:
         self.name = name
         self.key = (tuple(argv), tuple(sorted({**os.environ, **(env or {})}.items()))) if reuse else None
         with _idle_lock:
-            idle = _idle.get(self.key) if reuse else None
-            client = idle.pop() if idle else None
+            i = next((i for i in range(len(_idle) - 1, -1, -1) if _idle[i][0] == self.key), None) if reuse else None
+            client = _idle.pop(i)[1] if i is not None else None
         if client is not None:
             client.timeout, client.name, client.restarts = timeout, name, 0
         self.client = client or WorkerClient(argv, timeout=timeout, env=env, name=name)
@@ -124,14 +125,15 @@ class Target:
             return True
         if self.key is None or c.proc is None or c.proc.poll() is not None:
             return False
-        with _idle_lock:
-            if sum(map(len, _idle.values())) >= IDLE_MAX:
-                return False
         c.load_request = None  # (a worker restarted from now on starts empty)
         if not c.call("unload", timeout=10).ok:
             return False
         with _idle_lock:
-            _idle.setdefault(self.key, []).append(c)
+            _idle.append((self.key, c))
+            evicted = [w for _, w in _idle[:-IDLE_MAX]]
+            del _idle[:-IDLE_MAX]
+        for w in evicted:
+            w.close()
         self.parked = True
         return True
 

@@ -109,7 +109,15 @@ def test_a_reload_of_the_same_file_keeps_the_model_and_makes_a_fresh_context(fix
 
 def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_nothing(fixtures):
     """An oracle run opens several workers: a closed plain llama.cpp worker is kept (after an unload) for the next
-    target of the same command and environment — it starts with no model, no context; a mutant never shares it."""
+    target of the same command and environment — it starts with no model, no context; a mutant never shares it.
+    The idle ones are at most IDLE_MAX: workers of an environment no longer used (here a full pool of them) give way
+    to the newest, longest idle first."""
+    from targets import target as tg
+
+    stale = [open_target("llama-cpp", env={"FAMILY_CERTIFY_TEST_STALE": "1"}) for _ in range(tg.IDLE_MAX)]
+    for w in stale:
+        assert w.hello().ok
+    tg.close_all(stale)
     with open_target("llama-cpp") as t:
         assert t.load(str(fixtures("qwen3"))).ok and t.decode([1, 2]).ok
         pid = t.client.proc.pid
@@ -119,6 +127,7 @@ def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_no
         assert again.load(str(fixtures("qwen3"))).data["model_reused"] is False
     with open_target("mutant:seq-leak") as m:
         assert m.hello().ok and m.client.proc.pid != pid
+    assert len(tg._idle) <= tg.IDLE_MAX and stale[0].client.proc is None  # the longest idle was closed
 
 
 def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
