@@ -15,7 +15,9 @@ stamp="$venv/.bootstrap-stamp"
 # every other Python package at an exact version (a bump there is a one-line reviewed change, and re-installs)
 constraints="$root/constraints.txt"
 [ -f "$constraints" ] || { echo "bootstrap: $constraints is missing (it pins every dependency)" >&2; exit 1; }
-want="$LLAMA_CPP_PYTHON $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16) $(sha256sum "$constraints" | cut -c1-16)"
+# the pinned build's CMake options, named (targets/cmake_build.py): a wheel built with others is built again
+options=$(PYTHONPATH="$root" "$py" -m targets.cmake_build options)
+want="$LLAMA_CPP_PYTHON $options $GGUF_PY $(sha256sum "$root/pyproject.toml" | cut -c1-16) $(sha256sum "$constraints" | cut -c1-16)"
 
 # byte-compile the checkout every time (quick; a no-op when nothing changed): every worker process imports
 # targets/, and an environment with PYTHONDONTWRITEBYTECODE would otherwise recompile it at each start
@@ -39,7 +41,8 @@ if [ ! -f "$sdist" ]; then
 fi
 
 wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
-if [ -z "$wheel" ]; then
+built_with=$(cat "$cache/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON.options" 2>/dev/null || true)
+if [ -z "$wheel" ] || [ "$built_with" != "$options" ]; then
   # one CMake build of the vendored tree gives the wheel's libraries and llama-server (targets/cmake_build.py;
   # standard library only, so the system Python runs it before the venv holds anything)
   say "building llama.cpp from source: the wheel and llama-server (first setup only; about 4 minutes on 2 cores)"
@@ -60,6 +63,8 @@ fi
 say "installing into $venv"
 # -c: the wheels' own dependencies (numpy, jinja2, diskcache, pyyaml, tqdm, ...) at the pinned versions too
 "${pip[@]}" install -c "$constraints" "$wheel" "$gguf_wheel"
+# (and over an earlier install of the same versions: a rebuilt wheel keeps its version number)
+"${pip[@]}" install --force-reinstall --no-deps "$wheel" "$gguf_wheel"
 # compat mode: a path entry to the checkout, so new modules and packages need no reinstall
 "${pip[@]}" install -c "$constraints" -e "$root[dev]" --config-settings editable_mode=compat
 # the worker's native helpers (targets/native.c); workers also build them on first use if missing

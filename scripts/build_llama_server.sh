@@ -13,7 +13,8 @@ dest="$cache/llama-server-$LLAMA_CPP_PYTHON"
 bin="$dest/bin/llama-server"
 say() { echo "build_llama_server: $*" >&2; }
 
-if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+options=$(PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build options)
+if [ -x "$bin" ] && [ "$(cat "$dest/bin/options" 2>/dev/null)" = "$options" ] && "$bin" --version >/dev/null 2>&1; then
   echo "$bin"
   exit 0
 fi
@@ -24,7 +25,7 @@ if [ ! -f "$sdist" ]; then
 fi
 
 # the same one CMake build that bootstrap.sh runs for the wheel (targets/cmake_build.py): a machine whose wheel came
-# from elsewhere builds here once, and gets both
+# from elsewhere (or a llama-server built with other CMake options) builds here once, and gets both
 say "building llama-server from the pinned llama.cpp (first time only; about 4 minutes on 2 cores)"
 PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
 [ -x "$bin" ] || { say "no $bin after the build"; exit 1; }

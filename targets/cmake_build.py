@@ -2,6 +2,7 @@
 bindings load and llama-server. Standard library only: scripts/bootstrap.sh runs it before the venv holds anything.
 
     python -m targets.cmake_build pinned SDIST CACHE
+    python -m targets.cmake_build options          (prints options_id(): what the outputs below are marked with)
 
 builds the tree a llama-cpp-python sdist vendors and writes what `pip wheel` of that sdist would have (a wheel of
 its llama_cpp package with the built libraries and headers, into CACHE/wheels) and llama-server (into
@@ -29,11 +30,23 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+# GGML_NATIVE off: a portable build (on x86-64: AVX2, FMA, F16C, BMI2 — no AVX-512, no AMX), the same code on every
+# machine that builds or is handed it, instead of one tuned to the builder. The native build on an AMX host (Sapphire
+# Rapids) repacks quantized weights for its AMX kernels and crashes in them (SIGSEGV / SIGILL decoding any q8_0,
+# q4_0, q4_1 or k-quant fixture; upstream: ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824), so the battery's
+# results depended on the CI runner drawn. A machine-tuned build is still certifiable: --llama-cpp / LLAMA_CPP_LIB_PATH.
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+                 "-DGGML_NATIVE=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
 TARGETS = ("llama", "llama-server")
+
+
+def options_id() -> str:
+    """A short name for CMAKE_OPTIONS: the pinned build's outputs carry it (scripts/bootstrap.sh rebuilds a cached
+    wheel or llama-server built with other options)."""
+    return hashlib.sha256(" ".join(CMAKE_OPTIONS).encode()).hexdigest()[:12]
 
 
 class BuildError(Exception):
@@ -81,6 +94,12 @@ def built(src: Path, work: Path, label: str) -> Iterator[Path]:
         changed = sync_tree(src, work / "src")
         build = work / "build"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        # a build configured with other options starts from CMake's defaults: an option the old cache holds (e.g.
+        # GGML_AVX2 off, as a native configure leaves it) would otherwise outlive the change
+        marked = build / "family-certify-options"
+        if (build / "CMakeCache.txt").is_file() and (not marked.is_file() or marked.read_text().strip()
+                                                     != options_id()):
+            (build / "CMakeCache.txt").unlink()
         fresh = not (build / "CMakeCache.txt").is_file()
         say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
             + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
@@ -94,6 +113,8 @@ def built(src: Path, work: Path, label: str) -> Iterator[Path]:
                 tail = log.read_text(errors="replace").strip().splitlines()[-12:]
                 raise BuildError(f"{label}: the build failed ({what}; log {log}): " + " | ".join(tail)[-600:])
             say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
+            if what == "configure":
+                marked.write_text(options_id() + "\n")
         yield build / "bin"
 
 
@@ -177,9 +198,11 @@ def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
             pkg = Path(tmp) / "wheel" / "llama_cpp"
             copy_bindings(bindings, out, pkg, leave=())  # all of it, as pip's wheel has
             wheel = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")
+            (cache / "wheels" / f"llama_cpp_python-{version}.options").write_text(options_id() + "\n")
             dest = cache / f"llama-server-{version}"
             shutil.rmtree(dest / "bin.tmp", ignore_errors=True)
             copy_server(out, dest / "bin.tmp")
+            (dest / "bin.tmp" / "options").write_text(options_id() + "\n")
             shutil.rmtree(dest / "bin", ignore_errors=True)
             os.replace(dest / "bin.tmp", dest / "bin")
     say(f"llama-cpp-python {version}: wheel and llama-server from one build in {time.perf_counter() - t0:.0f} s")
@@ -187,8 +210,11 @@ def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["options"]:
+        print(options_id())
+        return 0
     if len(argv) != 3 or argv[0] != "pinned":
-        print("usage: python -m targets.cmake_build pinned SDIST CACHE", file=sys.stderr)
+        print("usage: python -m targets.cmake_build pinned SDIST CACHE | options", file=sys.stderr)
         return 2
     try:
         wheel, server = pinned(Path(argv[1]), Path(argv[2]))
