@@ -49,6 +49,20 @@ def options_id() -> str:
     return hashlib.sha256(" ".join(CMAKE_OPTIONS).encode()).hexdigest()[:12]
 
 
+OPTIONS_MARK = "family-certify-options"  # in a build directory: options_id() of its last configure
+
+
+def forget_other_options(build: Path) -> bool:
+    """A build directory configured with other options (or before they were marked) loses its CMake cache, so the
+    next configure starts from CMake's defaults: an option the old cache holds (GGML_AVX2 off, as a native
+    configure leaves it) would otherwise outlive the change. True if it was forgotten."""
+    mark = build / OPTIONS_MARK
+    if (build / "CMakeCache.txt").is_file() and (not mark.is_file() or mark.read_text().strip() != options_id()):
+        (build / "CMakeCache.txt").unlink()
+        return True
+    return False
+
+
 class BuildError(Exception):
     """The build of a tree failed; the message names the tree, the step and the log."""
 
@@ -94,12 +108,7 @@ def built(src: Path, work: Path, label: str) -> Iterator[Path]:
         changed = sync_tree(src, work / "src")
         build = work / "build"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        # a build configured with other options starts from CMake's defaults: an option the old cache holds (e.g.
-        # GGML_AVX2 off, as a native configure leaves it) would otherwise outlive the change
-        marked = build / "family-certify-options"
-        if (build / "CMakeCache.txt").is_file() and (not marked.is_file() or marked.read_text().strip()
-                                                     != options_id()):
-            (build / "CMakeCache.txt").unlink()
+        forget_other_options(build)
         fresh = not (build / "CMakeCache.txt").is_file()
         say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
             + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
@@ -114,7 +123,7 @@ def built(src: Path, work: Path, label: str) -> Iterator[Path]:
                 raise BuildError(f"{label}: the build failed ({what}; log {log}): " + " | ".join(tail)[-600:])
             say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
             if what == "configure":
-                marked.write_text(options_id() + "\n")
+                (build / OPTIONS_MARK).write_text(options_id() + "\n")
         yield build / "bin"
 
 

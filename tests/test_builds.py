@@ -13,7 +13,7 @@ from fuzz.contract import build_identity
 from fuzz.isolation import IsolationConfig
 from fuzz.oracles import ORACLES
 from targets import builds
-from targets.cmake_build import sync_tree
+from targets.cmake_build import OPTIONS_MARK, forget_other_options, options_id, sync_tree
 
 from conftest import ROOT, run_cli
 
@@ -135,6 +135,29 @@ def test_syncing_a_tree_rewrites_only_what_changed(tmp_path):
     assert (dst / "a" / "x.c").stat().st_mtime_ns == before
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == ["a/x.c", "a/y.c", "new.c"]
     assert (dst / "a" / "y.c").read_text() == "changed"
+
+
+def test_a_build_configured_with_other_options_starts_from_cmakes_defaults(tmp_path):
+    """A CMake cache from another configure (one before the options were marked: the native build) is dropped, one
+    marked with today's options kept — an option such a cache holds (GGML_AVX2 off) would outlive the change."""
+    cache = tmp_path / "CMakeCache.txt"
+    cache.write_text("GGML_NATIVE:BOOL=ON\nGGML_AVX2:BOOL=OFF\n")
+    assert forget_other_options(tmp_path) and not cache.exists()
+    cache.write_text("x")
+    (tmp_path / OPTIONS_MARK).write_text("0123456789ab\n")
+    assert forget_other_options(tmp_path) and not cache.exists()
+    cache.write_text("x")
+    (tmp_path / OPTIONS_MARK).write_text(options_id() + "\n")
+    assert not forget_other_options(tmp_path) and cache.exists()
+
+
+@pytest.mark.llama
+def test_the_pinned_build_is_portable_without_avx512_or_amx(llama):
+    """The pinned llama.cpp runs the same code on every machine: no AVX-512 or AMX kernels (on an AMX host the
+    native build crashes in them on quantized fixtures, upstream #20824), whatever the building machine had."""
+    info = llama.hello().data["system_info"]
+    assert "AVX2 = 1" in info or "x86" not in os.uname().machine, info
+    assert "AMX" not in info and "AVX512" not in info, info
 
 
 def test_a_bundle_made_on_a_build_names_it_when_it_is_gone(tmp_path):
