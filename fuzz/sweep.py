@@ -306,6 +306,8 @@ class Sweep:
                 progress.working(f"sweep {self.fixture.name}")
                 results, control, commit = self._run(sets, workers, progress)
         finally:
+            for th in getattr(self, "_preload", {}).values():  # (bad input found while they load: let them end)
+                th.join()
             close_all(workers)
         wall = time.perf_counter() - t_start
         return SweepReport(

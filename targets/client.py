@@ -75,6 +75,8 @@ class WorkerClient:
         self.restarts = 0
         self.starts = 0
         self.load_request: dict[str, Any] | None = None  # replayed into a restarted worker
+        self.in_flight = 0  # calls waiting for their replies (another thread's, e.g. a load started early)
+        self._flight_lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -153,18 +155,33 @@ class WorkerClient:
         self.close()
 
     # ---- calls -----------------------------------------------------------------------------------
+    def _flying(self, n: int) -> None:
+        with self._flight_lock:
+            self.in_flight += n
+
     def call(self, op: str, *, timeout: float | None = None, **args: Any) -> Reply:
-        failed = self._ensure()
-        if failed is not None:
-            return failed
-        reply = self._roundtrip({"op": op, **args}, timeout or self.timeout)
-        self._note(reply)
-        return reply
+        self._flying(1)
+        try:
+            failed = self._ensure()
+            if failed is not None:
+                return failed
+            reply = self._roundtrip({"op": op, **args}, timeout or self.timeout)
+            self._note(reply)
+            return reply
+        finally:
+            self._flying(-1)
 
     def calls(self, requests: list[tuple[str, dict[str, Any]]], *, timeout: float | None = None) -> list[Reply]:
         """Several requests sent at once: the worker runs them back to back while their replies are read (no
         idle worker between them). The replies in order, up to and including the first that failed; each
         request has the per-call timeout from the previous reply on."""
+        self._flying(1)
+        try:
+            return self._calls(requests, timeout)
+        finally:
+            self._flying(-1)
+
+    def _calls(self, requests: list[tuple[str, dict[str, Any]]], timeout: float | None) -> list[Reply]:
         failed = self._ensure()
         if failed is not None:
             return [failed]

@@ -123,8 +123,8 @@ class Target:
         c = self.client
         if self.parked:
             return True
-        if self.key is None or c.proc is None or c.proc.poll() is not None:
-            return False
+        if self.key is None or c.proc is None or c.proc.poll() is not None or c.in_flight:
+            return False  # (a call still waiting on another thread: its reply is that thread's, and so is the worker)
         c.load_request = None  # (a worker restarted from now on starts empty)
         if not c.call("unload", timeout=10).ok:
             return False

@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+from fuzz.sweep import Sweep, SweepConfig
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from targets import open_target
@@ -128,6 +129,24 @@ def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_no
     with open_target("mutant:seq-leak") as m:
         assert m.hello().ok and m.client.proc.pid != pid
     assert len(tg._idle) <= tg.IDLE_MAX and stale[0].client.proc is None  # the longest idle was closed
+
+
+def test_a_worker_with_a_call_in_flight_is_never_kept_idle(fixtures):
+    """A call still waiting for its reply on another thread (the sweep's early full-model loads, when bad input stops
+    it first) owns the worker: closing the target then closes the worker — parked, another target would read that
+    reply, or two threads the same stream (the sweep CLI once hung 300 s on `--prompt 1,2,999`)."""
+    from targets import target as tg
+
+    t = open_target("llama-cpp")
+    assert t.hello().ok
+    t.client.in_flight += 1  # as while another thread waits on it
+    proc = t.client.proc
+    t.close()
+    assert not t.parked and proc.poll() is not None and all(c is not t.client for _, c in tg._idle)
+    with pytest.raises(UserError, match="--prompt token 999: not in the fixture's vocabulary"):
+        Sweep(fixtures("llama"), SweepConfig(prompt=(1, 2, 999), prompt_len=3, tokens=1)).run()
+    for _, c in tg._idle:  # the sweep's workers, kept only once their loads answered: each answers its next call
+        assert c.in_flight == 0 and c.call("hello", timeout=10).ok
 
 
 def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
