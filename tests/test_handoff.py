@@ -142,7 +142,10 @@ def test_cli(fixtures, tmp_path):
 @pytest.mark.parametrize("row", ["gemma3", "cohere2", "exaone-moe"])
 def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
     """A stage holding only sliding-window layers exports no K/V rows in its non-partial state, only the cells'
-    metadata llama.cpp's empty base cache still writes (12 bytes a position): not a finding (it was, at every cut)."""
+    metadata llama.cpp's empty base cache still writes (12 bytes a position): not a finding (it was, at every cut).
+    (A continuation may differ in bits where the imported window sits in other cells than the ring held it — the
+    order attention sums them in: numerics, its cause read from both exports; on the portable build, with AVX2
+    kernels, gemma3's full hand-offs do at every cut.)"""
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -151,7 +154,9 @@ def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
     path = tmp_path / f"{row}.gguf"
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row(row).spec(), path)
     rep = handoff(path, cuts="all")
-    assert rep["summary"]["pass"] == len(rep["results"]) > 0, rep["results"]
+    assert rep["results"] and all(r["status"] == "pass" or (r["status"] == "numerics" and r["mode"] == "full"
+                                                            and r["cause"]["kind"] == "cell order")
+                                  for r in rep["results"]), rep["results"]
     swa_only = [b for r in rep["results"] for b in r["bytes"] if b["swa_layers"] and not b["attention_layers"]]
     assert swa_only and all(b["recurrent_bytes"] > 0 for b in swa_only)  # the window travels as partial state
 
@@ -179,8 +184,11 @@ def test_rows_in_a_stage_without_full_attention_are_caught():
 
 def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     """The seed's B5: the export treats every attention layer as its first one's K/V width. laguna with 1 K/V head
-    on layer 0 and 2 elsewhere: every stage holding both widths in one cache fails (the stage starting at 4 holds
-    one width per cache and passes), localized to the key cache the import restored; the real llama.cpp passes."""
+    on layer 0 and 2 elsewhere: every stage holding both widths in one cache fails at the first offset (logits off
+    by 3.3), localized to the key cache the import restored. The stage starting at 4 holds one width per cache:
+    there the mutant moves only rounding, at t=5, where the pinned llama.cpp does too — the restored window in other
+    cells (numerics there; the portable build's AVX2 kernels sum a window in cell order) — but a mutant's exports
+    are the thing under test, so it stays a finding, with that evidence. The real llama.cpp: no finding."""
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -189,11 +197,14 @@ def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     path = tmp_path / "laguna.gguf"
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
     bad = handoff(path, cuts="period", period=4, target="mutant:b5-uniform-kv-rows", modes=("full",))
-    assert [(r["cuts"], r["status"]) for r in bad["results"]] == [([1], "finding"), ([2], "finding"),
-                                                                  ([3], "finding"), ([4], "pass")]
-    assert all(r["node"]["name"].startswith("cache_k_l") and r["reproduced"]
-               for r in bad["results"] if r["status"] == "finding")
-    assert handoff(path, cuts="period", period=4)["summary"]["pass"] == 4
+    assert [(r["cuts"], r["status"], r["offset"]) for r in bad["results"]] == [([1], "finding", 1), ([2], "finding", 1),
+                                                                              ([3], "finding", 1), ([4], "finding", 5)]
+    assert all(r["node"]["name"].startswith("cache_k_l") and r["reproduced"] for r in bad["results"])
+    assert all(r["max_abs"] > 1 for r in bad["results"][:3]) and bad["results"][3]["max_abs"] < 1e-4
+    assert bad["results"][3]["node"]["cells"]["same"]
+    good = handoff(path, cuts="period", period=4)["results"]
+    assert all(r["status"] in ("pass", "numerics") and (r.get("cause") or {"kind": "cell order"})["kind"]
+               == "cell order" for r in good), good
 
 
 @pytest.mark.parametrize("family,knobs", [("jamba", {"layers": 8, "period": 4}),
@@ -206,7 +217,8 @@ def test_hand_offs_with_chunks_larger_than_a_ubatch(fixtures, family, knobs):
 
 
 def test_a_restored_window_in_other_cells_is_numerics_a_lost_one_is_not(tmp_path, llama):
-    """gemma3 unsplit, 32-token prompt: the full hand-off at t=20 moves logits by ~1e-5 at position 34. The
+    """gemma3 unsplit, 32-token prompt: the full hand-off at t=9 moves logits by ~6e-6 at position 32 (the portable
+    build's AVX2 kernels; with AVX-512 ones the first was at t=20). The
     exports just before that step hold the same K/V bits at the same positions in both contexts, only in other
     cells of the sliding-window ring: attention sums them in another order — numerics, with that cause (exit 0).
     A restore that lost or changed a window row would not compare equal: a finding."""
@@ -222,7 +234,7 @@ def test_a_restored_window_in_other_cells_is_numerics_a_lost_one_is_not(tmp_path
     r = run_cli("fuzz", "handoff", str(path), "--cuts", "none", "--prompt-len", "32", "--report", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     (res,) = json.loads(out.read_text())["results"]
-    assert (res["status"], res["mode"], res["offset"], res["cause"]["kind"]) == ("numerics", "full", 20, "cell order")
+    assert (res["status"], res["mode"], res["offset"], res["cause"]["kind"]) == ("numerics", "full", 9, "cell order")
     assert res["node"]["cells"]["same"] and res["node"]["cells"]["positions"] > 30
 
     def export(prompt):

@@ -61,18 +61,19 @@ def test_placement_through_a_moe_routing_flip_is_named(fixtures):
 
 
 def test_batch_shape_numerics_are_told_from_a_leak(fixtures):
-    """Found by the fuzz lane: an lfm2 spec in bf16 whose third sequence moves 0.18 in a 4-sequence decode batch.
+    """Found by the fuzz lane (the seeds re-found by a search over the same specs on the portable build, AVX2 kernels:
+    AVX-512 ones moved others): an lfm2 spec in bf16 whose fourth sequence moves 0.125 in a 4-sequence decode batch.
     Alone in the same cells it is bit-identical to its solo run, and with other neighbours (other tokens, same
     lengths) it gets the very same bits as before: the batch's shape changes its numerics, no data leaks in —
     reported as numerics, not a finding."""
-    path = fixtures("lfm2", pattern="AAAARRRR", kv_heads=(2, 1, 1, 1, 0, 0, 0, 0), dtype="bf16", seed=7575)
+    path = fixtures("lfm2", pattern="AAAARRRR", kv_heads=(2, 1, 1, 1, 0, 0, 0, 0), dtype="bf16", seed=8113)
     rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(True,), noise_factor=0)).run()
     assert rep["status"] == "pass" and not rep["findings"]
     (f,) = rep["numerics"]
-    assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and f["cause"]["placed_vs_alone"] == 0.0
+    assert f["seq"] == 3 and f["cause"]["kind"] == "batch shape" and f["cause"]["placed_vs_alone"] == 0.0
     assert [r["status"] for r in rep["results"]].count("numerics") == 1
-    # the same with per-sequence caches (laguna, q5_1, MoE: found by the fuzz lane too), at the fixed tolerance 0.1
-    path = fixtures("laguna", layers=8, kv_heads=(1, 4, 1, 1, 4, 2, 2, 1), dtype="q5_1", seed=6136)
+    # the same with per-sequence caches (laguna, q5_1, MoE: found the same way), at the fixed tolerance 0.1
+    path = fixtures("laguna", layers=8, kv_heads=(1, 4, 1, 1, 4, 2, 2, 1), dtype="q5_1", seed=6037)
     (f,) = Isolation(path, IsolationConfig(tokens=3, kv_unified=(False,), noise_factor=0)).run()["numerics"]
     assert f["seq"] == 2 and f["cause"]["kind"] == "batch shape" and "own cache stream" in f["cause"]["detail"]
     # its own batch-shape control (alone, other chunks) moves exactly as much: 4 × that is its tolerance, and it passes
