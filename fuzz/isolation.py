@@ -29,7 +29,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import context_params, first_routing_flip, script_steps
+from fuzz.parity import context_params, first_rounding_flip, first_routing_flip, script_steps
 from fuzz.schedule import prompt_tokens, sequential_steps
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -214,8 +214,9 @@ class Isolation:
     def _cause(self, t: Target, i: int, step: int, alone, together, unified: bool) -> dict[str, Any]:
         """Tell "depends on where it sits" from "depends on its batch" (a unified cache: sequence i alone in every
         batch again, but in the cells it has when batched — equal to the batched logits, the cell position decides,
-        and a MoE routing choice that differs from the solo run is named); then, for the batch, its shape from its
-        neighbours' data (the batch again with other tokens for the others: the same bits, the shape)."""
+        and a near-tie choice that differs from the solo run is named: a MoE route, a 16-bit rounding); then, for
+        the batch, its shape from its neighbours' data (the batch again with other tokens for the others: the same
+        bits, the shape)."""
         out: dict[str, Any] = {}
         tol = self.tol
         both = False
@@ -237,7 +238,7 @@ class Isolation:
                 out |= {"kind": "cell position", "detail": f"alone in its batches but in cells {pre}.. as when "
                         f"batched, it gives the batched logits (max |Δ| {vs_batched:.2g}): where the sequence sits "
                         "in the cache changes its result, not what it shares a batch with"}
-                flip = self._first_flip(t, i, step, alone, steps[:mine[step] + 1])
+                flip = self._first_flip(t, i, step, alone, steps, mine)
                 return out | ({"flip": flip} if flip else {})
             both = not vs_alone <= tol < vs_batched
             where = (f"neither its cells (alone in them it moves {vs_alone:.2g} from its solo run) nor its batch "
@@ -257,12 +258,27 @@ class Isolation:
         return out | {"kind": "batch", "detail": where + "other neighbours change it again: the other sequences' "
                       "data reaches it"}
 
-    def _first_flip(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """Solo at cells 0.. and placed, traced node by node at `step`: the first MoE routing choice (llama.cpp's
-        integer `ffn_moe_*` nodes: expert argsort / top-k) whose values differ — what turns the cells' summation
-        order into a different result. (Integer nodes over KV cells, like DSA's top-k, hold cell indices that
-        differ between the two placements anyway: not compared.) None if the target cannot trace or no routing
-        choice differs."""
+    def _first_flip(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]],
+                    mine: list[int]) -> dict[str, Any] | None:
+        """The near-tie choice that turns the cells' summation order into another result (_flip_at), at the step
+        whose logits differ, else at the earliest step before it that has one (a value rounded otherwise there
+        reaches later steps through the cache: the step that differs reads it from there, computing nothing new
+        to compare); with the step it is at."""
+        for s in (step, *range(step)):
+            flip = self._flip_at(t, i, s, alone, placed[:mine[s] + 1])
+            if flip:
+                return flip | {"step": s}
+        return None
+
+    def _flip_at(self, t: Target, i: int, step: int, alone, placed: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Solo at cells 0.. and placed, traced node by node at `step`: the first near-tie discrete choice that
+        turns the cells' summation order into a different result — a MoE routing choice (llama.cpp's integer
+        `ffn_moe_*` nodes: expert argsort / top-k) whose values differ, or a value a matrix product rounds to f16 /
+        bf16 (the softmax probabilities times an f16 V cache, a K row stored in an f16 cache) that rounds otherwise
+        (fuzz.parity). A routing choice is named first: a 16-bit rounding moves a value by that type's step, a
+        route choice moves it by another expert's whole output. (Integer nodes over KV cells, like DSA's top-k,
+        hold cell indices that differ between the two placements anyway: not compared.) None if the target cannot
+        trace or no such choice differs."""
         p = self.prompts[i]
         solo = [{"tokens": p, "seq": i, "pos": list(range(len(p))), "logits": "last"}]
         solo += [{"tokens": [alone[i][0][k]], "seq": i, "pos": [len(p) + k], "logits": "last"} for k in range(step)]
@@ -279,9 +295,13 @@ class Isolation:
         same = next((k for k, (x, y) in enumerate(zip(*runs, strict=False))
                      if (x["name"], x["op"], x["ne"], x["type"]) != (y["name"], y["op"], y["ne"], y["type"])),
                     min(len(r) for r in runs))
-        flip = first_routing_flip(runs[0][:same], runs[1][:same])
-        return flip and {"node": flip["node"], "ggml_op": flip["ggml_op"], "row": flip["row"], "alone": flip["a"],
-                         "placed": flip["b"]}
+        a, b = runs[0][:same], runs[1][:same]
+        flip = first_routing_flip(a, b) or first_rounding_flip(a, b)
+        if not flip:
+            return None
+        return {"kind": flip.get("kind", "routing"), "node": flip["node"], "ggml_op": flip["ggml_op"],
+                "row": flip["row"], "alone": flip["a"], "placed": flip["b"]} \
+            | ({"input": flip["input"], "to": flip["to"]} if "to" in flip else {})
 
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []
@@ -299,11 +319,21 @@ class Isolation:
         return rows
 
 
+def describe_flip(x: dict[str, Any]) -> str:
+    if x["kind"] == "rounding":
+        return (f"first value rounded otherwise (step {x['step']}): {x['node']} ({x['ggml_op']}) rounds its input "
+                f"{x['input']} to {x['to']}, and in row {x['row']} {x['alone']!r} alone but {x['placed']!r} placed "
+                f"(the summation order's ulp) round to different {x['to']} numbers")
+    return (f"first MoE routing choice that differs (step {x['step']}): {x['node']} ({x['ggml_op']}) token row "
+            f"{x['row']}: experts {x['alone']} alone, {x['placed']} placed")
+
+
 def is_numerics(cause: dict[str, Any] | None) -> bool:
     """A difference the cause shows to be numerics, not a leak: the batch's shape, or its cells and its batch's
     shape together (the same bits with other neighbours: their data does not reach it), or the cells' summation
-    order turned into a different result by a MoE routing choice at a near-tie (the flip is named). Reported, not
-    a finding. (A cell-position difference with no such flip — DSA's exact-tie top-k — stays a finding.)"""
+    order turned into a different result at a near-tie — a MoE routing choice, or a value rounded to f16 / bf16 —
+    (the flip is named). Reported, not a finding. (A cell-position difference with no such flip — DSA's exact-tie
+    top-k — stays a finding.)"""
     return bool(cause) and (cause["kind"] in ("batch shape", "cells and batch shape")
                             or (cause["kind"] == "cell position" and bool(cause.get("flip"))))
 
@@ -334,9 +364,7 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"{f['max_abs_dlogit']:.3g} when batched (step {f['step']}): {f['cause']['kind']}: "
                      f"{f['cause']['detail']}")
         if f["cause"].get("flip"):
-            x = f["cause"]["flip"]
-            lines.append(f"    first MoE routing choice that differs: {x['node']} ({x['ggml_op']}) token row "
-                         f"{x['row']}: experts {x['alone']} alone, {x['placed']} placed")
+            lines.append(f"    {describe_flip(f['cause']['flip'])}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings"
                  + (f", {len(rep['numerics'])} numerics" if rep.get("numerics") else ""))
     return "\n".join(lines)

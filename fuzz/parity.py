@@ -292,6 +292,58 @@ def _max_abs(r: dict[str, Any], n: dict[str, Any]) -> dict[str, float]:
     return {"max_abs": float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")}
 
 
+GGML_TYPE_F16 = 1
+GGML_TYPE_BF16 = 30
+ULP_LEVEL = 1e-5  # relative: two f32 inputs this close differ only in their summation order's rounding
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """f32 → bf16 (round to nearest even), as ggml converts a row, kept as the bf16 bits."""
+    u = a.astype("<f4").view("<u4").astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _rounding_operands(x: dict[str, Any], seen: dict[str, dict[str, Any]]) -> tuple[str, int] | None:
+    """(the f32 source, the 16-bit type it is rounded to) of a node that rounds one: a matrix product with an f16 /
+    bf16 operand (ggml converts the other to its type first: the softmax probabilities times an f16 V cache), or a
+    row store / copy into an f16 / bf16 tensor (K and V rows written into their cache)."""
+    if x["op"] == "MUL_MAT" and len(x["srcs"]) == 2 and x["srcs"][0] in seen:
+        return x["srcs"][1], seen[x["srcs"][0]]["type"]
+    if x["op"] in ("SET_ROWS", "CPY") and x["srcs"]:
+        return x["srcs"][0], x["type"]
+    return None
+
+
+def first_rounding_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first node that rounds f32 values to f16 / bf16 (_rounding_operands) where the two runs' f32 values are
+    the same but for rounding (≤ ULP_LEVEL relative: the summation order) and one of them rounds to another 16-bit
+    number — a near-tie that turns an ulp into the 16-bit type's step. Each row's values are compared sorted: a row
+    over KV cells (softmax probabilities) holds them in other cells when the sequence sits elsewhere. The runs are
+    one graph (nodes paired in order; a source is the latest node of its name); None if there is no such node."""
+    seen: list[dict[str, dict[str, Any]]] = [{}, {}]
+    for x, y in zip(want, got, strict=False):
+        ops = _rounding_operands(x, seen[0])
+        a, b = (seen[0].get(ops[0]), seen[1].get(ops[0])) if ops else (None, None)
+        seen[0][x["name"]], seen[1][y["name"]] = x, y
+        if ops is None or ops[1] not in (GGML_TYPE_F16, GGML_TYPE_BF16) or a is None or b is None or \
+                (x["name"], x["ne"]) != (y["name"], y["ne"]) or a["type"] != GGML_TYPE_F32 or \
+                (a["ne"], a["type"]) != (b["ne"], b["type"]) or not a["ne"][0] or a["data"] == b["data"]:
+            continue
+        rows_a = np.sort(np.frombuffer(a["data"], "<f4").reshape(-1, a["ne"][0]), axis=1)
+        rows_b = np.sort(np.frombuffer(b["data"], "<f4").reshape(rows_a.shape), axis=1)
+        scale = np.maximum(np.max(np.abs(rows_a), axis=1, keepdims=True), np.finfo(np.float32).tiny)
+        if not np.all(np.abs(rows_a.astype(np.float64) - rows_b) <= ULP_LEVEL * scale):
+            continue  # the values differ by more than rounding: the flip, if any, is earlier
+        kind = "f16" if ops[1] == GGML_TYPE_F16 else "bf16"
+        ra, rb = (r.astype(np.float16).view(np.uint16) if kind == "f16" else _bf16(r) for r in (rows_a, rows_b))
+        diff = np.argwhere(ra != rb)
+        if diff.size:
+            row, col = (int(v) for v in diff[0])
+            return {"kind": "rounding", "node": x["name"], "ggml_op": x["op"], "input": ops[0], "to": kind,
+                    "row": row, "a": float(rows_a[row, col]), "b": float(rows_b[row, col])}
+    return None
+
+
 def first_routing_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first MoE routing choice (llama.cpp's integer `ffn_moe_*` nodes: expert argsort / top-k) whose values
     differ between two traced runs, nodes paired by name and shape (the rest of the graphs may differ: flash

@@ -5,10 +5,12 @@ entries turn a recorded failure into `known` and a vanished one into a failure."
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from fuzz.certify import LaneResult, known
-from fuzz.isolation import Isolation, IsolationConfig
+from fuzz.isolation import Isolation, IsolationConfig, format_report
+from fuzz.parity import first_rounding_flip
 from synth.errors import UserError
 from synth.manifest import load_manifest
 
@@ -58,6 +60,50 @@ def test_placement_through_a_moe_routing_flip_is_named(fixtures):
     flip = f["cause"]["flip"]
     assert flip["node"] == "ffn_moe_argsort-3" and flip["ggml_op"] == "ARGSORT"
     assert sorted(flip["alone"]) == sorted(flip["placed"]) and flip["alone"] != flip["placed"]
+
+
+def test_placement_through_a_16_bit_rounding_flip_is_named(fixtures):
+    """Found by the fuzz lane on the portable build (AVX2 kernels; a clean-upstream finding in 3 of 1,620 such lfm2
+    bf16 specs until then): a sequence placed in cells 45.. instead of 0.. gets logits 0.127 off. Not a leak — alone
+    but placed there it gives the batched logits — and traced node by node, at the prompt's step, layer 0's softmax
+    probabilities (one ulp apart: the cells' summation order) round to different f16 values where they meet the f16
+    V cache: a near-tie, numerics, reported, not a finding. The logits that differ are two steps later: the
+    rounded row reaches them through the cache."""
+    path = fixtures("lfm2", pattern="AAAARRRR", kv_heads=(2, 1, 1, 1, 0, 0, 0, 0), dtype="bf16", seed=7422)
+    rep = Isolation(path, IsolationConfig(tokens=3, kv_unified=(True,))).run()
+    assert rep["status"] == "pass" and not rep["findings"]
+    (f,) = rep["numerics"]
+    assert (f["seq"], f["step"], f["cause"]["kind"], f["cause"]["cells_before"]) == (3, 1, "cell position", 45)
+    flip = f["cause"]["flip"]
+    assert (flip["kind"], flip["node"], flip["input"], flip["to"], flip["step"]) == \
+        ("rounding", "kqv-0", "kq_soft_max-0", "f16", 0)
+    a, b = np.float32(flip["alone"]), np.float32(flip["placed"])
+    assert a != b and abs(a - b) <= 2 * np.spacing(a) and np.float16(a) != np.float16(b)
+    assert "first value rounded otherwise (step 0): kqv-0 (MUL_MAT)" in format_report(rep)
+
+
+def test_a_rounding_flip_is_an_ulp_that_rounds_to_another_16_bit_number():
+    """fuzz.parity.first_rounding_flip on two hand-made graphs: an f16 operand's product whose f32 input differs by
+    two ulps across the f16 rounding midpoint of 1 + 2^-11 (a flip, found though the rows hold the values in other
+    places: cells), the same two ulps away from a midpoint (no flip), and inputs further apart than rounding (not a
+    near-tie: not named)."""
+    mid = np.float32(1 + 2 ** -11)
+    up, down = np.nextafter(mid, np.float32(2)), np.nextafter(mid, np.float32(0))
+
+    def graph(values, out: bytes) -> list[dict]:
+        def node(name, op, typ, data, srcs=()):
+            return {"name": name, "op": op, "type": typ, "ne": [len(values), 1, 1, 1], "srcs": list(srcs),
+                    "data": data}
+        return [node("cache_v (view)", "VIEW", 1, b"\0" * 8),
+                node("p", "SOFT_MAX", 0, np.array(values, "<f4").tobytes()),
+                node("kqv", "MUL_MAT", 0, out, ["cache_v (view)", "p"])]
+
+    flip = first_rounding_flip(graph([0.5, up], b"a"), graph([down, 0.5], b"b"))
+    assert flip == {"kind": "rounding", "node": "kqv", "ggml_op": "MUL_MAT", "input": "p", "to": "f16", "row": 0,
+                    "a": float(up), "b": float(down)}
+    off = np.float32(1 + 2 ** -12)  # a quarter step: both ulps round to 1.0
+    assert first_rounding_flip(graph([off, 0.5], b"a"), graph([np.nextafter(off, np.float32(2)), 0.5], b"b")) is None
+    assert first_rounding_flip(graph([0.5, up], b"a"), graph([0.5, np.float32(1.001)], b"b")) is None
 
 
 def test_batch_shape_numerics_are_told_from_a_leak(fixtures):
