@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -491,22 +492,50 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
 
 
 def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None, *, manifest: Path,
-                command: str, require_lanes: bool = False) -> dict[str, Any]:
+                command: str, require_lanes: bool = False, jobs: int = 1) -> dict[str, Any]:
     """Every planned row × lane, one plain line each (rich progress on a terminal); the run's report.
-    require_lanes: a skipped lane fails closed (missing), as the users' own runner's --require-lanes."""
+    require_lanes: a skipped lane fails closed (missing), as the users' own runner's --require-lanes.
+    jobs: rows run this many at a time (threads; each lane's targets are worker processes of its own), lines in the
+    order lanes finish, the report in the plan's order."""
     t0 = time.perf_counter()
-    lanes: list[LaneResult] = []
+    done: dict[int, list[LaneResult]] = {}
     total = sum(len(ls) for _, ls in plan)
+    todo = list(enumerate(plan))
+    lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, Progress(total, "lanes") as progress:
-        for row, row_lanes in plan:
-            for res in run_row(row, row_lanes, target, Path(d), progress):
-                if require_lanes and res.status == SKIPPED:
-                    res = replace(res, status=MISSING, detail=f"skipped, and --require-lanes: {res.detail}")
-                finish_lane(res, out)
-                lanes.append(res)
-                loud = "skipped: " if res.status == SKIPPED else ""
-                progress.line(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} "
-                              f"{loud}{res.detail}")
+        def rows() -> None:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i, (row, row_lanes) = todo.pop(0)
+                for res in run_row(row, row_lanes, target, Path(d), progress):
+                    if require_lanes and res.status == SKIPPED:
+                        res = replace(res, status=MISSING, detail=f"skipped, and --require-lanes: {res.detail}")
+                    finish_lane(res, out)
+                    done.setdefault(i, []).append(res)
+                    loud = "skipped: " if res.status == SKIPPED else ""
+                    progress.line(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} "
+                                  f"{loud}{res.detail}")
+
+        errors: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                rows()
+            except BaseException as e:  # noqa: BLE001 — raised again here once every job stopped
+                errors.append(e)
+                todo.clear()
+
+        threads = [threading.Thread(target=job, daemon=True) for _ in range(max(1, min(jobs, len(plan))) - 1)]
+        for th in threads:
+            th.start()
+        job()  # (this thread is a job too: one job runs nothing on another thread)
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+    lanes = [res for i in sorted(done) for res in done[i]]
     commit = next((r.llama_cpp_commit for x in lanes for r in x.reports if r.llama_cpp_commit), None) or \
         next((x.data.get("llama_cpp_commit") for x in lanes if x.data.get("llama_cpp_commit")), None)
     build = None
@@ -542,6 +571,13 @@ def finish_run(run: dict[str, Any], out: Path | None, report: Path | None) -> in
 
 
 OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json, bundles/ and pictures/ here")]
+JobsOpt = Annotated[int, Opt(help="rows run at a time (2 on 2 cores: a row's lanes wait on their workers about "
+                                  "half the time)")]
+
+
+def check_jobs(jobs: int) -> None:
+    if not 1 <= jobs <= 64:
+        raise UserError(f"--jobs {jobs}: must be 1..64")
 ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
 
 
@@ -569,6 +605,7 @@ def run_cmd(
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     require_lanes: Annotated[bool, Opt("--require-lanes", help="a skipped lane fails the run (missing)")] = False,
+    jobs: JobsOpt = 1,
 ) -> int:
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
@@ -578,8 +615,9 @@ def run_cmd(
         from targets.skippy import identity
 
         identity(target[len("skippy:"):])  # a wrong config, binary or build: exit 2 before anything runs
+    check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]),
-                      require_lanes=require_lanes)
+                      require_lanes=require_lanes, jobs=jobs)
     return finish_run(run, out, report)
 
 
@@ -593,6 +631,7 @@ def scan(
     out: OutOpt = None,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    jobs: JobsOpt = 1,
 ) -> int:
     """Every selected row (every tier) through sweep, hand-off, isolation and determinism at every cut — what the
     lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
@@ -603,7 +642,9 @@ def scan(
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
     plan = [(row, list(SCAN_LANES)) for row in selected]
-    run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]))
+    check_jobs(jobs)
+    run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]),
+                      jobs=jobs)
     return finish_run(run, out, report)
 
 

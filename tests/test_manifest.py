@@ -116,6 +116,25 @@ def test_run_lanes_for_a_row(tmp_path):
 
 
 @pytest.mark.llama
+def test_rows_run_two_at_a_time_report_in_plan_order(tmp_path):
+    """--jobs 2: two rows at a time (lines as lanes finish), the same results as one at a time, the report in the
+    plan's order; --jobs 0 is refused in one line."""
+    shutil.copy(ROOT / "family_tiers.toml", tmp_path)
+    lanes = ["--lane", "load", "--lane", "parity", "--lane", "handoff"]
+    got = {}
+    for jobs in ("1", "2"):
+        r = run_cli("family-certify", "run", "mamba", "lfm2", "llama", *lanes, "--jobs", jobs,
+                    "--report", str(tmp_path / f"r{jobs}.json"), cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got[jobs] = [(x["row"], x["lane"], x["status"]) for x in
+                     json.loads((tmp_path / f"r{jobs}.json").read_text())["results"]]
+    assert got["2"] == got["1"] == [(row, lane, "pass") for row in ("mamba", "lfm2", "llama")
+                                    for lane in ("load", "parity", "handoff")]
+    bad = run_cli("family-certify", "run", "mamba", "--jobs", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--jobs 0: must be 1..64"), bad.stderr
+
+
+@pytest.mark.llama
 def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
     from fuzz.certify import lane_reject
 
