@@ -67,8 +67,8 @@ def worker_argv(spec: str) -> list[str]:
 
 # Our Python workers use numpy for a few small arrays: one BLAS thread (numpy starts one per core otherwise).
 # llama.cpp's OpenMP threads sleep when idle instead of spinning (libgomp spins ~300k loops first): a worker of a
-# context with several threads otherwise holds its cores between requests, and two rows at a time (--jobs 2) on 2
-# cores took 3× longer than one after the other. (Where they wait, never what they compute.)
+# context with several threads otherwise holds its cores between requests: two rows at a time on 2 cores took 2.3×
+# longer than one after the other (now --jobs 2 takes two thirds). (Where they wait, never what they compute.)
 PY_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
 
 
