@@ -571,6 +571,7 @@ def finish_run(run: dict[str, Any], out: Path | None, report: Path | None) -> in
 
 
 OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json, bundles/ and pictures/ here")]
+ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
 JobsOpt = Annotated[int, Opt(help="rows run at a time (2 on 2 cores: a row's lanes wait on their workers about "
                                   "half the time)")]
 
@@ -578,7 +579,6 @@ JobsOpt = Annotated[int, Opt(help="rows run at a time (2 on 2 cores: a row's lan
 def check_jobs(jobs: int) -> None:
     if not 1 <= jobs <= 64:
         raise UserError(f"--jobs {jobs}: must be 1..64")
-ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
 
 
 def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list[str] | None) \
