@@ -327,7 +327,8 @@ def first_rounding_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -
         seen[0][x["name"]], seen[1][y["name"]] = x, y
         if ops is None or ops[1] not in (GGML_TYPE_F16, GGML_TYPE_BF16) or a is None or b is None or \
                 (x["name"], x["ne"]) != (y["name"], y["ne"]) or a["type"] != GGML_TYPE_F32 or \
-                (a["ne"], a["type"]) != (b["ne"], b["type"]) or not a["ne"][0] or a["data"] == b["data"]:
+                (a["ne"], a["type"]) != (b["ne"], b["type"]) or not a["ne"][0] or a["data"] == b["data"] or \
+                not len(a["data"]) == len(b["data"]) == 4 * int(np.prod(a["ne"])):  # (a view's bytes: not its rows)
             continue
         rows_a = np.sort(np.frombuffer(a["data"], "<f4").reshape(-1, a["ne"][0]), axis=1)
         rows_b = np.sort(np.frombuffer(b["data"], "<f4").reshape(rows_a.shape), axis=1)
