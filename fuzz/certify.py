@@ -503,29 +503,28 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
     todo = list(enumerate(plan))
     lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, Progress(total, "lanes") as progress:
-        def rows() -> None:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    i, (row, row_lanes) = todo.pop(0)
-                for res in run_row(row, row_lanes, target, Path(d), progress):
-                    if require_lanes and res.status == SKIPPED:
-                        res = replace(res, status=MISSING, detail=f"skipped, and --require-lanes: {res.detail}")
-                    finish_lane(res, out)
-                    done.setdefault(i, []).append(res)
-                    loud = "skipped: " if res.status == SKIPPED else ""
-                    progress.line(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} "
-                                  f"{loud}{res.detail}")
-
         errors: list[BaseException] = []
 
         def job() -> None:
+            """Rows from `todo` until none is left (or another job failed: its error is raised once all stopped)."""
             try:
-                rows()
-            except BaseException as e:  # noqa: BLE001 — raised again here once every job stopped
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        i, (row, row_lanes) = todo.pop(0)
+                    for res in run_row(row, row_lanes, target, Path(d), progress):
+                        if require_lanes and res.status == SKIPPED:
+                            res = replace(res, status=MISSING, detail=f"skipped, and --require-lanes: {res.detail}")
+                        finish_lane(res, out)
+                        done.setdefault(i, []).append(res)
+                        loud = "skipped: " if res.status == SKIPPED else ""
+                        progress.line(f"{res.row:<16} tier {row.tier}  {res.lane:<15} {res.status.upper():<12} "
+                                      f"{loud}{res.detail}")
+            except BaseException as e:  # noqa: BLE001 — raised again below once every job stopped
                 errors.append(e)
-                todo.clear()
+                with lock:
+                    todo.clear()
 
         threads = [threading.Thread(target=job, daemon=True) for _ in range(max(1, min(jobs, len(plan))) - 1)]
         for th in threads:

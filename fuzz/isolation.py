@@ -299,9 +299,7 @@ class Isolation:
         flip = first_routing_flip(a, b) or first_rounding_flip(a, b)
         if not flip:
             return None
-        return {"kind": flip.get("kind", "routing"), "node": flip["node"], "ggml_op": flip["ggml_op"],
-                "row": flip["row"], "alone": flip["a"], "placed": flip["b"]} \
-            | ({"input": flip["input"], "to": flip["to"]} if "to" in flip else {})
+        return {k: v for k, v in flip.items() if k not in ("a", "b")} | {"alone": flip["a"], "placed": flip["b"]}
 
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []

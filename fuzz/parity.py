@@ -361,5 +361,6 @@ def first_routing_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) ->
         rows = a.reshape(-1, x["ne"][0]) if x["ne"][0] else a[None]
         other = b.reshape(rows.shape)
         row = int(np.nonzero((rows != other).any(axis=1))[0][0])
-        return {"node": x["name"], "ggml_op": x["op"], "row": row, "a": rows[row].tolist(), "b": other[row].tolist()}
+        return {"kind": "routing", "node": x["name"], "ggml_op": x["op"], "row": row, "a": rows[row].tolist(),
+                "b": other[row].tolist()}
     return None

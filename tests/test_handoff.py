@@ -139,6 +139,12 @@ def test_cli(fixtures, tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def clean_or_cell_order(r: dict) -> bool:
+    """A cut's result on the pinned llama.cpp: a pass, or a full hand-off whose restored window sits in other cells
+    (numerics, cause cell order, read from both exports)."""
+    return r["status"] == "pass" or (r["status"], r["mode"], r["cause"]["kind"]) == ("numerics", "full", "cell order")
+
+
 @pytest.mark.parametrize("row", ["gemma3", "cohere2", "exaone-moe"])
 def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
     """A stage holding only sliding-window layers exports no K/V rows in its non-partial state, only the cells'
@@ -154,9 +160,7 @@ def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
     path = tmp_path / f"{row}.gguf"
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row(row).spec(), path)
     rep = handoff(path, cuts="all")
-    assert rep["results"] and all(r["status"] == "pass" or (r["status"] == "numerics" and r["mode"] == "full"
-                                                            and r["cause"]["kind"] == "cell order")
-                                  for r in rep["results"]), rep["results"]
+    assert rep["results"] and all(map(clean_or_cell_order, rep["results"])), rep["results"]
     swa_only = [b for r in rep["results"] for b in r["bytes"] if b["swa_layers"] and not b["attention_layers"]]
     assert swa_only and all(b["recurrent_bytes"] > 0 for b in swa_only)  # the window travels as partial state
 
@@ -203,8 +207,7 @@ def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     assert all(r["max_abs"] > 1 for r in bad["results"][:3]) and bad["results"][3]["max_abs"] < 1e-4
     assert bad["results"][3]["node"]["cells"]["same"]
     good = handoff(path, cuts="period", period=4)["results"]
-    assert all(r["status"] in ("pass", "numerics") and (r.get("cause") or {"kind": "cell order"})["kind"]
-               == "cell order" for r in good), good
+    assert all(map(clean_or_cell_order, good)), good
 
 
 @pytest.mark.parametrize("family,knobs", [("jamba", {"layers": 8, "period": 4}),
