@@ -314,6 +314,24 @@ def _rounding_operands(x: dict[str, Any], seen: dict[str, dict[str, Any]]) -> tu
     return None
 
 
+def _f32_rows(x: dict[str, Any], y: dict[str, Any], a: dict[str, Any] | None,
+              b: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows of node x's / y's f32 source (a in one run, b in the other) when the two are comparable — the same
+    node and shape, f32, their bytes its rows (not a view's), and not equal; None otherwise."""
+    if a is None or b is None or (x["name"], x["ne"]) != (y["name"], y["ne"]) or a["type"] != GGML_TYPE_F32 or \
+            (a["ne"], a["type"]) != (b["ne"], b["type"]) or not a["ne"][0] or a["data"] == b["data"] or \
+            not len(a["data"]) == len(b["data"]) == 4 * int(np.prod(a["ne"])):  # (a view's bytes: not its rows)
+        return None
+    rows = np.frombuffer(a["data"], "<f4").reshape(-1, a["ne"][0])
+    return rows, np.frombuffer(b["data"], "<f4").reshape(rows.shape)
+
+
+def _close(rows_a: np.ndarray, rows_b: np.ndarray, level: float) -> bool:
+    """Every value of the two within `level` of its row's largest magnitude."""
+    scale = np.maximum(np.max(np.abs(rows_a), axis=1, keepdims=True), np.finfo(np.float32).tiny)
+    return bool(np.all(np.abs(rows_a.astype(np.float64) - rows_b) <= level * scale))
+
+
 def first_rounding_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first node that rounds f32 values to f16 / bf16 (_rounding_operands) where the two runs' f32 values are
     the same but for rounding (≤ ULP_LEVEL relative: the summation order) and one of them rounds to another 16-bit
@@ -325,15 +343,11 @@ def first_rounding_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -
         ops = _rounding_operands(x, seen[0])
         a, b = (seen[0].get(ops[0]), seen[1].get(ops[0])) if ops else (None, None)
         seen[0][x["name"]], seen[1][y["name"]] = x, y
-        if ops is None or ops[1] not in (GGML_TYPE_F16, GGML_TYPE_BF16) or a is None or b is None or \
-                (x["name"], x["ne"]) != (y["name"], y["ne"]) or a["type"] != GGML_TYPE_F32 or \
-                (a["ne"], a["type"]) != (b["ne"], b["type"]) or not a["ne"][0] or a["data"] == b["data"] or \
-                not len(a["data"]) == len(b["data"]) == 4 * int(np.prod(a["ne"])):  # (a view's bytes: not its rows)
+        rows = _f32_rows(x, y, a, b) if ops is not None and ops[1] in (GGML_TYPE_F16, GGML_TYPE_BF16) else None
+        if rows is None:
             continue
-        rows_a = np.sort(np.frombuffer(a["data"], "<f4").reshape(-1, a["ne"][0]), axis=1)
-        rows_b = np.sort(np.frombuffer(b["data"], "<f4").reshape(rows_a.shape), axis=1)
-        scale = np.maximum(np.max(np.abs(rows_a), axis=1, keepdims=True), np.finfo(np.float32).tiny)
-        if not np.all(np.abs(rows_a.astype(np.float64) - rows_b) <= ULP_LEVEL * scale):
+        rows_a, rows_b = (np.sort(r, axis=1) for r in rows)
+        if not _close(rows_a, rows_b, ULP_LEVEL):
             continue  # the values differ by more than rounding: the flip, if any, is earlier
         kind = "f16" if ops[1] == GGML_TYPE_F16 else "bf16"
         ra, rb = (r.astype(np.float16).view(np.uint16) if kind == "f16" else _bf16(r) for r in (rows_a, rows_b))
@@ -342,6 +356,58 @@ def first_rounding_flip(want: list[dict[str, Any]], got: list[dict[str, Any]]) -
             row, col = (int(v) for v in diff[0])
             return {"kind": "rounding", "node": x["name"], "ggml_op": x["op"], "input": ops[0], "to": kind,
                     "row": row, "a": float(rows_a[row, col]), "b": float(rows_b[row, col])}
+    return None
+
+
+# The type a matrix product with quantized weights quantizes its f32 activations to before its dot products
+# (ggml-cpu's vec_dot_type): q8_0 and q8_1 in blocks of 32 (the same integers, round(x · 127/amax)), q8_K in
+# blocks of 256 (round(x · −127/max), max the block's value of largest magnitude, at most 127).
+ACTIVATION_QUANT = {"Q4_0": "q8_0", "Q5_0": "q8_0", "Q8_0": "q8_0", "MXFP4": "q8_0", "IQ4_NL": "q8_0",
+                    "Q4_1": "q8_1", "Q5_1": "q8_1",
+                    **{t: "q8_K" for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS",
+                                           "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS")}}
+WIRE_LEVEL = 2.0 ** -9  # relative: two f32 inputs this close differ by an f16 rounding (≤ 2^-11), carried by a norm
+
+
+def activation_ints(rows: np.ndarray, to: str) -> np.ndarray:
+    """The integers ggml quantizes f32 rows to as the activations of a quantized matrix product (`to`:
+    ACTIVATION_QUANT's), in f32 arithmetic and rounding to nearest even as ggml's x86 kernels do; rows × values."""
+    block = 256 if to == "q8_K" else 32
+    r = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1, block)
+    if to == "q8_K":
+        peak = r[np.arange(len(r)), np.argmax(np.abs(r), axis=1)][:, None]
+        scale = np.divide(np.float32(-127), peak, out=np.zeros_like(peak), where=peak != 0)
+        q = np.minimum(np.rint(r * scale), 127)
+    else:
+        amax = np.max(np.abs(r), axis=1, keepdims=True)
+        q = np.rint(r * np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0))
+    return q.astype(np.int32).reshape(rows.shape)
+
+
+def first_requantization_flip(want: list[dict[str, Any]], got: list[dict[str, Any]],
+                              weights: dict[str, str]) -> dict[str, Any] | None:
+    """The first matrix product with quantized weights (`weights`: tensor name → its type's name, as the model
+    file holds it) whose f32 activations are the same in the two runs but for an f16 rounding (≤ WIRE_LEVEL
+    relative) and yet quantize to other integers (ACTIVATION_QUANT) — the rounding carried across a quantization
+    step, turning an f16 ulp into a step of 1/127 of the block's largest value. The runs are one graph (nodes paired
+    in order; a source is the latest node of its name); None if there is no such product."""
+    seen: list[dict[str, dict[str, Any]]] = [{}, {}]
+    for x, y in zip(want, got, strict=False):
+        to = ACTIVATION_QUANT.get(weights.get(x["srcs"][0], "")) if x["op"] in ("MUL_MAT", "MUL_MAT_ID") and \
+            len(x["srcs"]) >= 2 else None
+        src = x["srcs"][1] if to else None
+        rows = _f32_rows(x, y, seen[0].get(src), seen[1].get(src)) if to else None
+        seen[0][x["name"]], seen[1][y["name"]] = x, y
+        if rows is None or rows[0].shape[1] % (256 if to == "q8_K" else 32) or not _close(*rows, WIRE_LEVEL):
+            continue
+        qa, qb = (activation_ints(r, to) for r in rows)
+        moved = qa != qb
+        if moved.any():
+            row, col = (int(v) for v in np.argwhere(moved)[0])
+            return {"kind": "requantization", "node": x["name"], "ggml_op": x["op"], "input": src,
+                    "weight": x["srcs"][0], "weight_type": weights[x["srcs"][0]].lower(), "to": to, "row": row,
+                    "moved": int(moved.sum()), "of": int(moved.size), "a": float(rows[0][row, col]),
+                    "b": float(rows[1][row, col]), "ints": [int(qa[row, col]), int(qb[row, col])]}
     return None
 
 

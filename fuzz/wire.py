@@ -9,11 +9,17 @@ does more than its dtype (truncates, mis-scales a block, drops rows) differs and
 stage layer that differs. Against the unsplit model the chain is not bit-exact by design: tokens and logits are
 reported under an explicit policy — f32 and f16 are token-exact gates (a flip at a near-tie excused), bf16 and
 q8_0 are measured (token agreement, max |Δlogit|, NMSE = Σ(a−b)²/Σa², llama.cpp's own test measure).
+
+An f16 flip with a clear margin is traced before it is a finding: when the split fed f32 rows gives the unsplit
+model's tokens and, at a boundary, the wire's rounding reaches a matrix product with quantized weights whose
+activations (quantized to an 8-bit grid first, ggml's vec_dot_type) land on other integers, the flip is numerics —
+an f16 ulp became a step of 1/127 of the block's largest value, which no wire short of f32 avoids.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,20 +28,44 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FAILING, FINDING, PASS, TIMEOUT, UNSUPPORTED, Finding, Oracle, Report, make_report
-from fuzz.parity import Trace, context_params, first_row_diff, max_abs, pos_per_token, run_script, script_steps
+from fuzz.contract import (
+    CRASH,
+    FAILING,
+    FINDING,
+    NUMERICS,
+    PASS,
+    TIMEOUT,
+    UNSUPPORTED,
+    Finding,
+    Oracle,
+    Report,
+    make_report,
+)
+from fuzz.parity import (
+    Trace,
+    context_params,
+    first_requantization_flip,
+    first_row_diff,
+    max_abs,
+    pos_per_token,
+    run_script,
+    script_steps,
+)
 from fuzz.schedule import build_schedule, main_prompt
 from fuzz.stages import FixtureStages, stage_ranges
 from fuzz.sweep import cut_sets
 from synth.errors import UserError
+from synth.gguf_io import GGUFFile
 from targets import Failure, Target, close_all, open_target
+from targets.target import script_request
 from targets.wire import WIRES
 
 GATES = ("f32", "f16")  # token-exact across the whole chain; the others are measured
 NEAR_TIE = 1e-2  # a flip where the unsplit model's top-1/top-2 margin is below this is not judged
 POLICY = {
     "control": "every stage after a boundary bit-exact with the same stage fed the reference conversion",
-    "tokens": "f32, f16: greedy tokens equal to the unsplit model's (near-ties excused); bf16, q8_0: measured",
+    "tokens": "f32, f16: greedy tokens equal to the unsplit model's (near-ties excused; an f16 flip traced to a "
+              "quantized matrix product re-quantizing the rounded rows is numerics); bf16, q8_0: measured",
 }
 
 
@@ -129,7 +159,7 @@ class Wire:
         wire = self.cfg.wire
         chain: Trace | Failure = self._stage(workers[0], stages[0][0], steps, tokens=self.tokens,
                                              last=len(stages) == 1, n_layer=stages[0][1].n_layer)
-        control = chain
+        control = first = chain
         for s in range(1, len(stages)):
             if isinstance(chain, Failure):
                 return self._failed(res, chain, s - 1)
@@ -160,10 +190,56 @@ class Wire:
             return self._failed(res, chain, len(stages) - 1)
         res["vs_unsplit"] = self._measure(chain, full, steps)
         if wire in GATES and res["vs_unsplit"]["clear_token_flips"]:
-            res.update(status=FINDING, where="tokens", phase="tokens", reason=f"greedy tokens differ from the unsplit "
-                       f"model's at {res['vs_unsplit']['clear_token_flips']} step(s) with a clear margin over the "
-                       f"{wire} wire (a gate: {POLICY['tokens']})")
+            flips = f"greedy tokens differ from the unsplit model's at {res['vs_unsplit']['clear_token_flips']} " \
+                    f"step(s) with a clear margin over the {wire} wire"
+            cause = self._explain(stages, steps, full, first, workers) if wire == "f16" else None
+            if cause is None:
+                res.update(status=FINDING, where="tokens", phase="tokens",
+                           reason=f"{flips} (a gate: {POLICY['tokens']})")
+            else:
+                res.update(status=NUMERICS, where="tokens", phase="tokens", cause=cause,
+                           reason=f"{flips}: numerics, {describe_requantization(cause)}")
         return res
+
+    def _explain(self, stages, steps, full: Trace, first: Trace, workers: list[Target]) -> dict[str, Any] | None:
+        """Why the f16 wire flips a clear-margin token, or None (a finding): the same split fed f32 rows across every
+        boundary gives the unsplit model's tokens (so the wire's rounding alone moves them), and at a boundary that
+        rounding reaches a matrix product with quantized weights that quantizes its activations to other integers
+        (fuzz.parity.first_requantization_flip): an f16 ulp become a step of the activations' 8-bit grid."""
+        prev, cause = first, None
+        for s in range(1, len(stages)):
+            path, st = stages[s]
+            rows = [so.captures[stages[s - 1][1].n_layer - 1] for so in prev.steps]
+            cause = cause or self._requantized(workers[s], stages[s], steps, rows, s)
+            prev = self._stage(workers[s], path, steps, embd=rows, last=s == len(stages) - 1, n_layer=st.n_layer)
+            if isinstance(prev, Failure):
+                return None
+        same = all(np.array_equal(np.argmax(a.logits, axis=1), np.argmax(b.logits, axis=1))
+                   for a, b in zip(prev.steps, full.steps, strict=True))
+        return cause if same else None
+
+    def _requantized(self, t: Target, stage, steps, rows, s: int) -> dict[str, Any] | None:
+        """The first requantization flip of stage `s` fed `rows` in f32 and over the f16 wire, traced step by step,
+        its node and tensor names given with source layer indices; or None."""
+        path, st = stage
+        weights = {name: info.type for name, info in GGUFFile(path).tensors.items()}
+        runs = []
+        for wire in (None, "f16"):
+            reqs = script_steps(steps, embd=rows, n_pos_per_token=self.n_pos, logits_mode="none", wire=wire)
+            r = t.pipeline([("load", {"path": str(path), **context_params(capture=True), "trace": True}),
+                            script_request([{**q, "trace": "all"} for q in reqs], reset=True)])
+            if len(r) < 2 or not r[-1].ok:
+                return None
+            runs.append([res.get("nodes") or [] for res in r[-1].data["results"]])
+        for k, (a, b) in enumerate(zip(*runs, strict=True)):
+            flip = first_requantization_flip(a, b, weights)
+            if flip:
+                def source(name: str) -> str:  # the stage file numbers its layers from 0
+                    name = re.sub(r"^blk\.(\d+)\.", lambda m: f"blk.{st.layers[int(m[1])]}.", name)
+                    return re.sub(r"-(\d+)$", lambda m: f"-{st.layers[int(m[1])]}", name)
+
+                return flip | {f: source(flip[f]) for f in ("node", "input", "weight")} | {"stage": s, "step": k}
+        return None
 
     @staticmethod
     def _first_diff(got: Trace, want: Trace, steps, last: bool) -> tuple[int, int, float] | None:
@@ -208,6 +284,13 @@ class Wire:
                 "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}
 
 
+def describe_requantization(x: dict[str, Any]) -> str:
+    return (f"the f16 rounding at stage {x['stage']}'s boundary reaches {x['node']} ({x['ggml_op']} with "
+            f"{x['weight_type']} {x['weight']}), whose activations quantize to {x['to']}: at step {x['step']} "
+            f"{x['moved']} of {x['of']} values move to another integer (row {x['row']}: {x['a']!r} in f32, "
+            f"{x['b']!r} over the wire → {x['ints'][0]} and {x['ints'][1]})")
+
+
 def format_wire(rep: dict[str, Any]) -> str:
     c = rep["config"]
     lines = [f"wire {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, wire {c['wire']}, "
@@ -219,7 +302,8 @@ def format_wire(rep: dict[str, Any]) -> str:
             f"{'-':>8} {'-':>12} {'-':>10}"
         lines.append(f"{','.join(map(str, r['cuts'])):<12} {r['status']:<11} {figures}  "
                      + (r.get("reason") or "") + (f" (first differing layer {r['layer']})" if "layer" in r else ""))
-    n = {s: sum(r["status"] == s for r in rep["results"]) for s in (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)}
+    n = {s: sum(r["status"] == s for r in rep["results"]) for s in (PASS, NUMERICS, FINDING, UNSUPPORTED, CRASH,
+                                                                       TIMEOUT)}
     lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in n.items() if v)
                  + f"; policy: {rep['policy']['tokens']}")
     return "\n".join(lines)
@@ -227,12 +311,16 @@ def format_wire(rep: dict[str, Any]) -> str:
 
 def report(fixture: Path, cfg: WireConfig) -> Report:
     data = Wire(fixture, cfg).run()
-    findings = [Finding(oracle="wire", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
-                        phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
-                        layer=r.get("layer"), reproduced=r.get("reproduced"), detail=r,
-                        message=f"cuts {','.join(map(str, r['cuts']))}: {r.get('reason')}")
-                for r in data["results"] if r["status"] in FAILING]
-    return make_report("wire", fixture, data, results=data["results"], findings=findings, extra=("policy",))
+
+    def finding(r: dict[str, Any]) -> Finding:
+        return Finding(oracle="wire", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
+                       phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
+                       layer=r.get("layer"), cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r,
+                       message=f"cuts {','.join(map(str, r['cuts']))}: {r.get('reason')}")
+
+    return make_report("wire", fixture, data, results=data["results"],
+                       findings=[finding(r) for r in data["results"] if r["status"] in FAILING],
+                       numerics=[finding(r) for r in data["results"] if r["status"] == NUMERICS], extra=("policy",))
 
 
 ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_wire(rep.native), per_cut=True,

@@ -64,3 +64,85 @@ def test_bad_wire_options_are_one_line_errors(fixtures):
         path = fixtures("llama", layers=4, embd=48, heads=4) if "q8_0" in args else fixtures("llama", layers=4)
         r = run_cli("fuzz", "sweep", str(path), *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_activation_ints_are_ggmls_quantization_of_a_matrix_products_input():
+    """fuzz.parity.activation_ints: q8_0 (and q8_1: the same integers) are gguf-py's q8_0 quantizer's; q8_K takes
+    the block's (first) value of largest magnitude to −127."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    from fuzz.parity import activation_ints
+
+    rows = (np.random.default_rng(3).standard_normal((6, 64)) * 2).astype(np.float32)
+    rows[1, :32] = 0.0
+    blocks = quantize(rows.reshape(1, -1), Q.Q8_0).reshape(-1, 34)  # f16 d, then 32 int8 values per block
+    want = blocks[:, 2:].view(np.int8).reshape(rows.shape)
+    assert np.array_equal(activation_ints(rows, "q8_0"), want)
+    assert np.array_equal(activation_ints(rows, "q8_1"), want)
+    k = np.zeros((1, 256), np.float32)
+    k[0, :4] = (-2.0, 1.0, 2.0, 0.5)
+    # the first of −2 and 2 sets the scale −127/−2 = 63.5: 1 → 63.5 → 64 (to even), 0.5 → 31.75 → 32
+    assert activation_ints(k, "q8_K")[0, :4].tolist() == [-127, 64, 127, 32]
+    k[0, 0] = 1.5  # now 2 is the peak: −127/2
+    assert activation_ints(k, "q8_K")[0, :4].tolist() == [-95, -64, -127, -32]
+
+
+def test_a_requantization_flip_is_an_f16_rounding_that_crosses_a_quantization_step():
+    """fuzz.parity.first_requantization_flip on hand-made graphs: a q4_0 product whose f32 input, the same but for
+    an f16 rounding, has one value on each side of a q8_0 midpoint (a flip: one value moves); the same inputs into
+    an f32 product (no activation quantization: none); inputs further apart than an f16 rounding (not named)."""
+    from fuzz.parity import first_requantization_flip
+
+    base = np.linspace(-1, 1, 32).astype(np.float32)
+    base[0] = -1.0  # amax 1: the q8_0 grid is 1/127
+    mid = np.float32(10.5 / 127)  # a midpoint between the integers 10 and 11
+    a, b = base.copy(), base.copy()
+    a[5], b[5] = mid * np.float32(1 - 2 ** -12), mid * np.float32(1 + 2 ** -12)
+
+    def graph(rows: np.ndarray, wtype: str) -> tuple[list[dict], dict[str, str]]:
+        norm = {"name": "attn_norm-0", "op": "MUL", "type": 0, "ne": [32, 1, 1, 1], "srcs": [],
+                "data": rows.astype("<f4").tobytes()}
+        q = {"name": "Qcur-0", "op": "MUL_MAT", "type": 0, "ne": [8, 1, 1, 1],
+             "srcs": ["blk.0.attn_q.weight", "attn_norm-0"], "data": b"\0" * 32}
+        return [norm, q], {"blk.0.attn_q.weight": wtype}
+
+    (want, weights), (got, _) = graph(a, "Q4_0"), graph(b, "Q4_0")
+    flip = first_requantization_flip(want, got, weights)
+    assert {k: flip[k] for k in ("kind", "node", "input", "weight_type", "to", "row", "moved", "of", "ints")} == \
+        {"kind": "requantization", "node": "Qcur-0", "input": "attn_norm-0", "weight_type": "q4_0", "to": "q8_0",
+         "row": 0, "moved": 1, "of": 32, "ints": [10, 11]}
+    assert first_requantization_flip(want, got, {"blk.0.attn_q.weight": "F32"}) is None
+    far = b.copy()
+    far[6] += np.float32(0.01)
+    assert first_requantization_flip(want, graph(far, "Q4_0")[0], weights) is None
+
+
+@pytest.mark.llama
+def test_an_f16_wire_flip_on_quantized_weights_is_traced_to_requantization(tmp_path):
+    """A campaign's case (seed 11, case 4151; shrunk): starcoder2, q8_0 weights, cut 1. Over the f16 wire (bit-exact
+    with the reference conversion) one greedy token differs from the unsplit model's with a clear margin; the split
+    fed f32 rows gives the unsplit tokens, and traced, the boundary's f16 rounding moves 3 of the 224 activation
+    values of layer 1's q8_0 attn_q to another q8_0 integer — numerics, not a finding. The same spec with f32
+    weights (no activation quantization) holds the gate."""
+    from synth.make import write_fixture
+    from synth.spec import ModelSpec
+
+    spec = {"dtype": "q8_0", "extra": {}, "family": "starcoder2", "head_dim": 8, "indexer": False, "indexer_top_k": 0,
+            "kv_lora_rank": 0, "n_ctx_train": 256, "n_embd": 32, "n_expert": 0, "n_expert_shared": 0,
+            "n_expert_used": 0, "n_ff": 64, "n_ff_exp": 0, "n_head": 4, "n_head_kv": [2] * 7, "n_leading_dense": 0,
+            "n_vocab": 64, "pattern": "AAAAAAA", "q_lora_rank": 0, "seed": 23574}
+    cfg = WireConfig(wire="f16", cuts="1", tokens=4, prompt=(56, 56, 3, 24, 44, 3, 2), prompt_len=7, seed=38456)
+    statuses = {}
+    for dtype in ("q8_0", "f32"):
+        path = tmp_path / f"starcoder2-{dtype}.gguf"
+        write_fixture(ModelSpec.from_json(json.dumps({**spec, "dtype": dtype})), path)
+        (r,) = Wire(path, cfg).run()["results"]
+        statuses[dtype] = r["status"]
+        if dtype == "q8_0":
+            assert r["vs_unsplit"]["clear_token_flips"] == 1
+            c = r["cause"]
+            assert (c["kind"], c["stage"], c["step"], c["node"], c["weight"], c["weight_type"], c["to"], c["moved"],
+                    c["of"]) == ("requantization", 1, 0, "Qcur-1", "blk.1.attn_q.weight", "q8_0", "q8_0", 3, 224)
+            assert abs(c["a"] - c["b"]) <= 2 ** -11 * abs(c["a"]) and abs(c["ints"][0] - c["ints"][1]) == 1
+    assert statuses == {"q8_0": "numerics", "f32": "pass"}
