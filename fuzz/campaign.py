@@ -167,6 +167,9 @@ class Campaign:
                 st["runs"][oracle_name] = st["runs"].get(oracle_name, 0) + 1
                 st["specs"][spec.family] = st["specs"].get(spec.family, 0) + 1
                 st["statuses"][rep.status] = st["statuses"].get(rep.status, 0) + 1
+                for f in rep.numerics:  # differences the oracle's cause analysis explained: counted by cause
+                    kind = f"{oracle_name} {(f.cause or {}).get('kind', 'numerics')}"
+                    st.setdefault("numerics", {})[kind] = st.get("numerics", {}).get(kind, 0) + 1
                 self._bundle(rep, oracle, cfg, i, spec.family, progress)
                 fixture.unlink(missing_ok=True)
                 st["seconds"] = round(before + time.perf_counter() - t0, 3)
@@ -217,6 +220,8 @@ def summary_text(st: dict[str, Any]) -> str:
              + ", ".join(f"{k} {v}" for k, v in sorted(st["runs"].items())), "",
              "Specs per family: " + ", ".join(f"{k} {v}" for k, v in sorted(st["specs"].items())), "",
              "Statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(st["statuses"].items())), "",
+             "Numerics (differences explained by a traced cause, not findings): "
+             + (", ".join(f"{k} {v}" for k, v in sorted(st.get("numerics", {}).items())) or "none"), "",
              f"## Findings ({len(st['findings'])}, each bundled once)", ""]
     for f in st["findings"]:
         lines.append(f"- case {f['case']} ({f['key']['family']}): {f['message']} — `fuzz replay {f['bundle']}`")
@@ -256,7 +261,7 @@ def merge(out: Path, dirs: list[Path]) -> dict[str, Any]:
             merged[k] += s[k]
         merged["next_case"] = max(merged["next_case"], s["next_case"])
         merged.setdefault("case_ids", []).extend(s.get("case_ids", []))
-        for k in ("runs", "specs", "statuses", "known"):
+        for k in ("runs", "specs", "statuses", "numerics", "known"):
             merged.setdefault(k, {})
             for name, n in s.get(k, {}).items():
                 merged[k][name] = merged[k].get(name, 0) + n

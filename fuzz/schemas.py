@@ -187,6 +187,7 @@ CAMPAIGN = {
         "case_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
         "runs": COUNTS, "specs": COUNTS, "statuses": {**COUNTS, "propertyNames": STATUS},
         "known": {**COUNTS, "description": "committed upstream repros (corpora/repros) seen again"},
+        "numerics": {**COUNTS, "description": "differences an oracle's cause analysis explained, by 'oracle cause'"},
         "findings": {"type": "array", "items": {"type": "object", "required": ["key", "case", "message", "bundle"],
                                                 "properties": {"key": {"type": "object", "required": ["family"]},
                                                                "case": {"type": "integer"},

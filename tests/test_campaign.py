@@ -75,3 +75,19 @@ def test_shards_split_the_cases_and_merge(tmp_path):
     assert st["cases"] == 6 and sorted(st["case_ids"]) == sorted(ids[0] + ids[1])
     with pytest.raises(UserError):
         merge(tmp_path / "twice", [dirs[0], dirs[0]])
+
+
+def test_a_campaign_counts_explained_numerics_apart_from_findings(tmp_path):
+    """Seed 25's first wire case (llama, q4_0 weights, the f16 wire): a clear-margin token flip the wire oracle
+    traces to a quantized matrix product re-quantizing the rounded rows — counted under numerics by its cause, not
+    a finding, not bundled."""
+    d = tmp_path / "c"
+    r = run_cli("fuzz", "campaign", "--out", str(d), "--oracle", "wire", "--seed", "25", "--cases", "1",
+                "--budget", "5m")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = json.loads((d / "campaign.json").read_text())
+    validate(st, "campaign")
+    assert (st["specs"], st["numerics"], st["findings"]) == ({"llama": 1}, {"wire requantization": 1}, [])
+    assert "Numerics (differences explained by a traced cause, not findings): wire requantization 1" in \
+        (d / "summary.md").read_text()
+    assert not (d / "bundles").exists() or not any((d / "bundles").iterdir())
