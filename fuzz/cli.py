@@ -34,8 +34,8 @@ FixtureArg = Annotated[str, typer.Argument(help="a .gguf file or a family name")
 TargetOpt = Annotated[str, Opt(help=TARGETS_HELP)]
 ReportOpt = Annotated[Path | None, Opt(help="write the JSON report here")]
 KeepOpt = Annotated[Path | None, Opt(help="keep stage files in this directory (a sweep's are sparse: the token "
-                                          "embedding of a stage after the first is left zero; `synth stage` makes "
-                                          "whole ones)")]
+                                          "embedding of a stage after the first is left zero, the tokenizer a "
+                                          "placeholder of its size; `synth stage` makes whole ones)")]
 TimeoutOpt = Annotated[float, Opt(help="per-call timeout, seconds")]
 SeedOpt = Annotated[int, Opt(help="prompt seed")]
 StagesOpt = Annotated[int, Opt(help="stages per chain (with --cuts all|period)")]

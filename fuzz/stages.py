@@ -34,8 +34,9 @@ def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
 class FixtureStages:
     def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None,
                  sparse: bool = False):
-        """sparse: stage files without the token embedding a stage after the first never reads
-        (synth.stage.write_stage), for an oracle that never feeds such a stage tokens."""
+        """sparse: stage files without what a stage fed token ids and embeddings never reads — the token embedding
+        of a stage after the first, the tokenizer's strings (synth.stage.write_stage) —, for an oracle that never
+        feeds a stage after the first tokens, nor any stage text."""
         self.fixture = Path(fixture)
         self.sparse = sparse
         self.g = GGUFFile(self.fixture)  # parsed once, for every reader below

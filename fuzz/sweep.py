@@ -268,7 +268,7 @@ class Sweep:
         self._lock = threading.Lock()
 
     def _read_fixture(self) -> None:
-        # sparse stages: the sweep feeds a stage after the first only embeddings
+        # sparse stages: the sweep feeds a stage after the first only embeddings, and every stage token ids
         self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period, sparse=True)
         self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
         self.embd_refused = self.st.embd_refused

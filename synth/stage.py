@@ -200,10 +200,12 @@ def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tenso
     globals_ its non-block tensors in source order; layer_tensors(i) the tensors of source layer i, called only
     for the layers the stage holds (pads included). Raises Unsupported for a stage llama.cpp cannot express.
 
-    sparse: the token embedding of a stage after the first is left a file hole (zeros, not written): such a stage
-    takes embeddings and never reads it — when the model has its own output head (tied, the embedding is the last
-    stage's head). A real model's embedding is 100+ MB in every stage file otherwise. (A stage before the last keeps
-    its head: the llama.cpp worker orders captured rows by the logits llama.cpp returns.)"""
+    sparse: what a stage fed token ids and embeddings never reads is left out. The token embedding of a stage after
+    the first is a file hole (zeros, not written): such a stage takes embeddings and never reads it — when the model
+    has its own output head (tied, the embedding is the last stage's head). A real model's embedding is 100+ MB in
+    every stage file otherwise. (A stage before the last keeps its head: the llama.cpp worker orders captured rows by
+    the logits llama.cpp returns.) And every stage's tokenizer is a placeholder of the same size (placeholder_vocab):
+    a real vocabulary is most of a load (≈0.2 s for 262144 tokens), and tokens arrive as ids."""
     n = info.n_layer
     if not 0 <= a < b <= n:
         raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
@@ -212,6 +214,8 @@ def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tenso
         raise Unsupported(why)
     st = plan_stage(g, info, a, b)
     new_kv = _stage_metadata(g, kv, st)
+    if sparse:
+        new_kv = placeholder_vocab(g.arch, new_kv)
     new_tensors = _stage_tensors(globals_, layer_tensors, st, neutralize_positions=a > 0)
     holes: set[str] = set()
     names = {name for name, _ in new_tensors}
@@ -299,6 +303,21 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
     out[f"{STAGE_KEYS}.n_layer_source"] = KV(n, VT.UINT32)
     if st.pads:
         out[f"{STAGE_KEYS}.pad_layers"] = KV(list(st.pads), VT.ARRAY, VT.INT32)
+    return out
+
+
+def placeholder_vocab(arch: str, kv: dict[str, KV]) -> dict[str, KV]:
+    """The metadata with its tokenizer replaced by llama.cpp's `none` one of the same size ({arch}.vocab_size: that
+    many placeholder tokens): the same model to a caller that passes token ids — the vocabulary's size shapes the
+    embedding and the head, its strings nothing a decode computes — without parsing a vocabulary at every load."""
+    tokens = kv.get("tokenizer.ggml.tokens")
+    size = kv.get(f"{arch}.vocab_size")
+    n = len(tokens.value) if tokens is not None else int(size.value) if size is not None else None
+    if n is None:
+        return kv  # no vocabulary to replace
+    out = {k: v for k, v in kv.items() if not k.startswith("tokenizer.")}
+    out["tokenizer.ggml.model"] = KV("none", VT.STRING)
+    out[f"{arch}.vocab_size"] = KV(n, VT.UINT32)
     return out
 
 

@@ -76,3 +76,37 @@ def test_glm_dsa_stage_starting_on_a_shared_indexer_layer_is_unsupported(fixture
     assert st[(1,)] == st[(2,)] == "pass"
     assert st[(3,)] == st[(4,)] == "unsupported"
     assert "shared indexer layer" in rep.results[2].reason
+
+
+def test_a_sparse_stage_holds_a_placeholder_vocabulary_of_the_same_size(fixtures, tmp_path):
+    """A sweep's (sparse) stages replace the tokenizer by llama.cpp's `none` one with {arch}.vocab_size placeholder
+    tokens: the pinned llama.cpp reports the same n_vocab and, fed token ids, the same logits bit for bit as from the
+    whole stage (`synth stage`, the tokenizer kept)."""
+    import numpy as np
+
+    from fuzz.parity import context_params
+    from synth.gguf_io import GGUFFile
+    from synth.stage import SourceModel
+    from targets import open_target
+
+    src = SourceModel(fixtures("llama", layers=4, vocab=96))
+    whole, sparse = tmp_path / "whole.gguf", tmp_path / "sparse.gguf"
+    src.slice(whole, 0, 2)
+    src.slice(sparse, 0, 2, sparse=True)
+    g = GGUFFile(sparse)
+    assert (g.get("tokenizer.ggml.model"), g.get("vocab_size")) == ("none", 96)
+    assert not any(k.startswith("tokenizer.") and k != "tokenizer.ggml.model" for k in g.kv)
+    kept = GGUFFile(whole)
+    assert kept.get("tokenizer.ggml.model") == "gpt2" and len(kept.get("tokenizer.ggml.tokens")) == 96
+    t = open_target("llama-cpp")
+    try:
+        out = []
+        for path in (whole, sparse):
+            loaded = t.load(str(path), **context_params())
+            assert loaded.ok and loaded.data["n_vocab"] == 96, loaded
+            r = t.decode(tokens=[5, 90, 17, 3], logits="all")
+            assert r.ok, r.failure
+            out.append(r.data["logits"])
+        assert out[0].shape == (4, 96) and np.array_equal(out[0], out[1])
+    finally:
+        t.close()
