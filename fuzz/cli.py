@@ -33,9 +33,10 @@ DEFAULT_PROMPT = "1,7,3,12,5,9,2,30,4,11,6,21,8,17,10,25"
 FixtureArg = Annotated[str, typer.Argument(help="a .gguf file or a family name")]
 TargetOpt = Annotated[str, Opt(help=TARGETS_HELP)]
 ReportOpt = Annotated[Path | None, Opt(help="write the JSON report here")]
-KeepOpt = Annotated[Path | None, Opt(help="keep stage files in this directory (a sweep's are sparse: the token "
-                                          "embedding of a stage after the first is left zero, the tokenizer a "
-                                          "placeholder of its size; `synth stage` makes whole ones)")]
+KeepOpt = Annotated[Path | None, Opt(help="keep stage files in this directory (a sweep's are two-file splits "
+                                          "whose second file, the model's embedding and head, all stages share, "
+                                          "their tokenizer a placeholder of its size; `synth stage` makes whole "
+                                          "ones)")]
 TimeoutOpt = Annotated[float, Opt(help="per-call timeout, seconds")]
 SeedOpt = Annotated[int, Opt(help="prompt seed")]
 StagesOpt = Annotated[int, Opt(help="stages per chain (with --cuts all|period)")]

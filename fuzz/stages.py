@@ -33,12 +33,12 @@ def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
 
 class FixtureStages:
     def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None,
-                 sparse: bool = False):
-        """sparse: stage files without what a stage fed token ids and embeddings never reads — the token embedding
-        of a stage after the first, the tokenizer's strings (synth.stage.write_stage) —, for an oracle that never
-        feeds a stage after the first tokens, nor any stage text."""
+                 shared: bool = False):
+        """shared: every stage a split GGUF whose second file, the model's global tensors (embedding, head), is one
+        file all stages link to, and whose tokenizer is a placeholder (synth.stage.write_stage) — for an oracle
+        that feeds stages token ids and embeddings, never text."""
         self.fixture = Path(fixture)
-        self.sparse = sparse
+        self.shared = shared
         self.g = GGUFFile(self.fixture)  # parsed once, for every reader below
         self.info: ModelInfo = inspect_gguf(self.g)
         self.embd_refused = embd_input_contract(self.g)
@@ -48,7 +48,8 @@ class FixtureStages:
         self._source: SourceModel | None = None
         self._cache: dict[tuple[int, int], tuple[Path, StageInfo] | Unsupported] = {}
         self.workdir: Path | None = None
-        self.bytes_written = 0  # stage files written so far
+        self.bytes_written = 0  # stage files written so far (a shared-globals file once)
+        self._shared_counted = 0
 
     @contextlib.contextmanager
     def workspace(self, workdir: Path | None) -> Iterator[Path]:
@@ -65,15 +66,17 @@ class FixtureStages:
     def _slice(self, src: Path, dst: Path, a: int, b: int) -> StageInfo:
         if self._source is None:
             self._source = SourceModel(self.g if Path(src) == self.fixture else src)
-        return self._source.slice(dst, a, b, sparse=self.sparse)
+        return self._source.slice(dst, a, b, shared=self.shared)
 
     def stage(self, a: int, b: int) -> tuple[Path, StageInfo] | Unsupported:
         assert self.workdir is not None, "use FixtureStages.workspace()"
         if (a, b) not in self._cache:
-            path = stage_path(self.workdir, self.fixture, a, b)
+            path = stage_path(self.workdir, self.fixture, a, b, shared=self.shared)
             try:
                 self._cache[(a, b)] = (path, self.slicer(self.fixture, path, a, b))
-                self.bytes_written += path.stat().st_blocks * 512  # on disk: a sparse stage's holes cost nothing
+                shared = self._source.shared_bytes if self._source is not None else 0
+                self.bytes_written += path.stat().st_size + shared - self._shared_counted
+                self._shared_counted = shared
             except Unsupported as e:
                 self._cache[(a, b)] = e
         return self._cache[(a, b)]

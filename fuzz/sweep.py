@@ -268,8 +268,8 @@ class Sweep:
         self._lock = threading.Lock()
 
     def _read_fixture(self) -> None:
-        # sparse stages: the sweep feeds a stage after the first only embeddings, and every stage token ids
-        self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period, sparse=True)
+        # shared-globals stages: the sweep feeds stages token ids and embeddings, never text
+        self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period, shared=True)
         self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
         self.embd_refused = self.st.embd_refused
 

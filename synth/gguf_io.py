@@ -47,12 +47,10 @@ class KV:
     sub_type: gguf.GGUFValueType | None = None
 
 
-def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: list[tuple[str, Tensor]], *,
-               holes: frozenset[str] = frozenset()) -> int:
+def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: list[tuple[str, Tensor]]) -> int:
     """Write a GGUF atomically (temp file + rename, so a failure never leaves a partial file).
 
-    kv must not contain general.architecture (the writer adds it first). holes: tensors whose data is left a file
-    hole (reads as zeros, costs no writing) — for tensors whoever loads the file never reads. Returns the file size.
+    kv must not contain general.architecture (the writer adds it first). Returns the file size.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +67,7 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: l
                 w.add_tensor(name, arr, raw_dtype=_raw_dtype(arr))
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        _write_tensors(w, holes)
+        _write_tensors(w)
         w.close()
         os.replace(tmp, path)
     except BaseException:
@@ -81,10 +79,10 @@ def write_gguf(path: str | os.PathLike, arch: str, kv: dict[str, KV], tensors: l
 BIG = 1 << 20  # tensors from this size on are written from their own buffer, not copied into a joined one
 
 
-def _write_tensors(w: gguf.GGUFWriter, holes: frozenset[str] = frozenset()) -> None:
+def _write_tensors(w: gguf.GGUFWriter) -> None:
     """GGUFWriter.write_tensors_to_file's bytes: small tensors joined into one buffered write (a 12-layer fixture
     has ~100 tensors and the sweep writes dozens of stages), large ones written from their own memory (a real-size
-    embedding is 100+ MB: no copies), holes skipped over."""
+    embedding is 100+ MB: no copies)."""
     w.write_ti_data_to_file()
     (fout,) = w.fout
     (tensors,) = w.tensors
@@ -95,16 +93,13 @@ def _write_tensors(w: gguf.GGUFWriter, holes: frozenset[str] = frozenset()) -> N
         fout.write(b"".join(pending))
         pending.clear()
 
-    for name, ti in tensors.items():
+    for ti in tensors.values():
         pad = bytes(w.ggml_pad(ti.nbytes, w.data_alignment) - ti.nbytes)
-        if name in holes or ti.nbytes >= BIG:
+        if ti.nbytes >= BIG:
             flush()
-            if name in holes:
-                fout.seek(ti.nbytes, os.SEEK_CUR)
-            else:
-                data = memoryview(np.ascontiguousarray(ti.tensor)).cast("B")
-                assert data.nbytes == ti.nbytes
-                fout.write(data)
+            data = memoryview(np.ascontiguousarray(ti.tensor)).cast("B")
+            assert data.nbytes == ti.nbytes
+            fout.write(data)
             pending.append(pad)
         else:
             data = ti.tensor.tobytes()
@@ -112,7 +107,6 @@ def _write_tensors(w: gguf.GGUFWriter, holes: frozenset[str] = frozenset()) -> N
             pending += [data, pad]
         ti.tensor = None
     flush()
-    fout.truncate(fout.tell())  # a hole at the end still counts in the size
 
 
 def _raw_dtype(arr: np.ndarray) -> gguf.GGMLQuantizationType | None:

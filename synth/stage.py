@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,19 +194,20 @@ def split_tensors(tensors: Tensors) -> tuple[Tensors, dict[int, Tensors]]:
 
 
 def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tensors, layer_tensors: LayerTensors,
-                dst: str | os.PathLike, a: int, b: int, *, sparse: bool = False) -> StageInfo:
+                dst: str | os.PathLike, a: int, b: int, *, shared: Path | None = None) -> StageInfo:
     """Write the stage [a, b) of a model given as pieces, wherever they came from (one GGUF or a layer package).
 
     g describes the whole model (arch, metadata values, every tensor's name); kv is its writable metadata;
     globals_ its non-block tensors in source order; layer_tensors(i) the tensors of source layer i, called only
     for the layers the stage holds (pads included). Raises Unsupported for a stage llama.cpp cannot express.
 
-    sparse: what a stage fed token ids and embeddings never reads is left out. The token embedding of a stage after
-    the first is a file hole (zeros, not written): such a stage takes embeddings and never reads it — when the model
-    has its own output head (tied, the embedding is the last stage's head). A real model's embedding is 100+ MB in
-    every stage file otherwise. (A stage before the last keeps its head: the llama.cpp worker orders captured rows by
-    the logits llama.cpp returns.) And every stage's tokenizer is a placeholder of the same size (placeholder_vocab):
-    a real vocabulary is most of a load (≈0.2 s for 262144 tokens), and tokens arrive as ids."""
+    shared: the stage is written as the first file of a two-file split GGUF (llama.cpp loads a model's tensors from
+    every file of its split): its layers and what it changes of the model in dst, named `…-00001-of-00002.gguf`,
+    and the model's unchanged global tensors (token embedding, head, output norm, …) in `shared`, one file every
+    such stage of the model links to as its `…-00002-of-00002.gguf` (write it with write_shared_globals). A real
+    model's embedding is 100+ MB that every stage file repeated otherwise — twice for a tied head.
+    Every such stage's tokenizer is also a placeholder of the same size (placeholder_vocab): a real vocabulary is
+    most of a load (≈0.2 s for 262144 tokens), and tokens arrive as ids."""
     n = info.n_layer
     if not 0 <= a < b <= n:
         raise UserError(f"layers {a}:{b} out of range for {g.path} ({n} layers)")
@@ -214,17 +216,35 @@ def write_stage(g: GGUFFile, info: ModelInfo, kv: dict[str, KV], globals_: Tenso
         raise Unsupported(why)
     st = plan_stage(g, info, a, b)
     new_kv = _stage_metadata(g, kv, st)
-    if sparse:
-        new_kv = placeholder_vocab(g.arch, new_kv)
     new_tensors = _stage_tensors(globals_, layer_tensors, st, neutralize_positions=a > 0)
-    holes: set[str] = set()
-    names = {name for name, _ in new_tensors}
-    if sparse and a > 0 and "output.weight" in names:
-        holes |= {"token_embd.weight"} & names
-    if holes:
-        st.notes.append(f"sparse: {', '.join(sorted(holes))} not written (never read by this stage)")
-    write_gguf(dst, g.arch, new_kv, new_tensors, holes=frozenset(holes))
+    if shared is not None:
+        dst = Path(dst)
+        if not dst.name.endswith(SPLIT_FIRST):
+            raise ValueError(f"{dst}: a stage with shared globals is a split's first file, named *{SPLIT_FIRST}")
+        kept = shared_globals(globals_)
+        n_tensors = len(new_tensors)
+        new_tensors = [(name, arr) for name, arr in new_tensors if name not in kept]
+        new_kv = {**placeholder_vocab(g.arch, new_kv), "split.no": KV(0, VT.UINT16), "split.count": KV(2, VT.UINT16),
+                  "split.tensors.count": KV(n_tensors, VT.INT32)}
+        second = dst.with_name(dst.name[:-len(SPLIT_FIRST)] + SPLIT_SECOND)
+        second.unlink(missing_ok=True)
+        second.symlink_to(os.path.relpath(shared, dst.parent))
+        st.notes.append(f"shared: {', '.join(sorted(kept))} in {Path(shared).name} (the split's second file)")
+    write_gguf(dst, g.arch, new_kv, new_tensors)
     return st
+
+
+SPLIT_FIRST, SPLIT_SECOND = "-00001-of-00002.gguf", "-00002-of-00002.gguf"
+
+
+def shared_globals(globals_: Tensors) -> dict[str, Tensor]:
+    """The global tensors every stage holds unchanged (all but the position embedding, zeroed after the first)."""
+    return {name: arr for name, arr in globals_ if name != "position_embd.weight"}
+
+
+def write_shared_globals(g: GGUFFile, globals_: Tensors, dst: str | os.PathLike) -> int:
+    """The second file of every shared-globals stage's split (write_stage): the model's shared global tensors."""
+    return write_gguf(dst, g.arch, {"split.no": KV(1, VT.UINT16)}, list(shared_globals(globals_).items()))
 
 
 class SourceModel:
@@ -234,12 +254,26 @@ class SourceModel:
         self.g, self.kv, self.tensors = read_all(src)
         self.info = inspect_gguf(self.g)
         self.globals, self.by_layer = split_tensors(self.tensors)
+        self._shared: dict[Path, int] = {}  # shared-globals files written, and their bytes
+        self._lock = threading.Lock()
 
-    def slice(self, dst: str | os.PathLike, a: int, b: int, *, sparse: bool = False) -> StageInfo:
-        """Write the stage [a, b) to dst (sparse: see write_stage). Raises Unsupported for a stage llama.cpp cannot
-        express."""
+    def slice(self, dst: str | os.PathLike, a: int, b: int, *, shared: bool = False) -> StageInfo:
+        """Write the stage [a, b) to dst; shared: its global tensors in one file beside it that every shared stage
+        of this model in that directory links to (see write_stage; dst is then named by stage_path(shared=True)).
+        Raises Unsupported for a stage llama.cpp cannot express."""
+        path = None
+        if shared:
+            path = Path(dst).parent / f"{self.g.path.stem}.globals.gguf"
+            with self._lock:
+                if path not in self._shared:
+                    self._shared[path] = write_shared_globals(self.g, self.globals, path)
         return write_stage(self.g, self.info, self.kv, self.globals, lambda i: self.by_layer.get(i, []), dst, a, b,
-                           sparse=sparse)
+                           shared=path)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of the shared-globals files written so far."""
+        return sum(self._shared.values())
 
 
 def slice_model(src: str | os.PathLike, dst: str | os.PathLike, a: int, b: int) -> StageInfo:
@@ -338,5 +372,6 @@ def _stage_tensors(globals_: Tensors, layer_tensors: LayerTensors, st: StageInfo
     return out
 
 
-def stage_path(workdir: Path, source: Path, a: int, b: int) -> Path:
-    return workdir / f"{source.stem}.L{a:03d}-{b:03d}.gguf"
+def stage_path(workdir: Path, source: Path, a: int, b: int, *, shared: bool = False) -> Path:
+    """Where a stage file goes: shared, the first file of its split (SourceModel.slice)."""
+    return workdir / f"{source.stem}.L{a:03d}-{b:03d}{SPLIT_FIRST if shared else '.gguf'}"

@@ -78,30 +78,32 @@ def test_glm_dsa_stage_starting_on_a_shared_indexer_layer_is_unsupported(fixture
     assert "shared indexer layer" in rep.results[2].reason
 
 
-def test_a_sparse_stage_holds_a_placeholder_vocabulary_of_the_same_size(fixtures, tmp_path):
-    """A sweep's (sparse) stages replace the tokenizer by llama.cpp's `none` one with {arch}.vocab_size placeholder
-    tokens: the pinned llama.cpp reports the same n_vocab and, fed token ids, the same logits bit for bit as from the
-    whole stage (`synth stage`, the tokenizer kept)."""
+def test_a_shared_stage_computes_what_the_whole_stage_computes(fixtures, tmp_path):
+    """A sweep's stages (shared: a two-file split, the model's globals in the shared second file, the tokenizer
+    llama.cpp's `none` one with {arch}.vocab_size placeholder tokens): the pinned llama.cpp loads the split, reports
+    the same n_vocab and, fed token ids, gives the same logits bit for bit as from the whole stage (`synth stage`)."""
     import numpy as np
 
     from fuzz.parity import context_params
     from synth.gguf_io import GGUFFile
-    from synth.stage import SourceModel
+    from synth.stage import SourceModel, stage_path
     from targets import open_target
 
-    src = SourceModel(fixtures("llama", layers=4, vocab=96))
-    whole, sparse = tmp_path / "whole.gguf", tmp_path / "sparse.gguf"
+    fixture = fixtures("llama", layers=4, vocab=96)
+    src = SourceModel(fixture)
+    whole, shared = tmp_path / "whole.gguf", stage_path(tmp_path, fixture, 0, 2, shared=True)
     src.slice(whole, 0, 2)
-    src.slice(sparse, 0, 2, sparse=True)
-    g = GGUFFile(sparse)
+    src.slice(shared, 0, 2, shared=True)
+    g = GGUFFile(shared)
     assert (g.get("tokenizer.ggml.model"), g.get("vocab_size")) == ("none", 96)
     assert not any(k.startswith("tokenizer.") and k != "tokenizer.ggml.model" for k in g.kv)
+    assert "token_embd.weight" not in g.tensors
     kept = GGUFFile(whole)
     assert kept.get("tokenizer.ggml.model") == "gpt2" and len(kept.get("tokenizer.ggml.tokens")) == 96
     t = open_target("llama-cpp")
     try:
         out = []
-        for path in (whole, sparse):
+        for path in (whole, shared):
             loaded = t.load(str(path), **context_params())
             assert loaded.ok and loaded.data["n_vocab"] == 96, loaded
             r = t.decode(tokens=[5, 90, 17, 3], logits="all")

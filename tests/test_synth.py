@@ -91,40 +91,44 @@ def test_the_tensor_writer_writes_gguf_pys_bytes(tmp_path, family, monkeypatch):
 
     spec = resolve(family, Knobs())
     write_fixture(spec, tmp_path / "ours.gguf")
-    monkeypatch.setattr(gguf_io, "_write_tensors", lambda w, holes=frozenset(): w.write_tensors_to_file())
+    monkeypatch.setattr(gguf_io, "_write_tensors", lambda w: w.write_tensors_to_file())
     write_fixture(spec, tmp_path / "gguf-py.gguf")
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
 
 
-def test_large_tensors_and_holes_write_the_same_bytes(tmp_path, monkeypatch):
-    """Tensors of 1 MiB and more are written from their own memory; a sparse stage leaves the token embedding of a
-    stage after the first a hole: the same bytes as the whole stage with that tensor zeroed, fewer on disk."""
+def test_large_tensors_write_the_same_bytes_and_shared_stages_share_their_globals(tmp_path, monkeypatch):
+    """Tensors of 1 MiB and more are written from their own memory, the same bytes. A shared stage is a two-file
+    split: its layers in its own file, the model's global tensors (embedding, head, output norm) in one file written
+    once that every shared stage links to as its second file — each tensor the whole stage's bytes."""
     import numpy as np
 
     from synth import gguf_io
     from synth.gguf_io import GGUFFile
-    from synth.stage import SourceModel
+    from synth.stage import SourceModel, stage_path
 
-    spec = resolve("llama", Knobs(layers=2, vocab=8192, embd=64))  # token_embd and output: 2 MiB of f32 each
+    spec = resolve("llama", Knobs(layers=3, vocab=8192, embd=64))  # token_embd and output: 2 MiB of f32 each
     write_fixture(spec, tmp_path / "ours.gguf")
     with monkeypatch.context() as m:
-        m.setattr(gguf_io, "_write_tensors", lambda w, holes=frozenset(): w.write_tensors_to_file())
+        m.setattr(gguf_io, "_write_tensors", lambda w: w.write_tensors_to_file())
         write_fixture(spec, tmp_path / "gguf-py.gguf")
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "gguf-py.gguf").read_bytes()
     src = SourceModel(tmp_path / "ours.gguf")
-    whole, sparse = tmp_path / "whole.gguf", tmp_path / "sparse.gguf"
-    src.slice(whole, 1, 2)
-    st = src.slice(sparse, 1, 2, sparse=True)
-    assert st.notes[-1] == "sparse: token_embd.weight not written (never read by this stage)"
-    w, sp = GGUFFile(whole), GGUFFile(sparse)
-    for t in w.reader.tensors:
-        got = sp.tensor_data(t.name)
-        want = np.zeros_like(w.tensor_data(t.name)) if t.name == "token_embd.weight" else w.tensor_data(t.name)
-        assert np.array_equal(got, want), t.name
-    assert sparse.stat().st_size == whole.stat().st_size
-    assert sparse.stat().st_blocks * 512 < whole.stat().st_size - 2_000_000  # the embedding's 2 MiB not written
-    src.slice(sparse, 0, 1, sparse=True)  # the first stage reads its tokens' embeddings: nothing left out
-    assert sparse.read_bytes() == (src.slice(whole, 0, 1) and whole.read_bytes())
+    for a, b in ((0, 1), (1, 3)):
+        whole = src.slice(tmp_path / "whole.gguf", a, b) and GGUFFile(tmp_path / "whole.gguf")
+        first = stage_path(tmp_path, tmp_path / "ours.gguf", a, b, shared=True)
+        st = src.slice(first, a, b, shared=True)
+        second = first.with_name(first.name.replace("-00001-of-00002", "-00002-of-00002"))
+        assert second.is_symlink() and second.resolve() == (tmp_path / "ours.globals.gguf").resolve()
+        assert st.notes[-1] == "shared: output.weight, output_norm.weight, token_embd.weight in ours.globals.gguf " \
+                               "(the split's second file)"
+        one, two = GGUFFile(first), GGUFFile(second)
+        assert (one.kv["split.no"], one.kv["split.count"], one.kv["split.tensors.count"], two.kv["split.no"]) == \
+            (0, 2, len(whole.tensors), 1)
+        assert set(one.tensors) | set(two.tensors) == set(whole.tensors) and not set(one.tensors) & set(two.tensors)
+        assert first.stat().st_size < 400_000  # its layers only: 4 MiB of embedding and head shared
+        for name in whole.tensors:
+            assert np.array_equal((two if name in two.tensors else one).tensor_data(name), whole.tensor_data(name))
+    assert src.shared_bytes == (tmp_path / "ours.globals.gguf").stat().st_size > 4 << 20  # written once
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
