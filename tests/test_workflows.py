@@ -420,7 +420,9 @@ class Runner:
         jobdir = self.scratch / f"{n}-{workflow.removesuffix('.yml')}-{job_id}"
         temp = jobdir / "runner-temp"
         temp.mkdir(parents=True)
-        uses_cache = any(s.get("uses", "").startswith("actions/cache@") for s in job["steps"])
+        # a job caching the build (not a campaign caching its own directory) hits this machine's built cache
+        uses_cache = any(s.get("uses", "").startswith("actions/cache@")
+                         and (s.get("with") or {}).get("path") == "~/.cache/family-certify" for s in job["steps"])
         cache = self.real_cache if uses_cache else jobdir / "cache"  # a fresh runner's ~/.cache is empty
         # a fresh runner: a clean checkout, and a venv without this project (unstamped; the dependencies are kept)
         subprocess.run(["git", "clean", "-ffdxq", "-e", ".venv"], cwd=self.repo, check=True)
