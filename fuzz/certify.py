@@ -213,18 +213,19 @@ def dtype_fixture(row: Row, dtype: str, workdir: Path) -> tuple[Path, Any]:
     return path, knobs
 
 
-def lane_wire(row: Row, path: Path, target_spec: str) -> LaneResult:
+def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "wire") -> LaneResult:
     """The row's split (as the parity lane cuts it) with the hidden states crossing each boundary in each of the
     row's wire types: every stage after a boundary bit-exact with the reference conversion; tokens vs the unsplit
-    model gated (f16) or measured (bf16, q8_0)."""
+    model gated (f16) or measured (bf16, q8_0). The scan's lane (cuts "all") takes f16 for a row without wires."""
     from fuzz.wire import WireConfig
 
-    if not row.wires:
-        return LaneResult(row.key, "wire", SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
-    cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    res = LaneResult(row.key, "wire", UNSUPPORTED)
+    wires = row.wires or (["f16"] if cuts == "all" else [])
+    if not wires:
+        return LaneResult(row.key, lane, SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
+    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
+    res = LaneResult(row.key, lane, UNSUPPORTED)
     parts = []
-    for w in row.wires:
+    for w in wires:
         try:
             rep = res.add(*oracle_run("wire", path, WireConfig(wire=w, cuts=cuts, period=row.sweep_period,
                                                                tokens=8, target=target_spec)))
@@ -422,6 +423,8 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
         return lane_reject(row, path, target, target_spec)
     if lane == "handoff-all":
         return lane_handoff(row, path, target_spec, cuts="all", lane=lane)
+    if lane == "wire-all":
+        return lane_wire(row, path, target_spec, cuts="all", lane=lane)
     if lane == "determinism-full":  # the fuzz determinism defaults, unsplit
         return lane_determinism(row, path, target_spec, cfg=DeterminismConfig(), lane=lane)
     if lane == "determinism-chains":
@@ -624,6 +627,7 @@ def run_cmd(
 def scan(
     rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier, or all)")] = None,
     tier: Annotated[int | None, Opt(help="only this tier")] = None,
+    lane: Annotated[list[str] | None, Opt(help="only these of the scan's lanes (repeatable)")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
     report: ReportOpt = None,
@@ -632,15 +636,18 @@ def scan(
     patches: PatchesOpt = None,
     jobs: JobsOpt = 1,
 ) -> int:
-    """Every selected row (every tier) through sweep, hand-off, isolation and determinism at every cut — what the
-    lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
+    """Every selected row (every tier) through sweep, wire, hand-off, isolation and determinism at every cut — what
+    the lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
     findings. Same outputs as `run`."""
     m: Manifest = load_manifest(manifest)
     use_build(llama_cpp, patches)
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    plan = [(row, list(SCAN_LANES)) for row in selected]
+    unknown = sorted(set(lane or ()) - set(SCAN_LANES))
+    if unknown:
+        raise UserError(f"--lane {unknown[0]!r}: the scan's lanes are {', '.join(SCAN_LANES)}")
+    plan = [(row, [x for x in SCAN_LANES if not lane or x in lane]) for row in selected]
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]),
                       jobs=jobs)

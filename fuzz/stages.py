@@ -48,8 +48,7 @@ class FixtureStages:
         self._source: SourceModel | None = None
         self._cache: dict[tuple[int, int], tuple[Path, StageInfo] | Unsupported] = {}
         self.workdir: Path | None = None
-        self.bytes_written = 0  # stage files written so far (a shared-globals file once)
-        self._shared_counted = 0
+        self._stage_bytes = 0  # stage files written so far, without the shared-globals file
 
     @contextlib.contextmanager
     def workspace(self, workdir: Path | None) -> Iterator[Path]:
@@ -68,15 +67,18 @@ class FixtureStages:
             self._source = SourceModel(self.g if Path(src) == self.fixture else src)
         return self._source.slice(dst, a, b, shared=self.shared)
 
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of stage files written so far, the shared-globals file (if any) counted once."""
+        return self._stage_bytes + (self._source.shared_bytes if self._source is not None else 0)
+
     def stage(self, a: int, b: int) -> tuple[Path, StageInfo] | Unsupported:
         assert self.workdir is not None, "use FixtureStages.workspace()"
         if (a, b) not in self._cache:
             path = stage_path(self.workdir, self.fixture, a, b, shared=self.shared)
             try:
                 self._cache[(a, b)] = (path, self.slicer(self.fixture, path, a, b))
-                shared = self._source.shared_bytes if self._source is not None else 0
-                self.bytes_written += path.stat().st_size + shared - self._shared_counted
-                self._shared_counted = shared
+                self._stage_bytes += path.stat().st_size
             except Unsupported as e:
                 self._cache[(a, b)] = e
         return self._cache[(a, b)]

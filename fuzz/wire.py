@@ -206,17 +206,21 @@ class Wire:
         boundary gives the unsplit model's tokens (so the wire's rounding alone moves them), and at a boundary that
         rounding reaches a matrix product with quantized weights that quantizes its activations to other integers
         (fuzz.parity.first_requantization_flip): an f16 ulp become a step of the activations' 8-bit grid."""
-        prev, cause = first, None
+        prev, fed = first, []
         for s in range(1, len(stages)):
             path, st = stages[s]
-            rows = [so.captures[stages[s - 1][1].n_layer - 1] for so in prev.steps]
-            cause = cause or self._requantized(workers[s], stages[s], steps, rows, s)
-            prev = self._stage(workers[s], path, steps, embd=rows, last=s == len(stages) - 1, n_layer=st.n_layer)
+            fed.append([so.captures[stages[s - 1][1].n_layer - 1] for so in prev.steps])
+            prev = self._stage(workers[s], path, steps, embd=fed[-1], last=s == len(stages) - 1, n_layer=st.n_layer)
             if isinstance(prev, Failure):
                 return None
-        same = all(np.array_equal(np.argmax(a.logits, axis=1), np.argmax(b.logits, axis=1))
-                   for a, b in zip(prev.steps, full.steps, strict=True))
-        return cause if same else None
+        if not all(np.array_equal(np.argmax(a.logits, axis=1), np.argmax(b.logits, axis=1))
+                   for a, b in zip(prev.steps, full.steps, strict=True)):
+            return None  # the f32-fed split moves the tokens too: not the wire's rounding
+        for s, rows in enumerate(fed, start=1):
+            cause = self._requantized(workers[s], stages[s], steps, rows, s)
+            if cause:
+                return cause
+        return None
 
     def _requantized(self, t: Target, stage, steps, rows, s: int) -> dict[str, Any] | None:
         """The first requantization flip of stage `s` fed `rows` in f32 and over the f16 wire, traced step by step,

@@ -34,7 +34,7 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "sweep_period": int, "lanes": list, "dtypes": list, "wires": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
 # the lanes `family-certify scan` runs on every row (every oracle at every cut): a row's `known` may name them
-SCAN_LANES = ("parity", "handoff-all", "isolation", "determinism-full", "determinism-chains")
+SCAN_LANES = ("parity", "wire-all", "handoff-all", "isolation", "determinism-full", "determinism-chains")
 RECIPE_KNOBS = {k.name for k in KNOBS} | {"seed"}  # synth.spec.KNOBS: the one knob table
 
 

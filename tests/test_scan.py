@@ -26,7 +26,7 @@ def test_every_row_every_oracle_every_cut(tmp_path):
     known = {(x["row"], x["lane"]) for x in run["results"] if x["status"] == "known"}
     assert known == {(row.key, lane) for row in rows for lane in row.known if lane in SCAN_LANES}
     for x in run["results"]:
-        if x["lane"] in ("parity", "handoff-all") and x["status"] == "pass":
+        if x["lane"] in ("parity", "wire-all", "handoff-all") and x["status"] == "pass":
             rep = x["reports"][0]
             cut_sets = {tuple(c["cuts"]) for c in rep["results"]}
             assert cut_sets == {(c,) for c in range(1, rep["n_layer"])} or cut_sets == {()}, (x["row"], x["lane"])
