@@ -187,3 +187,9 @@ def test_the_battery_catches_every_mutant():
     assert "0 escaped" in r.stdout
     bad = run_cli("family-certify", "mutants", "--mutant", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_scan_lanes_outside_the_scan_are_one_line_errors():
+    r = run_cli("family-certify", "scan", "--lane", "prefix-cache", "qwen3")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "'prefix-cache'" in r.stderr and "wire-all" in r.stderr, r.stderr
