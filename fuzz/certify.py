@@ -213,13 +213,14 @@ def dtype_fixture(row: Row, dtype: str, workdir: Path) -> tuple[Path, Any]:
     return path, knobs
 
 
-def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "wire") -> LaneResult:
+def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "wire",
+              wires: list[str] | None = None) -> LaneResult:
     """The row's split (as the parity lane cuts it) with the hidden states crossing each boundary in each of the
-    row's wire types: every stage after a boundary bit-exact with the reference conversion; tokens vs the unsplit
-    model gated (f16) or measured (bf16, q8_0). The scan's lane (cuts "all") takes f16 for a row without wires."""
+    row's wire types (or `wires`): every stage after a boundary bit-exact with the reference conversion; tokens vs
+    the unsplit model gated (f16) or measured (bf16, q8_0)."""
     from fuzz.wire import WireConfig
 
-    wires = row.wires or (["f16"] if cuts == "all" else [])
+    wires = wires or row.wires
     if not wires:
         return LaneResult(row.key, lane, SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
     cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
@@ -424,7 +425,7 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
     if lane == "handoff-all":
         return lane_handoff(row, path, target_spec, cuts="all", lane=lane)
     if lane == "wire-all":
-        return lane_wire(row, path, target_spec, cuts="all", lane=lane)
+        return lane_wire(row, path, target_spec, cuts="all", lane=lane, wires=row.wires or ["f16"])  # f16: the gate
     if lane == "determinism-full":  # the fuzz determinism defaults, unsplit
         return lane_determinism(row, path, target_spec, cfg=DeterminismConfig(), lane=lane)
     if lane == "determinism-chains":
@@ -583,16 +584,19 @@ def check_jobs(jobs: int) -> None:
         raise UserError(f"--jobs {jobs}: must be 1..64")
 
 
-def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list[str] | None) \
-        -> list[tuple[Row, list[str]]]:
-    """The selected rows, each with its lanes (only `lanes` when given): what run and bump execute."""
+def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list[str] | None, *,
+              scan: bool = False) -> list[tuple[Row, list[str]]]:
+    """The selected rows, each with its lanes (only `lanes` when given): what run and bump execute, or with
+    `scan` every row through the scan's lanes."""
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    unknown = sorted(set(lanes or ()) - set(LANES))
+    known = SCAN_LANES if scan else LANES
+    unknown = sorted(set(lanes or ()) - set(known))
     if unknown:
-        raise UserError(f"--lane {unknown[0]!r}: lanes are {', '.join(LANES)}")
-    return [(row, [x for x in row.lanes if not lanes or x in lanes]) for row in selected]
+        whose = "the scan's lanes" if scan else "lanes"
+        raise UserError(f"--lane {unknown[0]!r}: {whose} are {', '.join(known)}")
+    return [(row, [x for x in (SCAN_LANES if scan else row.lanes) if not lanes or x in lanes]) for row in selected]
 
 
 @app.command("run")
@@ -641,13 +645,7 @@ def scan(
     findings. Same outputs as `run`."""
     m: Manifest = load_manifest(manifest)
     use_build(llama_cpp, patches)
-    selected = m.select(tier, rows)
-    if not selected:
-        raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
-    unknown = sorted(set(lane or ()) - set(SCAN_LANES))
-    if unknown:
-        raise UserError(f"--lane {unknown[0]!r}: the scan's lanes are {', '.join(SCAN_LANES)}")
-    plan = [(row, [x for x in SCAN_LANES if not lane or x in lane]) for row in selected]
+    plan = lane_plan(m, tier, rows, lane, scan=True)
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]),
                       jobs=jobs)
