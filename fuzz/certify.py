@@ -182,15 +182,18 @@ def worst(statuses: list[str]) -> str:
     return next((s for s in statuses if s in FAILING), PASS if PASS in statuses else UNSUPPORTED)
 
 
-def lane_dtype(row: Row, workdir: Path, target_spec: str) -> LaneResult:
-    """The row's fixture with its matmul weights in each of the row's dtypes (gguf-py's quantizers), split as the
-    parity lane splits it: every cut set bit-exact with the unsplit model of the same dtype."""
-    if not row.dtypes:
-        return LaneResult(row.key, "dtype", SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
-    cuts = "period" if "boundary-sweep" in row.lanes else "all"
-    res = LaneResult(row.key, "dtype", UNSUPPORTED)
+def lane_dtype(row: Row, workdir: Path, target_spec: str, *, cuts: str | None = None, lane: str = "dtype",
+               dtypes: list[str] | None = None) -> LaneResult:
+    """The row's fixture with its matmul weights in each of the row's dtypes (or `dtypes`; gguf-py's quantizers),
+    split as the parity lane splits it (or at `cuts`): every cut set bit-exact with the unsplit model of the same
+    dtype."""
+    dtypes = dtypes or row.dtypes
+    if not dtypes:
+        return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
+    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
+    res = LaneResult(row.key, lane, UNSUPPORTED)
     parts, why = [], ""
-    for dtype in row.dtypes:
+    for dtype in dtypes:
         path, knobs = dtype_fixture(row, dtype, workdir)
         rep = res.add(*oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
                                                              target=target_spec)))
@@ -424,6 +427,9 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
         return lane_reject(row, path, target, target_spec)
     if lane == "handoff-all":
         return lane_handoff(row, path, target_spec, cuts="all", lane=lane)
+    if lane == "dtype-all":  # the row's dtypes, else its artifact's (q8_0 when the artifact names none)
+        return lane_dtype(row, workdir, target_spec, cuts="all", lane=lane,
+                          dtypes=row.dtypes or row.artifact_dtypes() or ["q8_0"])
     if lane == "wire-all":
         return lane_wire(row, path, target_spec, cuts="all", lane=lane, wires=row.wires or ["f16"])  # f16: the gate
     if lane == "determinism-full":  # the fuzz determinism defaults, unsplit

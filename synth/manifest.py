@@ -34,7 +34,7 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "sweep_period": int, "lanes": list, "dtypes": list, "wires": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
 # the lanes `family-certify scan` runs on every row (every oracle at every cut): a row's `known` may name them
-SCAN_LANES = ("parity", "wire-all", "handoff-all", "isolation", "determinism-full", "determinism-chains")
+SCAN_LANES = ("parity", "dtype-all", "wire-all", "handoff-all", "isolation", "determinism-full", "determinism-chains")
 RECIPE_KNOBS = {k.name for k in KNOBS} | {"seed"}  # synth.spec.KNOBS: the one knob table
 
 
@@ -79,6 +79,14 @@ class Row:
         if "kv_heads" in k:
             k["kv_heads"] = tuple(k["kv_heads"])
         return Knobs(**k)
+
+    def artifact_dtypes(self) -> list[str]:
+        """The weight types the row's artifact name gives ("Llama-3.2-1B Q4_K_M" → q4_k, "IQ2_XXS" → iq2_xxs): the
+        scan quantizes a fixture as the row's artifact is quantized when the row has no dtypes of its own."""
+        model = re.sub(r"MMPROJ\s+\S+", "", self.artifact.upper())  # (a projector's type is not the model's)
+        words = re.findall(r"(?<![A-Z0-9])(I?Q\d_[A-Z0-9]+|Q8|MXFP4|BF16|F16)", model)  # Q4_K_M → Q4_K
+        found = [{"Q8": "q8_0"}.get(w, w.lower()) for w in words]
+        return [d for i, d in enumerate(found) if d in DTYPES and d not in found[:i]]
 
     def spec(self) -> ModelSpec:
         return get_family(str(self.recipe["family"])).resolve(self.knobs())

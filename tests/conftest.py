@@ -21,6 +21,23 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# what a marker keeps out of the default suite, and where it runs instead (said at the end of every run)
+ELSEWHERE = {"slow": "`make test-slow`; the nightly fuzz-lane job", "scan": "the nightly scan job (`pytest -m scan`)"}
+_deselected: list[pytest.Item] = []
+
+
+def pytest_deselected(items):
+    _deselected.extend(items)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for mark, where in ELSEWHERE.items():
+        names = [i.nodeid for i in _deselected if i.get_closest_marker(mark)]
+        if names:
+            shown = ", ".join(n.split("::")[-1] for n in names[:3]) + (", ..." if len(names) > 3 else "")
+            terminalreporter.write_line(f"skipped: {len(names)} test{'s' * (len(names) > 1)} marked {mark} did not run "
+                                        f"here: they run in {where} ({shown})", yellow=True, bold=True)
+
 
 @pytest.fixture(scope="session")
 def llama():

@@ -47,6 +47,16 @@ def test_tier_defaults_and_hybrid_sweeps():
     assert m.row("gemma3").lanes == ["load", "fixed-split"]
 
 
+def test_artifact_dtypes_name_the_models_weight_type():
+    """What the scan's dtype lane quantizes a row without dtypes of its own as: its artifact's type."""
+    m = load_manifest(ROOT / "family_tiers.toml")
+    got = {k: m.row(k).artifact_dtypes() for k in ("llama", "qwen3", "qwen3vlmoe", "minimax-m2", "deepseek-ocr",
+                                                   "hunyuan-moe", "qwen3next", "gemma4-a4b", "olmo", "exaone-moe")}
+    assert got == {"llama": ["q4_k"], "qwen3": ["q8_0"], "qwen3vlmoe": ["mxfp4"], "minimax-m2": ["q2_k"],
+                   "deepseek-ocr": ["q8_0"], "hunyuan-moe": ["iq2_xxs"], "qwen3next": ["iq2_xs"],
+                   "gemma4-a4b": ["q6_k"], "olmo": ["f16"], "exaone-moe": []}
+
+
 def test_moving_a_family_between_tiers_is_one_line(tmp_path):
     src = (ROOT / "family_tiers.toml").read_text()
     moved = re.sub(r"(\[family\.qwen35\]\ntier = )2", r"\g<1>1", src)

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from synth.manifest import load_manifest
+from synth.manifest import SCAN_LANES, load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -712,6 +712,18 @@ def test_nightly_determinism_runs_the_chosen_rows(ci):
     d = assert_consumer(j, ci, "out/determinism")
     report = json.loads((d / "report.json").read_text())
     assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", "determinism")}, report["results"]
+
+
+@executes
+def test_nightly_scan_runs_the_chosen_rows_and_checks_its_report(ci):
+    """The nightly scan job, narrowed by the `rows` input to llama, scans that row at every cut through every scan
+    lane, then checks its report with the `scan` test (which ran: one test passed, none deselected to nothing)."""
+    j = job(ci, "nightly.yml", "scan")
+    assert j.ok, j.why()
+    d = assert_consumer(j, ci, "out/scan")
+    report = json.loads((d / "report.json").read_text())
+    assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", lane) for lane in SCAN_LANES}
+    assert "1 passed" in j.step("check the scan's report").log, j.why()
 
 
 @executes
