@@ -836,13 +836,17 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None,
             out: Annotated[Path | None, Opt(help="write summary.md, junit.xml and report.json here (a lane is "
                                                   "'pass' when its mutant is caught)")] = None,
-            llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None) -> int:
+            llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None, jobs: JobsOpt = 1) -> int:
     """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
-    exit 1 if any escapes. With --llama-cpp, the mutants wrap that build."""
+    exit 1 if any escapes. With --llama-cpp, the mutants wrap that build; --jobs runs that many mutants at a time
+    (lines in the mutants' order)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from targets.mutants import MUTANTS
 
     m = load_manifest(manifest)
     use_build(llama_cpp, patches)
+    check_jobs(jobs)
     names = [n for n in MUTANTS if not only or n in only]
     unknown = sorted(set(only or ()) - set(MUTANTS))
     if unknown:
@@ -851,16 +855,22 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     t0 = time.perf_counter()
     lanes = []
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
-        for name in names:
+        def catch(name: str) -> LaneResult:
             row_key, lane = CATCHERS[name]
-            (res,) = run_row(m.row(row_key), [lane], f"mutant:{name}", Path(d))
-            caught = res.status in FAILING
-            escaped += not caught
-            print(f"{name:<22} {row_key + '/' + lane:<24} {'caught' if caught else 'ESCAPED (' + res.status + ')'}"
-                  f"  {res.detail}", flush=True)
-            lanes.append({"row": f"mutant:{name}", "lane": f"{row_key}/{lane}", "status": PASS if caught else FINDING,
-                          "seconds": round(res.seconds, 2), "detail": ("caught: " if caught else
-                                                                      f"ESCAPED ({res.status}): ") + res.detail})
+            workdir = Path(d) / name  # (two mutants of one row write its fixture at once: a directory each)
+            workdir.mkdir()
+            return run_row(m.row(row_key), [lane], f"mutant:{name}", workdir)[0]
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for name, res in zip(names, pool.map(catch, names), strict=True):
+                row_key, lane = CATCHERS[name]
+                caught = res.status in FAILING
+                escaped += not caught
+                print(f"{name:<22} {row_key + '/' + lane:<24} "
+                      f"{'caught' if caught else 'ESCAPED (' + res.status + ')'}  {res.detail}", flush=True)
+                lanes.append({"row": f"mutant:{name}", "lane": f"{row_key}/{lane}",
+                              "status": PASS if caught else FINDING, "seconds": round(res.seconds, 2),
+                              "detail": ("caught: " if caught else f"ESCAPED ({res.status}): ") + res.detail})
     print(f"{len(names)} mutants: {len(names) - escaped} caught, {escaped} escaped")
     if out is not None:
         run = run_report(lanes, plan=[(x["row"], [x["lane"]]) for x in lanes], manifest=manifest_identity(m.path),

@@ -697,10 +697,15 @@ def test_aggregate_fails_closed_on_missing_rows(ci):
 @executes
 def test_mutants_job_catches_every_mutant_and_publishes(ci):
     """The mutants job gets the build by artifact, compiles nothing, catches every mutant (exit 0) and uploads its
-    summary and junit."""
+    summary and junit: `family-certify mutants`, each re-created bug class failing its row's lane (the real llama.cpp
+    passes the same lanes: `family-certify run`)."""
+    from targets.mutants import MUTANTS
+
     j = job(ci, "family-certify.yml", "mutants")
     assert j.ok, j.why()
-    assert_consumer(j, ci, "out/mutants")
+    d = assert_consumer(j, ci, "out/mutants")
+    report = json.loads((d / "report.json").read_text())
+    assert [(x["row"], x["status"]) for x in report["results"]] == [(f"mutant:{n}", "pass") for n in MUTANTS]
 
 
 @executes
