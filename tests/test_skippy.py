@@ -153,7 +153,7 @@ def no_fake_left():
 def test_the_correct_fake_passes_every_lane(tmp_path):
     out = tmp_path / "out"
     r = run_cli("family-certify", "run", "qwen3", "jamba", "gpt2", "--target", f"skippy:{FAKE}", "--out", str(out),
-                cwd=ROOT, timeout=600)
+                "--jobs", "2", cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     got = lanes(out)
     assert {k: v["status"] for k, v in got.items() if v["status"] != "pass"} == {("gpt2", "load"): "unsupported"}
