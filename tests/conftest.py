@@ -31,7 +31,10 @@ def pytest_deselected(items):
 
 
 def pytest_terminal_summary(terminalreporter):
+    markexpr = terminalreporter.config.getoption("markexpr") or ""
     for mark, where in ELSEWHERE.items():
+        if f"not {mark}" not in markexpr:  # (this run selected them: any left out were left out by -k)
+            continue
         names = [i.nodeid for i in _deselected if i.get_closest_marker(mark)]
         if names:
             shown = ", ".join(n.split("::")[-1] for n in names[:3]) + (", ..." if len(names) > 3 else "")

@@ -186,6 +186,13 @@ def test_every_mutant_has_a_catching_lane_in_the_manifest():
         assert lane in m.row(row).lanes, (row, lane)
 
 
+def test_mutants_bad_options_are_one_line_errors():
+    """(The mutants themselves are caught by the mutants job's workflow test, which runs `family-certify mutants`.)"""
+    for args in (["--mutant", "nope"], ["--jobs", "0"]):
+        bad = run_cli("family-certify", "mutants", *args)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, (args, bad.stderr)
+
+
 def test_scan_lanes_outside_the_scan_are_one_line_errors():
     r = run_cli("family-certify", "scan", "--lane", "prefix-cache", "qwen3")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -722,7 +722,7 @@ def test_nightly_determinism_runs_the_chosen_rows(ci):
 @executes
 def test_nightly_scan_runs_the_chosen_rows_and_checks_its_report(ci):
     """The nightly scan job, narrowed by the `rows` input to llama, scans that row at every cut through every scan
-    lane, then checks its report with the `scan` test (which ran: one test passed, none deselected to nothing)."""
+    lane, then checks its report with the `scan` test (which ran: "1 passed", not deselected)."""
     j = job(ci, "nightly.yml", "scan")
     assert j.ok, j.why()
     d = assert_consumer(j, ci, "out/scan")
