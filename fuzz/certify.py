@@ -821,6 +821,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "import-clears-context": ("llama", "handoff"),  # only a busy hand-off shows it
     "rollback-all-sequences": ("llama", "handoff"),  # only a busy rollback shows it
     "perturb-2-threads": ("llama", "determinism"),
+    "stage-q4k-mins-dropped": ("llama", "dtype"),  # only its q4_k split shows it
     "rollback-zeroed": ("jamba", "handoff"),
     "seq-leak": ("llama", "isolation"),
     "server-dup-leak": ("llama", "prefix-cache"),

@@ -30,6 +30,11 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   rollback-all-sequences A rollback that removes the positions from every sequence of the context (seq_rm with
                          seq -1) instead of the one rolled back: alone in its context it is right, beside a live
                          sequence it cuts that one's cache too.
+  stage-q4k-mins-dropped A split runtime that re-packs each stage's weights and gets one block layout wrong: Q4_K
+                         super-blocks lose their dmin (the f16 that scales each sub-block's minimum), so every stage
+                         of a q4_k model computes with weights shifted by their minimums. The unsplit model (never
+                         re-packed) is right, and so is a stage in any other weight type: only the dtype lane's
+                         q4_k split shows it.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -58,6 +63,7 @@ import base64
 import struct
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -207,6 +213,47 @@ class B1FirstLayerProbe(LlamaWorker):
             zeroed = zero_recurrent_data(base64.b64decode(part["data"]), self.n_recurrent)
             super().op_state_set({"seq": seq, "partial": True, "data": base64.b64encode(zeroed).decode()})
         return out
+
+
+Q4_K_BLOCK = 144  # bytes per 256 values: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of 4-bit quants
+
+
+def drop_q4k_mins(path: str) -> str | None:
+    """A copy of a stage file (it carries synth's stage keys) with every Q4_K block's dmin zeroed, written under
+    `repacked/` beside it (the split's shared second file linked as it is); None for a full model or a stage
+    without Q4_K tensors."""
+    from synth.errors import UserError
+    from synth.gguf_io import GGUFFile
+    from synth.spec import STAGE_KEYS
+    from synth.stage import SPLIT_FIRST, SPLIT_SECOND
+
+    try:
+        g = GGUFFile(path)
+    except UserError:  # not a readable GGUF: the real load reports it
+        return None
+    q4k = [t for t in g.reader.tensors if t.tensor_type.name == "Q4_K"]
+    if not q4k or not any(k.startswith(STAGE_KEYS) for k in g.kv):
+        return None
+    b = bytearray(Path(path).read_bytes())
+    for t in q4k:
+        for blk in range(t.offset, t.offset + t.n_bytes, Q4_K_BLOCK):
+            b[blk + 2:blk + 4] = bytes(2)
+    src = Path(path)
+    out = src.parent / "repacked" / src.name  # (the same name: a split's files are found by theirs)
+    out.parent.mkdir(exist_ok=True)
+    out.write_bytes(b)
+    second = src.with_name(src.name[:-len(SPLIT_FIRST)] + SPLIT_SECOND)
+    if src.name.endswith(SPLIT_FIRST) and second.exists():  # the shared globals, as they are
+        link = out.with_name(second.name)
+        link.unlink(missing_ok=True)
+        link.symlink_to(second.resolve())
+    return str(out)
+
+
+class StageQ4kMinsDropped(LlamaWorker):
+    def op_load(self, req: dict) -> dict:
+        repacked = drop_q4k_mins(req["path"]) if req.get("path") else None
+        return super().op_load({**req, "path": repacked} if repacked else req)
 
 
 class Perturb2Threads(LlamaWorker):
@@ -385,6 +432,7 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "b5-uniform-kv-rows": B5UniformKvRows,
                            "batched-rows-swapped": BatchedRowsSwapped, "import-clears-context": ImportClearsContext,
                            "rollback-all-sequences": RollbackAllSequences,
+                           "stage-q4k-mins-dropped": StageQ4kMinsDropped,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
                            "server-dup-leak": ServerDuplicateLeak, "radix-dup-leak": RadixDuplicateLeak,

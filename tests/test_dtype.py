@@ -2,6 +2,7 @@
 running in every dtype, the split bit-exact, and the oracle catching a slicer that dequantizes."""
 
 import json
+import re
 
 import gguf
 import numpy as np
@@ -121,6 +122,20 @@ def test_dtype_lane_and_bad_dtypes(tmp_path):
     toml.write_text(default_manifest_path().read_text().replace('dtypes = ["f16"', 'dtypes = ["f8"', 1))
     bad = run_cli("family-certify", "check", str(toml))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "dtypes" in bad.stderr
+
+
+def test_the_dtype_lane_catches_a_stage_repacking_bug_only_its_q4_k_split_shows(tmp_path):
+    """mutant:stage-q4k-mins-dropped zeroes every Q4_K block's dmin in stage files only: llama's dtype lane fails on
+    its q4_k split at every cut set and passes the seven other weight types (its parity lane, f32, passes)."""
+    r = run_cli("family-certify", "run", "llama", "--lane", "dtype", "--lane", "parity",
+                "--target", "mutant:stage-q4k-mins-dropped", "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lanes = {x["lane"]: x for x in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert lanes["parity"]["status"] == "pass" and lanes["dtype"]["status"] == "finding", lanes
+    detail = lanes["dtype"]["detail"]
+    for dtype in ("f16", "bf16", "q8_0", "q4_0", "mxfp4", "q6_k", "iq2_xxs"):
+        assert re.search(rf"\b{dtype}(@256)? (\d+)/\2\b", detail), (dtype, detail)
+    assert re.search(r"q4_k@256: ", detail) and not re.search(r"q4_k@256 \d", detail), detail
 
 
 def _make(tmp_path, family, **knobs):
