@@ -14,10 +14,12 @@ server: bootstrap
 demo: bootstrap
 	@scripts/demo.sh
 
-# the prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached
+# the prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached;
+# the suite runs on every core (pytest-xdist; TEST_JOBS=1 for one process), idle workers taking tests from busy ones
+TEST_JOBS ?= auto
 test: bootstrap
 	@scripts/build_llama_server.sh >/dev/null
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
 
 test-slow: bootstrap
 	$(PY) -m pytest -q -m slow

@@ -23,11 +23,21 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # what a marker keeps out of the default suite, and where it runs instead (said at the end of every run)
 ELSEWHERE = {"slow": "`make test-slow`; the nightly fuzz-lane job", "scan": "the nightly scan job (`pytest -m scan`)"}
-_deselected: list[pytest.Item] = []
+_deselected: dict[str, list[str]] = {}  # node id → the ELSEWHERE markers it carries
 
 
 def pytest_deselected(items):
-    _deselected.extend(items)
+    _deselected.update({i.nodeid: [m for m in ELSEWHERE if i.get_closest_marker(m)] for i in items})
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: it collected, the controller reports
+        session.config.workeroutput["deselected"] = _deselected
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # (pytest-xdist, in the controller: every worker deselects the same items)
+    _deselected.update(getattr(node, "workeroutput", {}).get("deselected", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -35,11 +45,13 @@ def pytest_terminal_summary(terminalreporter):
     for mark, where in ELSEWHERE.items():
         if f"not {mark}" not in markexpr:  # (this run selected them: any left out were left out by -k)
             continue
-        names = [i.nodeid for i in _deselected if i.get_closest_marker(mark)]
+        names = [n for n, marks in _deselected.items() if mark in marks]
         if names:
             shown = ", ".join(n.split("::")[-1] for n in names[:3]) + (", ..." if len(names) > 3 else "")
-            terminalreporter.write_line(f"skipped: {len(names)} test{'s' * (len(names) > 1)} marked {mark} did not run "
-                                        f"here: they run in {where} ({shown})", yellow=True, bold=True)
+            many = len(names) > 1
+            terminalreporter.write_line(f"skipped: {len(names)} test{'s' * many} marked {mark} did not run here: "
+                                        f"{'they run' if many else 'it runs'} in {where} ({shown})",
+                                        yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
