@@ -31,6 +31,7 @@ CASES = {
     "batched-rows-swapped@3-stages": ("sweep", "qwen3next", {"layers": 16, "period": 4}, {"cuts": "3,9"}),
     "seq-leak": ("isolation", "llama", {"layers": 12}, {}),
     "rollback-zeroed": ("handoff", "jamba", {"layers": 12, "period": 4}, {"cuts": "2", "modes": ("partial",)}),
+    "stage-q4k-mins-dropped": ("sweep", "llama", {"layers": 8, "dtype": "q4_k", "embd": 256}, {"cuts": "4"}),
     "wire-f16-truncated": ("wire", "qwen3next", {"layers": 12, "period": 4}, {"cuts": "3", "wire": "f16"}),
     "radix-dup-leak": ("radix", "llama", {"layers": 8}, {}),
     "radix-replace-live-borrower": ("radix", "llama", {"layers": 8}, {}),

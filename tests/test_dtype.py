@@ -138,6 +138,26 @@ def test_the_dtype_lane_catches_a_stage_repacking_bug_only_its_q4_k_split_shows(
     assert re.search(r"q4_k@256: ", detail) and not re.search(r"q4_k@256 \d", detail), detail
 
 
+def test_a_q4_k_finding_shrinks_to_two_layers_at_the_width_its_blocks_need(tmp_path):
+    """The shrinker's candidates are made from the spec in its dtype: the mutant's finding on an 8-layer q4_k llama
+    shrinks to 2 layers cut at 1 and vocab 8, but its width stays 256 — a Q4_K block's 256 values (narrower, the
+    matmuls would be f32 and the bug gone)."""
+    from fuzz.bundle import bundle_findings
+    from fuzz.oracles import get_oracle
+
+    path = _make(tmp_path, "llama", layers=8, dtype="q4_k", embd=256)
+    oracle = get_oracle("sweep")
+    cfg = oracle.config(cuts="4", target="mutant:stage-q4k-mins-dropped")
+    rep = oracle.run(path, cfg)
+    assert [r["status"] for r in rep.results] == ["finding"], rep.results
+    (bundle,) = bundle_findings(rep, oracle.case_config(cfg), tmp_path / "bundles", max_bundles=1)
+    data = json.loads((bundle / "bundle.json").read_text())
+    spec = data["spec"]
+    assert (spec["pattern"], data["cuts"], spec["n_embd"], spec["n_vocab"], spec["dtype"]) == \
+        ("AA", [1], 256, 8, "q4_k"), data
+    assert "Q4_K" in types_of(bundle / "fixture.gguf").values()
+
+
 def _make(tmp_path, family, **knobs):
     name = family + "-" + "-".join(f"{k}{v}" for k, v in sorted(knobs.items()))
     path = tmp_path / f"{name}.gguf"
