@@ -276,7 +276,7 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
     from fuzz.sweep import cut_sets
     from targets import open_target
 
-    st = FixtureStages(Path(path))
+    st = FixtureStages(Path(path), shared=False)  # (as before: each build loads whole stage files)
     if st.info.n_layer < 2:
         return {"status": "unsupported", "detail": "one layer: no split"}
     prompt = prompt_tokens(seed + 101, PROMPT_LEN, st.info.n_vocab)

@@ -163,7 +163,7 @@ class Determinism:
         check_config(cfg)
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.st = FixtureStages(self.fixture, period=cfg.period, shared=True)  # (fed token ids and embeddings)
+        self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
 
     def schedules(self) -> list[Schedule]:

@@ -177,7 +177,7 @@ class Handoff:
                             "(inside the prompt)")
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.st = FixtureStages(self.fixture, period=cfg.period, shared=True)  # (fed token ids and embeddings)
+        self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
         self.decode_seconds = 0.0
 

@@ -33,10 +33,11 @@ def stage_ranges(cuts: list[int], n_layer: int) -> list[list[int]]:
 
 class FixtureStages:
     def __init__(self, fixture: Path, *, slicer: Slicer | None = None, period: int | None = None,
-                 shared: bool = False):
-        """shared: every stage a split GGUF whose second file, the model's global tensors (embedding, head), is one
-        file all stages link to, and whose tokenizer is a placeholder (synth.stage.write_stage) — for an oracle
-        that feeds stages token ids and embeddings, never text."""
+                 shared: bool = True):
+        """shared (the oracles' way: they feed stages token ids and embeddings, never text): every stage a split
+        GGUF whose second file, the model's global tensors (embedding, head), is one file all stages link to, and
+        whose tokenizer is a placeholder (synth.stage.write_stage). shared=False: each stage one self-contained
+        GGUF with the model's own tokenizer."""
         self.fixture = Path(fixture)
         self.shared = shared
         self.g = GGUFFile(self.fixture)  # parsed once, for every reader below

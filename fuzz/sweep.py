@@ -268,8 +268,7 @@ class Sweep:
         self._lock = threading.Lock()
 
     def _read_fixture(self) -> None:
-        # shared-globals stages: the sweep feeds stages token ids and embeddings, never text
-        self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period, shared=True)
+        self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period)
         self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
         self.embd_refused = self.st.embd_refused
 

@@ -104,7 +104,7 @@ class Wire:
             raise UserError(f"--wire {cfg.wire!r}: use one of {', '.join(WIRES)}")
         self.fixture = Path(fixture)
         self.cfg = cfg
-        self.st = FixtureStages(self.fixture, period=cfg.period, shared=True)  # (fed token ids and embeddings)
+        self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
         if cfg.wire == "q8_0" and self.info.n_embd % 32:
             raise UserError(f"--wire q8_0: n_embd {self.info.n_embd} is not whole blocks of 32; use f16 or bf16")

@@ -227,18 +227,18 @@ def drop_q4k_mins(path: str) -> str | None:
     from synth.spec import STAGE_KEYS
     from synth.stage import SPLIT_FIRST, SPLIT_SECOND
 
+    src = Path(path)
     try:
-        g = GGUFFile(path)
+        g = GGUFFile(src)
     except UserError:  # not a readable GGUF: the real load reports it
         return None
     q4k = [t for t in g.reader.tensors if t.tensor_type.name == "Q4_K"]
     if not q4k or not any(k.startswith(STAGE_KEYS) for k in g.kv):
         return None
-    b = bytearray(Path(path).read_bytes())
+    b = bytearray(g.reader.mm)  # (the file as mapped to read it)
     for t in q4k:
         for blk in range(t.offset, t.offset + t.n_bytes, Q4_K_BLOCK):
             b[blk + 2:blk + 4] = bytes(2)
-    src = Path(path)
     out = src.parent / "repacked" / src.name  # (the same name: a split's files are found by theirs)
     out.parent.mkdir(exist_ok=True)
     out.write_bytes(b)
