@@ -149,22 +149,9 @@ class PrefixCache:
                                         f"({len(names)} requests, all answered)"))
             rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
         if not any(f.kind == "leaked-slot" for f in findings):  # a leaked slot already explains a full server
-            probe = self._capacity_probe(t)
-            if probe:
-                findings.append(ServerFinding("capacity", None, probe))
+            findings += [ServerFinding("capacity", None, f"after the rounds, {why}")
+                         for _, why in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
-
-
-    def _capacity_probe(self, t: Target) -> str | None:
-        """A prompt needing most of one slot's context: fits only if the cache gave its cells back."""
-        n = self.cfg.n_ctx // self.cfg.slots - self.cfg.tokens - 4
-        rng = np.random.Generator(np.random.PCG64(self.cfg.seed + 99))
-        prompt = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
-        r = t.call("complete", requests=[{"prompt": prompt, "n_predict": 2, "cache_prompt": False, "timeout": 20}])
-        if not r.ok:
-            return f"a {n}-token prompt after the rounds: {r.failure.message}"
-        got = r.data["results"][0]
-        return f"a {n}-token prompt after the rounds failed: {got['error']}" if "error" in got else None
 
 
 def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
@@ -175,6 +162,38 @@ def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens
         raise UserError(f"{fixture}: the uncached reference fails: "
                         f"{r.failure.message if not r.ok else r.data['results']}")
     return dict(zip(prompts, r.data["results"], strict=True))
+
+
+PROBE_PREDICT = 2  # tokens a capacity probe generates
+PROBE_SLACK = 2  # cells of a slot a capacity probe leaves unused: a slot holding more than this it cannot take
+
+
+def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[tuple[int, str]]:
+    """Every slot in turn given a prompt that fills its context — the cells the server says the slot has (llama.cpp
+    pads what was asked for), but PROBE_SLACK and the tokens it generates — with the cache off: it fits only if
+    the slot gave back every cell its earlier requests held. (slot, what went wrong) for each slot that could not
+    (slot -1: the server could not say)."""
+    r = t.call("slots")
+    if not r.ok:
+        return [(-1, f"the server could not list its slots: {r.failure.message}")]
+    rng = np.random.Generator(np.random.PCG64(seed + 99))
+    out = []
+    for s in r.data["slots"]:
+        c, cells = s["id"], s.get("n_ctx")
+        if not cells:
+            out.append((c, f"slot {c}: the server did not say how many cells it has"))
+            continue
+        n = cells - PROBE_PREDICT - PROBE_SLACK
+        prompt = [int(x) for x in rng.integers(0, n_vocab, n)]
+        r = t.call("submit", name=f"probe{c}", kind="complete", prompt=prompt, n_predict=PROBE_PREDICT, slot=c,
+                   cache_prompt=False)
+        a = t.call("await", name=f"probe{c}", point="done", timeout=20) if r.ok else r
+        got = a.data["result"] if a.ok else {"error": a.failure.message}
+        if "error" not in got and len(got["tokens"]) < PROBE_PREDICT:  # (the server stops a full slot quietly)
+            got["error"] = f"stopped after {len(got['tokens'])} of {PROBE_PREDICT} tokens: the slot is full"
+        if "error" in got:
+            out.append((c, f"a {n}-token prompt on slot {c} ({cells} cells): {got['error']}"))
+    return out
 
 
 def busy_slots(t: Target) -> list[int]:

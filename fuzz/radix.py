@@ -38,7 +38,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.prefix_cache import busy_slots, cold_answers, compare
+from fuzz.prefix_cache import busy_slots, capacity_problems, cold_answers, compare
 from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -603,18 +603,8 @@ class Radix:
             msg = metrics_problem(m.data["metrics"], ops, ref)
             if msg:
                 run.findings.append({"kind": "metrics", "op": "-", "client": None, "message": msg})
-        sched = run.schedule
-        n = N_CTX_PER_SLOT - sched.tokens - 4
-        rng = np.random.Generator(np.random.PCG64(sched.seed + 99))
-        long = [int(x) for x in rng.integers(0, self.info.n_vocab, n)]
-        for c in range(len(sched.clients)):
-            r = t.call("submit", name=f"probe{c}", kind="complete", prompt=long, n_predict=2, slot=c,
-                       cache_prompt=False)
-            a = t.call("await", name=f"probe{c}", point="done", timeout=20) if r.ok else r
-            err = a.failure.message if not a.ok else a.data["result"].get("error")
-            if err:
-                run.findings.append({"kind": "capacity", "op": "-", "client": c, "message":
-                                     f"a {n}-token prompt on slot {c} after the schedule: {err}"})
+        run.findings += [{"kind": "capacity", "op": "-", "client": c, "message": f"after the schedule, {why}"}
+                         for c, why in capacity_problems(t, self.info.n_vocab, run.schedule.seed)]
 
 
 class _Stop(Exception):

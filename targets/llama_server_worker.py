@@ -34,7 +34,8 @@ from targets.native import cache_dir
 
 NO_SERVER = ("no llama-server binary: run scripts/build_llama_server.sh (make server), or set "
              "FAMILY_CERTIFY_LLAMA_SERVER")
-DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 64, "n_ubatch": 64, "threads": 1}
+# n_batch, n_ubatch: a slot's whole context (llama.cpp pads a sequence's to a multiple of 256) in one ubatch
+DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 256, "n_ubatch": 256, "threads": 1}
 
 
 def server_binary() -> Path | None:
@@ -203,7 +204,7 @@ class ServerWorker:
 
     def op_slots(self, _req: dict) -> dict:
         self._need_server()
-        return {"slots": [{"id": s.get("id"), "is_processing": bool(s.get("is_processing"))}
+        return {"slots": [{"id": s.get("id"), "is_processing": bool(s.get("is_processing")), "n_ctx": s.get("n_ctx")}
                           for s in self._get("/slots")]}
 
     def op_metrics(self, _req: dict) -> dict:

@@ -55,6 +55,27 @@ def test_a_duplicate_insert_that_leaks_is_caught(fixtures):
     assert all(f["reproduced"] for f in rep["findings"] if f["kind"] == "leaked-slot")
 
 
+def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):
+    """The probe after a schedule is as long as the server's real slots allow — llama.cpp pads the 160 cells asked
+    per slot to 256 (a probe sized from what was asked left 104 cells of every slot unchecked) — so a slot holding
+    more than PROBE_SLACK cells cannot take it: every slot takes it, and none takes one token more."""
+    import fuzz.prefix_cache as pc
+    from synth.inspect import inspect_file
+
+    path = fixtures("llama", layers=4)
+    n_vocab = inspect_file(str(path)).n_vocab
+    with open_target("llama-server") as t:
+        assert t.load(str(path), slots=2, n_ctx=320).ok
+        assert [s["n_ctx"] for s in t.call("slots").data["slots"]] == [256, 256]
+        assert pc.capacity_problems(t, n_vocab, seed=0) == []
+        monkeypatch.setattr(pc, "PROBE_SLACK", pc.PROBE_SLACK - 3)  # one token more than the slot has room for
+        assert t.load(str(path), slots=2, n_ctx=320).ok
+        bad = pc.capacity_problems(t, n_vocab, seed=0)
+    assert [c for c, _ in bad] == [0, 1], bad
+    assert all("a 255-token prompt" in why and "stopped after 1 of 2 tokens: the slot is full" in why
+               for _, why in bad), bad
+
+
 def test_cli_report_and_bad_input(fixtures, tmp_path):
     out = tmp_path / "r.json"
     r = run_cli("fuzz", "prefix-cache", str(fixtures("llama", layers=4)), "--rounds", "2", "--report", str(out))
@@ -76,4 +97,6 @@ def test_missing_binary_and_dead_server_are_reported(fixtures, tmp_path, monkeyp
         r = t.load(str(corrupt))
         assert not r.ok and r.failure.error_kind == "load_failed" and "exited while loading" in r.failure.message
         assert t.load(str(fixtures("llama", layers=4)), slots=2).ok
-        assert t.call("slots").data["slots"] == [{"id": 0, "is_processing": False}, {"id": 1, "is_processing": False}]
+        # 512 cells each, capped at the fixture's training context
+        assert t.call("slots").data["slots"] == [{"id": 0, "is_processing": False, "n_ctx": 256},
+                                                 {"id": 1, "is_processing": False, "n_ctx": 256}]
