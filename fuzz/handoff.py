@@ -281,10 +281,11 @@ class Handoff:
                 return self._failed(res, base)
             self.decode_seconds += base.decode_seconds
             tokens = [so.tokens for so in base.steps]
+            shared: dict[str, Any] = {}  # the source stages' export at t, for the full and partial modes
             for mode in cfg.modes:
                 if mode == "busy" and (busy_failure is not None or t not in busy_at):
                     continue
-                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
+                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour, shared)
                 if isinstance(out, Failure):
                     res = self._failed(res, out)
                     res.mode, res.offset, res.reason = mode, t, f"{mode} hand-off at t={t}: {res.reason}"
@@ -359,24 +360,40 @@ class Handoff:
         self.decode_seconds += base.decode_seconds
         return Neighbour(base, with_seq(steps, BUSY_SEQ), [so.tokens for so in base.steps], len(steps) - n_decode + 1)
 
-    def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
-                 tokens: list[list[int]], neighbour: Neighbour | None = None):
-        """One hand-off: (the continuation's chain, the exported blobs, and for busy ones the live neighbour's chain
-        and the continuation's chain again after a rollback to t; else None, None)."""
-        sizes = [st.n_layer for _, st in stages]
-        if mode == "busy":
-            src = self.busy_src[:len(stages)]
+    def _export(self, src: list[Target], sizes: list[int], steps: list[Step], k: int,
+                tokens: list[list[int]]) -> list[tuple[bytes, bytes]] | Failure:
+        """The source stages run from empty to the hand-off point (step k), then each stage's sequence state
+        exported: (full, partial) per stage."""
         for s in src:
             s.reset()
         before, fail = run_chain(src, sizes, steps[:k], tokens[:k], n_pos_per_token=self.n_pos)
         if fail:
             return fail.failure
+        self.decode_seconds += sum(tr.decode_seconds for tr in before)
         blobs: list[tuple[bytes, bytes]] = []
         for s in src:
             full, part = s.state_get(0), s.state_get(0, partial=True)
             if not (full.ok and part.ok):
                 return (full.failure or part.failure)
             blobs.append((full.data["blob"], part.data["blob"]))
+        return blobs
+
+    def _handoff(self, mode: str, stages, src: list[Target], dst: list[Target], steps: list[Step], k: int, t: int,
+                 tokens: list[list[int]], neighbour: Neighbour | None = None, shared: dict[str, Any] | None = None):
+        """One hand-off: (the continuation's chain, the exported blobs, and for busy ones the live neighbour's chain
+        and the continuation's chain again after a rollback to t; else None, None). shared: the full and partial
+        modes at one offset export the same state from the same contexts — full only reads the bytes, leaving the
+        source stages at t for partial — so the first to run keeps its export there for the other."""
+        sizes = [st.n_layer for _, st in stages]
+        if mode == "busy":
+            src = self.busy_src[:len(stages)]
+            blobs = self._export(src, sizes, steps, k, tokens)
+        else:
+            blobs = (shared or {}).get("blobs") or self._export(src, sizes, steps, k, tokens)
+        if isinstance(blobs, Failure):
+            return blobs
+        if mode != "busy" and shared is not None:
+            shared["blobs"] = blobs
         if mode == "full":
             after_steps = with_seq(steps[k:], 1)
             for (path, _), d, (full, _) in zip(stages, dst, blobs, strict=True):
@@ -414,7 +431,6 @@ class Handoff:
             if isinstance(again, Failure):
                 return again
             live = [Trace(x.steps + y.steps, 0.0) for x, y in zip(first[1], again[1], strict=True)]
-            self.decode_seconds += sum(tr.decode_seconds for tr in before)
             return first[0], blobs, live, again[0]
         else:
             _, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)  # run on past t ...
@@ -426,7 +442,7 @@ class Handoff:
             chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
         if fail:
             return fail.failure
-        self.decode_seconds += sum(tr.decode_seconds for tr in before + chain)
+        self.decode_seconds += sum(tr.decode_seconds for tr in chain)
         return chain, blobs, None, None
 
     def _in_turn(self, dst: list[Target], sizes: list[int], mine, theirs):
