@@ -98,12 +98,22 @@ class PrefixCache:
             hello = srv.hello()
             if not hello.ok or not hello.data.get("binary"):
                 raise UserError(f"{NO_SERVER} (the prefix-cache lane needs it)")
-            reference = self._reference(ref_t, sched)
-            findings, rounds = self._schedule(srv, sched, reference)
-            if findings:  # a finding must reproduce on a fresh server before it counts as one
-                again, _ = self._schedule(srv, sched, reference)
-                for f in findings:
-                    f.reproduced = any(g.kind == f.kind and g.round == f.round for g in again)
+            try:
+                reference = self._reference(ref_t, sched)
+                findings, rounds = self._schedule(srv, sched, reference)
+            except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
+                findings, rounds = [ServerFinding("server-crash", None, str(e))], []
+                try:
+                    load_server(srv, self.fixture, **e.params)
+                except ServerCrash:
+                    findings[0].reproduced = True
+                else:
+                    findings[0].reproduced = False
+            else:
+                if findings:  # a finding must reproduce on a fresh server before it counts as one
+                    again, _ = self._schedule(srv, sched, reference)
+                    for f in findings:
+                        f.reproduced = any(g.kind == f.kind and g.round == f.round for g in again)
         finally:
             close_all([ref_t, srv])
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
@@ -112,9 +122,7 @@ class PrefixCache:
                 "status": FINDING if findings else PASS}
 
     def _load(self, t: Target, **params: Any) -> None:
-        r = t.load(str(self.fixture), n_ctx=self.cfg.n_ctx, **params)
-        if not r.ok:
-            raise UserError(f"{self.fixture}: llama-server cannot serve it: {r.failure.message}")
+        load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
 
     def _reference(self, t: Target, sched: Schedule) -> dict[str, dict[str, Any]]:
         """Each prompt alone on a one-slot server with the cache off."""
@@ -152,6 +160,24 @@ class PrefixCache:
             findings += [ServerFinding("capacity", None, f"after the rounds, {why}")
                          for _, why in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
+
+
+class ServerCrash(Exception):
+    """llama-server aborted loading the model under the parameters chosen here (`params`)."""
+
+    def __init__(self, message: str, params: dict[str, Any]):
+        super().__init__(message)
+        self.params = params
+
+
+def load_server(t: Target, fixture: Path, **params: Any) -> None:
+    """A server that refuses the model is bad input (UserError); one that aborts loading it (a signal) is a crash of
+    the target under the configuration chosen here — a finding (ServerCrash)."""
+    r = t.load(str(fixture), **params)
+    if not r.ok:
+        if "signal" in r.failure.message:
+            raise ServerCrash(f"loading with {params.get('slots')} slots: {r.failure.message}", params)
+        raise UserError(f"{fixture}: llama-server cannot serve it: {r.failure.message}")
 
 
 def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
@@ -225,7 +251,8 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(f"  round {r['round']}: {', '.join(r['prompts'])}; prompt tokens from the cache {r['cache_n']}"
                      + (f"; BUSY after: {r['busy_after']}" if r["busy_after"] else ""))
     for f in rep["findings"]:
-        lines.append(f"  FINDING {f['kind']} (round {f['round']}, reproduced={f['reproduced']}): {f['message']}")
+        where = f"round {f['round']}, " if f["round"] is not None else ""
+        lines.append(f"  FINDING {f['kind']} ({where}reproduced={f['reproduced']}): {f['message']}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.prefix_cache import busy_slots, capacity_problems, cold_answers, compare
+from fuzz.prefix_cache import ServerCrash, busy_slots, capacity_problems, cold_answers, compare, load_server
 from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -458,13 +458,11 @@ class Radix:
         ref["answers"].update(cold_answers(self.ref_t, self.fixture, {name: prompt}, ref["tokens"]))
 
     def _load(self, t: Target, **params: Any) -> None:
-        """A server that refuses the model is bad input; one that aborts loading it (a signal) is a crash of the
-        target under the configuration chosen here: a finding."""
-        r = t.load(str(self.fixture), n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
-        if not r.ok:
-            if "signal" in r.failure.message:
-                raise _Stop("server_crash", f"loading with {params['slots']} slots: {r.failure.message}")
-            raise UserError(f"{self.fixture}: llama-server cannot serve it: {r.failure.message}")
+        """A server that refuses the model is bad input; one that aborts loading it is a crash finding."""
+        try:
+            load_server(t, self.fixture, n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
+        except ServerCrash as e:
+            raise _Stop("server_crash", str(e)) from None
 
     def run_schedule(self, sched: Schedule) -> Run:
         t = self.srv

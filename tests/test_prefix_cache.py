@@ -85,6 +85,19 @@ def test_cli_report_and_bad_input(fixtures, tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_server_that_aborts_loading_is_a_crash_finding_not_bad_input(fixtures, tmp_path):
+    """llama-server aborts loading any PLM model under its default flash attention (the upstream finding
+    corpora/repros/plm-radix-server-crash): a crash of the target in the configuration the oracle chose — exit 1,
+    a crash finding seen twice — as the radix oracle reports it, not 'cannot serve it' (exit 2)."""
+    out = tmp_path / "r.json"
+    r = run_cli("fuzz", "prefix-cache", str(fixtures("plm", layers=1)), "--rounds", "1", "--report", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["status"] == "crash" and len(rep["findings"]) == 1, rep["findings"]
+    f = rep["findings"][0]
+    assert (f["phase"], f["reproduced"]) == ("server-crash", True) and "GGML_ASSERT" in f["message"], f
+
+
 def test_missing_binary_and_dead_server_are_reported(fixtures, tmp_path, monkeypatch):
     monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
     bad = run_cli("fuzz", "prefix-cache", str(fixtures("llama", layers=4)))
