@@ -69,6 +69,10 @@ def worker_argv(spec: str) -> list[str]:
 # llama.cpp's OpenMP threads sleep when idle instead of spinning (libgomp spins ~300k loops first): a worker of a
 # context with several threads otherwise holds its cores between requests: two rows at a time on 2 cores took 2.3×
 # longer than one after the other (now --jobs 2 takes two thirds). (Where they wait, never what they compute.)
+# Passive costs a context with 2 threads a futex sleep and wake at every node's barrier (ggml's barrier is OpenMP's):
+# alone, its decodes ran 20-40x slower than with GOMP_SPINCOUNT=1000; but with two rows at a time the tier-1
+# determinism lane took 63 s summed passive, 175 s at 1000 spins and 1324 s at 10000 (a spinner holds the core the
+# thread it waits for needs): passive it stays.
 PY_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
 
 
