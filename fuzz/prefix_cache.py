@@ -102,13 +102,9 @@ class PrefixCache:
                 reference = self._reference(ref_t, sched)
                 findings, rounds = self._schedule(srv, sched, reference)
             except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
-                findings, rounds = [ServerFinding("server-crash", None, str(e))], []
-                try:
-                    load_server(srv, self.fixture, **e.params)
-                except ServerCrash:
-                    findings[0].reproduced = True
-                else:
-                    findings[0].reproduced = False
+                findings = [ServerFinding("server-crash", None, str(e),
+                                          reproduced=crashes_loading(srv, self.fixture, e.params))]
+                rounds = []
             else:
                 if findings:  # a finding must reproduce on a fresh server before it counts as one
                     again, _ = self._schedule(srv, sched, reference)
@@ -178,6 +174,15 @@ def load_server(t: Target, fixture: Path, **params: Any) -> None:
         if "signal" in r.failure.message:
             raise ServerCrash(f"loading with {params.get('slots')} slots: {r.failure.message}", params)
         raise UserError(f"{fixture}: llama-server cannot serve it: {r.failure.message}")
+
+
+def crashes_loading(t: Target, fixture: Path, params: dict[str, Any]) -> bool:
+    """Whether llama-server aborts loading the model again under the same parameters."""
+    try:
+        load_server(t, fixture, **params)
+    except ServerCrash:
+        return True
+    return False
 
 
 def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
