@@ -30,6 +30,7 @@ lint: bootstrap
 bench: bootstrap
 	$(PY) benchmarks/synth_bench.py
 	$(PY) benchmarks/sweep_bench.py
+	$(PY) benchmarks/battery_bench.py
 
 # re-resolve constraints.txt: the newest versions pyproject.toml allows, in a fresh venv (review the diff, commit it);
 # a single bump is simpler by hand: one line of constraints.txt

@@ -1,0 +1,89 @@
+"""The tier-1 battery's time, in one run: `family-certify run --tier 1 --jobs N` as a user runs it, its wall against
+the goal (issue: ≤ 60 s on 2 cores), how busy it kept the cores (CPU time of it and every process it started, over
+wall × cores), and where the lanes' time went — summed per lane, the slowest rows, and the share of the lanes that
+report it spent inside llama.cpp's `llama_decode`.
+
+Run: .venv/bin/python benchmarks/battery_bench.py [--jobs 2] [--row llama ...] [--report DIR/report.json]
+(about 3.5 minutes on 2 cores; --report reads a run already made instead of running one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+GOAL_S = 60.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_battery(jobs: int, rows: list[str], out: Path) -> tuple[float, float]:
+    """The battery as a user runs it (plain lines, as in CI): its wall and the CPU seconds it and its children used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    cmd = [str(ROOT / ".venv" / "bin" / "family-certify"), "run", "--tier", "1", "--jobs", str(jobs), "--out", str(out),
+           *rows]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "CI": "true"}, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):  # 1: a finding, still a battery that ran
+        sys.exit(f"battery_bench: {' '.join(cmd)} exited {done.returncode}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def decode_seconds(lane: dict) -> float | None:
+    """llama_decode seconds the lane's oracle reports counted (sweep, wire, hand-off do; others do not)."""
+    found = [r["timing"]["llama_decode_s"] for r in lane.get("reports", []) if "llama_decode_s" in r.get("timing", {})]
+    return sum(found) if found else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=2, help="rows at a time (family-certify run --jobs)")
+    ap.add_argument("--row", action="append", default=[], help="only these tier-1 rows (repeatable)")
+    ap.add_argument("--report", type=Path, help="a report.json of a battery already run: read it, run nothing")
+    args = ap.parse_args()
+    cpu = None
+    if args.report:
+        report = json.loads(args.report.read_text())
+        wall = report["wall_s"]
+    else:
+        with tempfile.TemporaryDirectory(prefix="battery-bench-") as d:
+            wall, cpu = run_battery(args.jobs, args.row, Path(d))
+            report = json.loads((Path(d) / "report.json").read_text())
+    lanes = report["results"]
+    per_lane: dict[str, float] = defaultdict(float)
+    per_row: dict[str, float] = defaultdict(float)
+    decoded = reported = 0.0
+    for x in lanes:
+        per_lane[x["lane"]] += x["seconds"]
+        per_row[x["row"]] += x["seconds"]
+        d = decode_seconds(x)
+        if d is not None:
+            decoded, reported = decoded + d, reported + x["seconds"]
+    summed = sum(per_lane.values())
+    statuses: dict[str, int] = defaultdict(int)
+    for x in lanes:
+        statuses[x["status"]] += 1
+    print(f"tier-1 battery: {len(per_row)} rows, {len(lanes)} lanes ("
+          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ")")
+    print(f"wall {wall:.1f} s: {wall / GOAL_S:.2f}x the {GOAL_S:.0f} s goal"
+          + (f"; CPU {cpu:.0f} s, {cpu / (wall * (os.cpu_count() or 1)):.0%} of {os.cpu_count()} cores" if cpu else ""))
+    print(f"lanes summed {summed:.1f} s ({summed / wall:.2f}x the wall: rows run side by side)")
+    for lane, s in sorted(per_lane.items(), key=lambda kv: -kv[1]):
+        print(f"  {lane:15} {s:7.1f} s  {s / summed:5.1%}")
+    print("slowest rows: " + ", ".join(f"{r} {s:.1f} s" for r, s in sorted(per_row.items(), key=lambda kv: -kv[1])[:5]))
+    if reported:
+        print(f"llama_decode: {decoded:.1f} s of the {reported:.1f} s of the lanes that report it "
+              f"({decoded / reported:.0%})")
+
+
+if __name__ == "__main__":
+    main()
