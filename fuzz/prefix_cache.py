@@ -216,9 +216,9 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[tuple[int, str
             continue
         n = cells - PROBE_PREDICT - PROBE_SLACK
         prompt = [int(x) for x in rng.integers(0, n_vocab, n)]
-        r = t.call("submit", name=f"probe{c}", kind="complete", prompt=prompt, n_predict=PROBE_PREDICT, slot=c,
-                   cache_prompt=False)
-        a = t.call("await", name=f"probe{c}", point="done", timeout=20) if r.ok else r
+        sent = t.call("submit", name=f"probe{c}", kind="complete", prompt=prompt, n_predict=PROBE_PREDICT, slot=c,
+                      cache_prompt=False)
+        a = t.call("await", name=f"probe{c}", point="done", timeout=20) if sent.ok else sent
         got = a.data["result"] if a.ok else {"error": a.failure.message}
         if "error" not in got and len(got["tokens"]) < PROBE_PREDICT:  # (the server stops a full slot quietly)
             got["error"] = f"stopped after {len(got['tokens'])} of {PROBE_PREDICT} tokens: the slot is full"

@@ -51,7 +51,7 @@ STREAMED = ("complete", "continue", "cancel")
 CODES = {"c": "complete", "k": "continue", "x": "cancel", "s": "save", "r": "restore", "e": "erase"}
 CANCEL_AFTER = 2  # a disconnecting client goes away after this many streamed tokens
 TAIL = 2  # tokens a continue adds after the previous answer
-N_CTX_PER_SLOT = 160
+N_CTX_PER_SLOT = 160  # cells asked per slot (-c); llama.cpp pads each to 256, and the capacity probe reads that
 # family-certify's prefix-cache lane: the H1 pair and a second turn; save, disconnect, restore, continue; a prompt
 # moved into the host cache by an unrelated one and asked for again on its slot and on another
 LANE_PLANS = "cT,k/cT,cB0;cT,s,cU,r,k/xB0;cT,cU,cT/cU,cT"
