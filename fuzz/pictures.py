@@ -294,14 +294,14 @@ def _cell(ax: Axes, x: float, y: float, status: str, gid: str) -> None:
     style = {"linewidth": 0, "edgecolor": "none", **_CELL_STYLE.get(status, {})}
     r = Rectangle((x + _GAP / 2, y + _GAP / 2), 1 - _GAP, 1 - _GAP, facecolor=_colour(status), gid=gid, **style)
     r.set_clip_on(False)  # also keeps a clip-path attribute off every cell
-    ax.add_patch(r)
+    ax.add_artist(r)  # not add_patch: the grid's limits are set, and re-fitting them per cell was a tenth of a picture
 
 
 def _mark(ax: Axes, x: float, y: float, gid: str) -> None:
     r = Rectangle((x + _GAP / 2, y + _GAP / 2), 1 - _GAP, 1 - _GAP, facecolor="none", edgecolor="#000000",
                   linewidth=1.6, gid=gid)
     r.set_clip_on(False)
-    ax.add_patch(r)
+    ax.add_artist(r)
     ax.text(x + 0.5, y + 0.5, "×", ha="center", va="center", fontsize=8, fontweight="bold", color="#000000")
 
 
@@ -330,7 +330,7 @@ def _layer_strip(page: _Page, x: float, y: float, layers: Sequence[Mapping[str, 
                       edgecolor="#FFFFFF" if dark else "#555555", linewidth=0.4 if kind in ("mlp", "unknown") else 0,
                       hatch="////" if layer.get("swa") else None, gid=_gid("layer", i, kind, *flags))
         r.set_clip_on(False)
-        ax.add_patch(r)
+        ax.add_artist(r)
     for dark in (False, True):
         moe = [i + 0.5 for i, x in enumerate(layers) if x.get("moe") and (str(x["kind"]) in _DARK_KINDS) == dark]
         if moe:  # one artist for all MoE dots of a shade (the strip cell's gid already says ":moe")
