@@ -339,6 +339,10 @@ def lane_determinism(row: Row, path: Path, target_spec: str, *, cfg: Determinism
                       f"{schedules} schedules: same-schedule and threads-only bit-exact"
                       + (f", {chains} chains bit-exact with the full model" if chains else "")
                       + f"; {n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)"
+                      + "".join(f" — |Δlogit| {p['max_abs']:.2g} in {p['pair'][1]}: {p['cause']['kind']}"
+                                + (f" ({p['cause']['node']}, token {p['cause']['token']})" if "node" in p["cause"]
+                                   else "")
+                                for p in rep.extra.get("pairs", []) if p.get("cause") and p["tokens_equal"])
                       + (f"; {len(rep.numerics)} token flips explained as numerics ({rep.numerics[0].cause['kind']})"
                          if rep.numerics else ""),
                       reports=[rep], cases=[case])

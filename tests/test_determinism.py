@@ -91,3 +91,27 @@ def test_a_token_flip_across_kernels_is_explained_by_its_routing_near_tie(tmp_pa
         assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-1", 31, [1, 2],
                                                                        [0, 2])
         assert c["margin"] < c["scores_max_abs"] < 1e-3
+
+
+def test_a_logit_jump_across_kernels_is_traced_to_its_routing_near_tie(tmp_path):
+    """deepseek3 (tier 1, indexer top-k 4): flash attention on vs off moves a logit by 2.1 with the same greedy
+    tokens — 80x what kernel rounding moves any other tier-1 row's logits. The worst such pair is traced: at prompt
+    token 13, layer 2's router scores for experts 0 and 2 move by about 2e-4 each, in opposite directions, across a
+    gap of 4.1e-4 — another expert, then other indexer keys in every later layer. Numerics, named, not a finding."""
+    from fuzz.determinism import LOGIT_JUMP, format_determinism
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / "deepseek3.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("deepseek3").spec(), path)
+    rep = Determinism(path, DeterminismConfig(threads=(1,), ubatch=(1,), chunks=(64,), repeats=2, tokens=2)).run()
+    assert rep["findings"] == [] and rep["numerics"] == []
+    (p,) = rep["pairs"]
+    assert p["pair"] == ["t1-ub1-chunk64-fa0", "t1-ub1-chunk64-fa1"] and p["tokens_equal"]
+    assert 1.0 < p["max_abs"] and p["max_abs"] > 10 * LOGIT_JUMP
+    c = p["cause"]
+    assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-2", 13, [1, 2], [0, 1])
+    assert c["scores_max_abs"] < c["margin"] < 2 * c["scores_max_abs"] < 1e-3  # both scores moved: 2x closes it
+    assert "routing flip: token 13 (prompt)" in format_determinism(rep)
