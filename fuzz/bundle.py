@@ -468,7 +468,10 @@ def read_bundle(path: Path) -> dict[str, Any]:
     fx = path / str(data.get("fixture", ""))
     if not fx.is_file() or hashlib.sha256(fx.read_bytes()).hexdigest() != data.get("fixture_sha256"):
         raise UserError(f"{path}: fixture missing or its sha256 does not match {BUNDLE}; re-create the bundle")
-    return migrate(data) if data["schema"] == 1 and isinstance(data.get("fingerprint"), dict) else data
+    data = migrate(data) if data["schema"] == 1 and isinstance(data.get("fingerprint"), dict) else data
+    if data.get("oracle") == "isolation" and isinstance(data.get("config"), dict):
+        data["config"].setdefault("flash_attn", [False])  # recorded before isolation ran flash attention on too
+    return data
 
 
 def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, Any]]:

@@ -254,7 +254,8 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
         worst_d = max((r["max_abs_dlogit"] for r in rep.results if r["status"] == PASS), default=0.0)
         numerics = f"; {len(rep.numerics)} moved by numerics, not leaks ({rep.numerics[0].cause['kind']})" \
             if rep.numerics else ""
-        detail = (f"{rep.config['n_seq']} sequences per batch, KV unified and per sequence: max |Δlogit| vs alone "
+        detail = (f"{rep.config['n_seq']} sequences per batch, KV unified and per sequence, flash attention "
+                  f"{'/'.join('on' if x else 'off' for x in rep.config['flash_attn'])}: max |Δlogit| vs alone "
                   f"{worst_d:.1e} (tolerance {rep.config['tol']:g}){numerics}")
     else:
         f = rep.findings[0]

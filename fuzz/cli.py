@@ -44,6 +44,7 @@ PeriodOpt = Annotated[int | None, Opt(help="interleave period for --cuts period 
 PromptOpt = Annotated[str | None, Opt(help="the prompt's token ids, e.g. 1,7,3 (default: --prompt-len tokens drawn "
                                           "from --seed)")]
 BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")]
+FlashAttnOpt = Annotated[str, Opt(help="flash attention: off, on or off,on")]
 LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build to run: pinned (default), "
                                         "pypi:VERSION (the tree a llama-cpp-python sdist vendors, with its own "
                                         "bindings) or a source tree's path; built once and cached "
@@ -209,6 +210,14 @@ def int_list(text: str, flag: str) -> tuple[int, ...]:
     return vals
 
 
+def flash_attn_list(text: str) -> tuple[bool, ...]:
+    """--flash-attn off,on → (False, True)."""
+    fa = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not fa or set(fa) - {"off", "on"}:
+        raise UserError(f"--flash-attn {text!r}: use off, on or off,on")
+    return tuple(x == "on" for x in fa)
+
+
 @app.command("handoff")
 def handoff_cmd(
     fixture: FixtureArg,
@@ -254,7 +263,7 @@ def determinism_cmd(
     threads: Annotated[str, Opt(help="n_threads values")] = "1,2",
     ubatch: Annotated[str, Opt(help="n_ubatch values (<= 64)")] = "1,7,64",
     chunks: Annotated[str, Opt(help="prefill chunk sizes")] = "64,7",
-    flash_attn: Annotated[str, Opt(help="off,on")] = "off,on",
+    flash_attn: FlashAttnOpt = "off,on",
     repeats: Annotated[int, Opt(help="runs per schedule")] = 3,
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 16,
     prompt_len: Annotated[int, Opt(help="prompt tokens")] = 24,
@@ -271,14 +280,11 @@ def determinism_cmd(
 ) -> int:
     """Repeated runs x threads x ubatch x chunking x flash attention: same-schedule and threads-only pairs must be
     bit-exact; other schedule pairs are reported under the explicit upstream policy."""
-    fa = tuple(x.strip() for x in flash_attn.split(",") if x.strip())
-    if not fa or set(fa) - {"off", "on"}:
-        raise UserError(f"--flash-attn {flash_attn!r}: use off, on or off,on")
     ub = int_list(ubatch, "--ubatch")
     if max(ub) > 64:
         raise UserError(f"--ubatch {ubatch}: n_ubatch cannot exceed n_batch (64)")
     cfg = det.DeterminismConfig(threads=int_list(threads, "--threads"), ubatch=ub, chunks=int_list(chunks, "--chunks"),
-                                flash_attn=tuple(x == "on" for x in fa), repeats=repeats, tokens=tokens,
+                                flash_attn=flash_attn_list(flash_attn), repeats=repeats, tokens=tokens,
                                 **prompt_fields(prompt, prompt_len), cuts=cuts,
                                 stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     return run_oracle("determinism", fixture, cfg, report, bundle, (llama_cpp, patches))
@@ -293,6 +299,7 @@ def isolation_cmd(
     tol: Annotated[float, Opt(help="the least tolerance: max |Δlogit| vs the sequence alone")] = 0.1,
     noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape "
                                             "numerics, measured on each sequence alone (0: --tol only)")] = 4.0,
+    flash_attn: FlashAttnOpt = "off,on",
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -301,10 +308,12 @@ def isolation_cmd(
     seed: SeedOpt = 0,
     bundle: BundleOpt = None,
 ) -> int:
-    """Each sequence alone vs all in one batch (KV cache unified and per sequence): a sequence's logits must not
-    depend on the others in its batch; a context that cannot hold N sequences is a finding too."""
+    """Each sequence alone vs all in one batch (KV cache unified and per sequence, flash attention off and on): a
+    sequence's logits must not depend on the others in its batch; a context that cannot hold N sequences is a
+    finding too."""
     cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol,
-                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed)
+                              noise_factor=noise_factor, flash_attn=flash_attn_list(flash_attn), target=target,
+                              timeout=timeout, seed=seed)
     return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 

@@ -21,6 +21,7 @@ with other neighbours is both numerics at once (cells and batch shape), other bi
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ class IsolationConfig:
     prompt_len: int = 12  # sequence i's prompt has prompt_len + 3 i tokens (different lengths and positions)
     tokens: int = 6
     kv_unified: tuple[bool, ...] = (True, False)
+    # off, and on as llama-server runs it by default (CPU flash attention sums V in f16 over the cells in order: a
+    # unified cache's placement moves it more than the per-stream one, ~1e-2 vs 1e-3 on the tier-1 rows)
+    flash_attn: tuple[bool, ...] = (False, True)
     tol: float = 0.1  # the least tolerance; the measured one is noise_factor × the batch-shape control's move
     noise_factor: float = 4.0  # 0: the fixed tolerance `tol` only
     seed: int = 0
@@ -60,6 +64,7 @@ class Isolation:
             raise UserError("--n-seq must be at least 2, --prompt-len and --tokens at least 1")
         self.commit: str | None = None
         self.tol = cfg.tol
+        self.fa = False  # the layout being run: flash attention on or off
         self.prompts = [prompt_tokens(cfg.seed + 7 + i, cfg.prompt_len + 3 * i, self.info.n_vocab)
                         for i in range(cfg.n_seq)]
 
@@ -68,19 +73,20 @@ class Isolation:
         results, findings, numerics = [], [], []
         noise: dict[str, dict[str, float]] = {}
         with open_target(cfg.target, timeout=cfg.timeout) as t:
-            for kvu in cfg.kv_unified:
+            for fa, kvu in itertools.product(cfg.flash_attn, cfg.kv_unified):
+                self.fa = fa
                 why = self._load(t, kvu)
                 if why:  # the model runs with one sequence (below) but not with n_seq: a finding, tried twice
                     again = self._load(t, kvu)
-                    row = {"kv_unified": kvu, "seq": None, "status": "crash", "step": None, "max_abs_dlogit": None,
-                           "reason": why}
+                    row = {"kv_unified": kvu, "flash_attn": self.fa, "seq": None, "status": "crash", "step": None,
+                           "max_abs_dlogit": None, "reason": why}
                     results.append(row)
                     findings.append({**row, "reproduced": bool(again)})
                     continue
                 alone = [self._alone(t, i) for i in range(cfg.n_seq)]
                 measured = self._noise(t, alone)
                 self.tol = max(cfg.tol, cfg.noise_factor * measured)
-                noise[kv_layout(kvu)] = {"batch_shape": measured, "tolerance": self.tol}
+                noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "tolerance": self.tol}
                 together = self._together(t, alone)
                 rows = self._compare(kvu, alone, together)
                 results += rows
@@ -105,19 +111,22 @@ class Isolation:
 
     def _params(self, kv_unified: bool) -> dict[str, Any]:
         n = max(64, sum(len(p) for p in self.prompts))
-        return context_params(n_seq=self.cfg.n_seq, n_ctx=512, n_batch=n, kv_unified=kv_unified)
+        return context_params(n_seq=self.cfg.n_seq, n_ctx=512, n_batch=n, kv_unified=kv_unified, flash_attn=self.fa)
 
     def _load(self, t: Target, kv_unified: bool) -> str | None:
-        """None, or why a context for n_seq sequences cannot be made (after checking one sequence can)."""
+        """None, or why a context for n_seq sequences cannot be made (after checking one sequence can: a model
+        that does not load at all is bad input — but one that loads only with flash attention off, which the toolkit
+        turned on, fails here, a finding)."""
         r = t.load(str(self.fixture), **self._params(kv_unified))
         if r.ok:
             self.commit = r.data.get("llama_cpp_commit")
             return None
-        single = t.load(str(self.fixture), **{**self._params(False), "n_seq_max": 1})
-        if not single.ok:
+        one = {**self._params(False), "n_seq_max": 1}
+        single = t.load(str(self.fixture), **one)
+        if not single.ok and (not self.fa or not t.load(str(self.fixture), **{**one, "flash_attn": False}).ok):
             raise UserError(f"{self.fixture}: the target cannot load it at all: {single.failure.message}")
         return f"{r.failure.kind} creating a context for {self.cfg.n_seq} sequences " \
-               f"(n_ctx 512, kv_unified={kv_unified}): {r.failure.message}"
+               f"(n_ctx 512, kv_unified={kv_unified}, flash_attn={self.fa}): {r.failure.message}"
 
     def _alone(self, t: Target, i: int) -> tuple[list[int], list[np.ndarray]]:
         """Sequence i by itself (as sequence i): its greedy tokens and last-row logits per step."""
@@ -305,12 +314,13 @@ class Isolation:
         rows = []
         for i in range(len(self.prompts)):
             if isinstance(together, str):
-                rows.append({"kv_unified": kvu, "seq": i, "status": "crash", "step": 0, "max_abs_dlogit": None,
-                             "reason": together})
+                rows.append({"kv_unified": kvu, "flash_attn": self.fa, "seq": i, "status": "crash", "step": 0,
+                             "max_abs_dlogit": None, "reason": together})
                 continue
             d = [float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(alone[i][1], together[i], strict=True)]
             step = next((k for k, x in enumerate(d) if x > self.tol), None)
-            rows.append({"kv_unified": kvu, "seq": i, "status": FINDING if step is not None else PASS,
+            rows.append({"kv_unified": kvu, "flash_attn": self.fa, "seq": i,
+                         "status": FINDING if step is not None else PASS,
                          "step": step, "max_abs_dlogit": max(d),
                          "tokens_alone": alone[i][0],
                          "argmax_together": [int(np.argmax(x)) for x in together[i]]})
@@ -344,21 +354,22 @@ def format_report(rep: dict[str, Any]) -> str:
              + (f" — {tols}" if tols else "")]
     for r in rep["results"]:
         d = "—" if r["max_abs_dlogit"] is None else f"{r['max_abs_dlogit']:.2e}"
+        where = f"kv_unified={str(r['kv_unified']):<5} flash_attn={str(r.get('flash_attn', False)):<5}"
         if r["seq"] is None:
-            lines.append(f"  kv_unified={str(r['kv_unified']):<5} {r['status']}: {r['reason']}")
+            lines.append(f"  {where} {r['status']}: {r['reason']}")
             continue
-        lines.append(f"  kv_unified={str(r['kv_unified']):<5} seq {r['seq']}: {r['status']:<5} max|Δlogit| {d}"
+        lines.append(f"  {where} seq {r['seq']}: {r['status']:<5} max|Δlogit| {d}"
                      + (f", first at step {r['step']}" if r["status"] != "pass" else ""))
     for f in rep["findings"]:
         if f["seq"] is None:
             lines.append(f"  FINDING: {f['reason']}; reproduced={f['reproduced']}")
             continue
-        lines.append(f"  FINDING: sequence {f['seq']} (kv_unified={f['kv_unified']}) changes when batched with others "
+        lines.append(f"  FINDING: sequence {f['seq']} ({layout_of(f)}) changes when batched with others "
                      f"(step {f['step']}, max|Δlogit| {f['max_abs_dlogit']:.3g}); reproduced={f['reproduced']}")
         if f.get("cause"):
             lines.append(f"    cause: {f['cause']['kind']}: {f['cause']['detail']}")
     for f in rep.get("numerics", ()):
-        lines.append(f"  NUMERICS (not a leak): sequence {f['seq']} (kv_unified={f['kv_unified']}) moves "
+        lines.append(f"  NUMERICS (not a leak): sequence {f['seq']} ({layout_of(f)}) moves "
                      f"{f['max_abs_dlogit']:.3g} when batched (step {f['step']}): {f['cause']['kind']}: "
                      f"{f['cause']['detail']}")
         if f["cause"].get("flip"):
@@ -369,18 +380,29 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
-def kv_layout(kv_unified: bool) -> str:
-    return "unified-kv" if kv_unified else "per-seq-kv"
+def kv_layout(kv_unified: bool, flash_attn: bool = False) -> str:
+    """The layout's name, a finding's phase: unified-kv / per-seq-kv, with "-fa" when flash attention is on."""
+    return ("unified-kv" if kv_unified else "per-seq-kv") + ("-fa" if flash_attn else "")
+
+
+def layout_of(f: dict[str, Any]) -> str:
+    return kv_layout(f["kv_unified"], f.get("flash_attn", False))
 
 
 def finding_of(f: dict[str, Any], status: str) -> Finding:
     if f["seq"] is None:
-        what = f"{kv_layout(f['kv_unified'])}: {f['reason']}"
+        what = f"{layout_of(f)}: {f['reason']}"
     else:
-        what = (f"{kv_layout(f['kv_unified'])}: sequence {f['seq']} changes when batched (step {f['step']}, max "
+        what = (f"{layout_of(f)}: sequence {f['seq']} changes when batched (step {f['step']}, max "
                 f"|Δlogit| {f['max_abs_dlogit']:.3g})" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
-    return Finding(oracle="isolation", status=status, message=what, phase=kv_layout(f["kv_unified"]), seq=f["seq"],
+    return Finding(oracle="isolation", status=status, message=what, phase=layout_of(f), seq=f["seq"],
                    step=f["step"], cause=f.get("cause"), reproduced=f.get("reproduced"), detail=f)
+
+
+def only_layout(config: dict[str, Any], f: Finding) -> dict[str, Any]:
+    """A finding narrowed to its layout: its KV layout and its flash attention setting."""
+    config = select("kv_unified", lambda g: g.phase.startswith("unified-kv"))(config, f)
+    return select("flash_attn", lambda g: g.phase.endswith("-fa"))(config, f)
 
 
 def report(fixture: Path, cfg: IsolationConfig) -> Report:
@@ -393,6 +415,6 @@ def report(fixture: Path, cfg: IsolationConfig) -> Report:
 
 
 ORACLE = Oracle(name="isolation", config=IsolationConfig, run=report, format=lambda rep: format_report(rep.native),
-                narrow=select("kv_unified", lambda f: f.phase == "unified-kv"),
-                shrink=(("tokens", 1), ("prompt_len", 1), ("n_seq", 2)),
-                case_fields=("n_seq", "prompt_len", "tokens", "kv_unified", "tol", "noise_factor", "seed"))
+                narrow=only_layout, shrink=(("tokens", 1), ("prompt_len", 1), ("n_seq", 2)),
+                case_fields=("n_seq", "prompt_len", "tokens", "kv_unified", "flash_attn", "tol", "noise_factor",
+                             "seed"))

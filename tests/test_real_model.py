@@ -34,7 +34,7 @@ def test_isolation_on_real_weights_measures_its_tolerance(model):
     rep = ORACLES["isolation"].run(model, IsolationConfig(tokens=4, timeout=600))
     assert not rep.findings, [f.message for f in rep.findings]
     noise = rep.extra["noise"]
-    assert set(noise) == {"unified-kv", "per-seq-kv"}
+    assert set(noise) == {"unified-kv", "per-seq-kv", "unified-kv-fa", "per-seq-kv-fa"}
     assert all(x["tolerance"] == max(0.1, 4 * x["batch_shape"]) for x in noise.values())
 
 
