@@ -235,3 +235,18 @@ def test_an_isolation_finding_is_bundled_shrunk_and_replays(fixtures, tmp_path):
     assert "Q8_0" in types
     assert run_cli("fuzz", "replay", str(bundle)).returncode == 1  # still reproduces
     assert run_cli("fuzz", "replay", str(bundle), "--target", "llama-cpp").returncode == 0
+
+
+def test_a_model_that_aborts_only_with_flash_attention_on_is_a_crash_finding(fixtures, tmp_path):
+    """PLM loads with flash attention off and aborts with it on (corpora/repros/plm-isolation-per-seq-kv-fa): both
+    layouts with flash attention on are reproduced crash findings (exit 1), each layout with it off passes; not
+    bad input (exit 2), which a model that loads in no configuration is."""
+    out = tmp_path / "r.json"
+    r = run_cli("fuzz", "isolation", str(fixtures("plm", layers=1)), "--n-seq", "2", "--tokens", "1",
+                "--report", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert sorted(f["phase"] for f in rep["findings"]) == ["per-seq-kv-fa", "unified-kv-fa"]
+    assert all(f["status"] == "crash" and f["reproduced"] and "it loads with it off" in f["message"]
+               for f in rep["findings"])
+    assert [r["status"] for r in rep["results"] if not r["flash_attn"]] == ["pass"] * 4
