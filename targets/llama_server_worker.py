@@ -94,6 +94,9 @@ def top_of(data: dict) -> list[list[list[float]]]:
             for step in data.get("completion_probabilities", [])]
 
 
+PORT_TRIES = 5  # starts of one load whose port another server took first
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,30 +128,43 @@ class ServerWorker:
         if not path or not Path(path).is_file():
             raise RequestError("bad_request", f"load: no such file: {path!r}")
         p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
-        self.port = free_port()
         self.save_dir = tempfile.mkdtemp(prefix="llama-server-slots-")
-        argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(self.port),
-                "-np", str(p["slots"]), "-c", str(p["n_ctx"]), "--cache-ram", str(p["cache_ram"]),
-                "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]), "-t", str(p["threads"]),
-                "-tb", str(p["threads"]), "--no-webui", "--metrics", "--slots", "--no-warmup",
-                "--slot-save-path", self.save_dir,
-                *[str(a) for a in req.get("args", [])]]
-        self.stderr.clear()
-        # in the worker's process group: a worker the engine kills takes its server with it
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, preexec_fn=die_with_parent)
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + float(req.get("start_timeout", 60))
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RequestError("load_failed", "llama-server exited while loading: " + self._why())
-            try:
-                if self._get("/health", timeout=1.0).get("status") == "ok":
-                    self.params = p
-                    return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:]}
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.003)
+        for attempt in range(PORT_TRIES):
+            # a free port is free only until someone binds it: another test's or row's server may take it first.
+            # Ours then exits ("couldn't bind") and its port answers for that other server — so every start has an
+            # alias of its own, checked before the server counts as ours, and a lost port is tried again.
+            self.port = free_port()
+            alias = f"family-certify-{os.getpid()}-{self.port}-{attempt}"
+            argv = [str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(self.port), "--alias", alias,
+                    "-np", str(p["slots"]), "-c", str(p["n_ctx"]), "--cache-ram", str(p["cache_ram"]),
+                    "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]), "-t", str(p["threads"]),
+                    "-tb", str(p["threads"]), "--no-webui", "--metrics", "--slots", "--no-warmup",
+                    "--slot-save-path", self.save_dir,
+                    *[str(a) for a in req.get("args", [])]]
+            self.stderr.clear()
+            # in the worker's process group: a worker the engine kills takes its server with it
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+            pump = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
+            pump.start()
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    pump.join(timeout=1.0)  # (its last lines say why)
+                    if any("couldn't bind" in ln for ln in self.stderr) and attempt + 1 < PORT_TRIES:
+                        break  # the port was taken: another one
+                    raise RequestError("load_failed", "llama-server exited while loading: " + self._why())
+                try:
+                    # (a server too old to report its alias in /props is taken at its word)
+                    if self._get("/health", timeout=1.0).get("status") == "ok" and \
+                            self._get("/props", timeout=1.0).get("model_alias", alias) == alias:
+                        self.params = p
+                        return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:]}
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.003)
+            else:
+                break
         self._stop()
         raise RequestError("load_failed", "llama-server did not become healthy in time: " + self._why())
 

@@ -113,3 +113,45 @@ def test_missing_binary_and_dead_server_are_reported(fixtures, tmp_path, monkeyp
         # 512 cells each, capped at the fixture's training context
         assert t.call("slots").data["slots"] == [{"id": 0, "is_processing": False, "n_ctx": 256},
                                                  {"id": 1, "is_processing": False, "n_ctx": 256}]
+
+
+def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, monkeypatch):
+    """A free port is free only until someone binds it: under parallel tests (or rows) another server can take it
+    between our pick and our server's bind. Ours then exits ("couldn't bind") while the port answers /health for
+    the other one — the worker must not talk to that server. Here an impostor holds the first port picked (healthy,
+    another alias): the worker starts again on a second port and serves from its own server."""
+    import http.server
+    import threading
+
+    import targets.llama_server_worker as w
+
+    asked: list[str] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            asked.append(self.path)
+            body = json.dumps({"status": "ok", "model_alias": "someone-else", "slots": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    taken = impostor.server_address[1]
+    picks = iter([taken])
+    real = w.free_port
+    monkeypatch.setattr(w, "free_port", lambda: next(picks, None) or real())
+    worker = w.ServerWorker()
+    try:
+        got = worker.op_load({"path": str(fixtures("llama", layers=2)), "slots": 2, "n_ctx": 512})
+        assert got["port"] != taken and "--alias" in got["argv"]
+        assert [s["id"] for s in worker.op_slots({})["slots"]] == [0, 1]  # its own server's two slots
+        assert asked and "/slots" not in asked  # the impostor was asked who it is, never served
+    finally:
+        worker._stop()
+        impostor.shutdown()
