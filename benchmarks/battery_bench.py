@@ -85,12 +85,11 @@ def main() -> None:
               f"({decoded / reported:.0%})")
     # what the goal would cost in coverage: the wall without a lane, estimated as the wall less that lane's share
     # of the summed lane time (its rows' neighbours then run with less contention: a rough, not a measured, figure)
-    share = {lane: wall * s / summed for lane, s in per_lane.items()}
-    print("estimated wall without a lane: " + ", ".join(f"{lane} {wall - w:.0f} s" for lane, w in
-                                                        sorted(share.items(), key=lambda kv: -kv[1])[:4]))
+    share = sorted(((lane, wall * s / summed) for lane, s in per_lane.items()), key=lambda kv: -kv[1])
+    print("estimated wall without a lane: " + ", ".join(f"{lane} {wall - w:.0f} s" for lane, w in share[:4]))
     dropped: list[str] = []
     left = wall
-    for lane, w in sorted(share.items(), key=lambda kv: -kv[1]):
+    for lane, w in share:
         if left <= GOAL_S:
             break
         dropped.append(lane)

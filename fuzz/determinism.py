@@ -255,7 +255,7 @@ class Determinism:
             worst = max(jumps, key=lambda p: p["max_abs"])
             pair = by_name(runs, worst["pair"])
             (_, a), (_, b) = runs[pair[0]][0], runs[pair[1]][0]
-            row = next(i for i in range(len(a)) if np.max(np.abs(a[i] - b[i])) >= LOGIT_JUMP)
+            row = next(i for i in range(len(a)) if max_abs(a[i], b[i]) >= LOGIT_JUMP)
             worst["cause"] = self._token_cause(pair, prompt, row)
         report["summary"]["findings"] = len(report["findings"])
         report.update({"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
