@@ -27,12 +27,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from targets.llama_cpp_worker import RequestError, main_with
-from targets.llama_server_worker import die_with_parent, free_port
+from targets.llama_server_worker import PORT_TRIES, die_with_parent, free_port
 from targets.skippy import SkippyConfig, child_env, classify, identity, read_config
 
 KV_MODES = ("disabled", "auto", "record", "lookup-record")
@@ -122,6 +123,40 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+class PortLost(Exception):
+    """A process of ours could not bind its port: another process took it after free_port() freed it."""
+
+
+BIND_LOST = ("address already in use", "os error 98", "eaddrinuse")  # skippy's (Rust) and the fake's words
+
+
+def held_by(port: int, pgid: int) -> bool | None:
+    """Whether the TCP socket listening on `port` belongs to a process of group `pgid` (None: no /proc to ask, or
+    nothing listens yet). A free port is free only until someone binds it: under parallel rows or tests another
+    server can take it between our pick and our process's bind, and then answers on it for ours."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:  # (pgrp, after comm)
+                continue
+            if any(os.readlink(fd) in inodes for fd in proc.joinpath("fd").iterdir()):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+    return False
+
+
 class SkippyWorker:
     def __init__(self) -> None:
         if len(sys.argv) < 2:
@@ -150,13 +185,16 @@ class SkippyWorker:
         path = self._model(req)
         self._stop("reference")
         self.model_id = str(req.get("model_id") or "fixture")
-        top = self.reference = self._topology("reference")
-        port = self.ports["reference"] = free_port()
-        argv = [str(self.cfg.binary), "serve-openai", "--model-path", str(path), "--bind-addr", f"127.0.0.1:{port}",
-                "--model-id", self.model_id, "--ctx-size", str(self.cfg.stage["ctx_size"])]
-        top.start("serve-openai", argv)
-        self._ready(top, port, "serve-openai")
-        return {"target": "skippy", "port": port, "argv": argv[1:], "logs": self._logs(top)}
+
+        def start() -> dict:
+            top = self.reference = self._topology("reference")
+            port = self.ports["reference"] = free_port()
+            argv = [str(self.cfg.binary), "serve-openai", "--model-path", str(path), "--bind-addr",
+                    f"127.0.0.1:{port}", "--model-id", self.model_id, "--ctx-size", str(self.cfg.stage["ctx_size"])]
+            top.start("serve-openai", argv)
+            self._ready(top, port, "serve-openai")
+            return {"target": "skippy", "port": port, "argv": argv[1:], "logs": self._logs(top)}
+        return self._on_free_ports(start)
 
     def op_split(self, req: dict) -> dict:
         """One cut set's stages: a StageConfig per stage, started downstream first; stage 0 last with its OpenAI
@@ -174,39 +212,43 @@ class SkippyWorker:
             raise RequestError("bad_request", f"split: kv_cache {kv!r}: mode {KV_MODES}, payload {KV_PAYLOADS}")
         self._stop("split")
         self.model_id = str(req.get("model_id") or "fixture")
-        top = self.split = self._topology("split")
-        bounds = [0, *sorted(int(c) for c in cuts), n_layer]
-        ports = [free_port() for _ in range(len(bounds) - 1)]
-        configs = []
 
-        def peer(j: int) -> dict[str, Any]:
-            return {"stage_id": f"stage-{j}", "stage_index": j, "endpoint": f"tcp://127.0.0.1:{ports[j]}"}
+        def start() -> dict:
+            top = self.split = self._topology("split")
+            bounds = [0, *sorted(int(c) for c in cuts), n_layer]
+            ports = [free_port() for _ in range(len(bounds) - 1)]
+            configs = []
 
-        for i in range(len(bounds) - 1):
-            configs.append({
-                "run_id": f"family-certify-{self.runs}", "topology_id": f"cuts-{'-'.join(map(str, cuts))}",
-                "model_id": self.model_id, "model_path": str(self._artifact(path, bounds[i], bounds[i + 1])),
-                "stage_id": f"stage-{i}", "stage_index": i,
-                "layer_start": bounds[i], "layer_end": bounds[i + 1], "load_mode": self.cfg.load_mode,
-                "bind_addr": f"127.0.0.1:{ports[i]}", **self.cfg.stage, "activation_codec": codec,
-                "upstream": peer(i - 1) if i > 0 else None,
-                "downstream": peer(i + 1) if i + 1 < len(ports) else None,
-                "kv_cache": {"max_entries": 64, "max_bytes": 0, "min_tokens": 64, "payload": "auto", **kv}})
-        stages = []
-        for i in reversed(range(len(configs))):
-            cfg_path = top.logs / f"stage-{i}.json"
-            cfg_path.write_text(json.dumps(configs[i], indent=2) + "\n")
-            argv = [str(self.cfg.binary), "serve-binary", "--config", str(cfg_path)]
-            if i == 0:
-                self.ports["split"] = free_port()
-                argv += ["--openai-bind-addr", f"127.0.0.1:{self.ports['split']}", "--openai-model-id", self.model_id]
-            p = top.start(f"stage-{i}", argv)
-            if i > 0:
-                self._wait(top, lambda port=ports[i]: listening(port), f"stage-{i}")
-            stages.insert(0, {"stage_index": i, "layer_start": bounds[i], "layer_end": bounds[i + 1],
-                              "config": str(cfg_path), "log": str(top.log_of(p))})
-        self._ready(top, self.ports["split"], "stage-0")
-        return {"stages": stages, "port": self.ports["split"], "logs": self._logs(top)}
+            def peer(j: int) -> dict[str, Any]:
+                return {"stage_id": f"stage-{j}", "stage_index": j, "endpoint": f"tcp://127.0.0.1:{ports[j]}"}
+
+            for i in range(len(bounds) - 1):
+                configs.append({
+                    "run_id": f"family-certify-{self.runs}", "topology_id": f"cuts-{'-'.join(map(str, cuts))}",
+                    "model_id": self.model_id, "model_path": str(self._artifact(path, bounds[i], bounds[i + 1])),
+                    "stage_id": f"stage-{i}", "stage_index": i,
+                    "layer_start": bounds[i], "layer_end": bounds[i + 1], "load_mode": self.cfg.load_mode,
+                    "bind_addr": f"127.0.0.1:{ports[i]}", **self.cfg.stage, "activation_codec": codec,
+                    "upstream": peer(i - 1) if i > 0 else None,
+                    "downstream": peer(i + 1) if i + 1 < len(ports) else None,
+                    "kv_cache": {"max_entries": 64, "max_bytes": 0, "min_tokens": 64, "payload": "auto", **kv}})
+            stages = []
+            for i in reversed(range(len(configs))):
+                cfg_path = top.logs / f"stage-{i}.json"
+                cfg_path.write_text(json.dumps(configs[i], indent=2) + "\n")
+                argv = [str(self.cfg.binary), "serve-binary", "--config", str(cfg_path)]
+                if i == 0:
+                    self.ports["split"] = free_port()
+                    argv += ["--openai-bind-addr", f"127.0.0.1:{self.ports['split']}", "--openai-model-id",
+                             self.model_id]
+                p = top.start(f"stage-{i}", argv)
+                if i > 0:
+                    self._wait(top, ports[i], lambda port=ports[i]: listening(port), f"stage-{i}")
+                stages.insert(0, {"stage_index": i, "layer_start": bounds[i], "layer_end": bounds[i + 1],
+                                  "config": str(cfg_path), "log": str(top.log_of(p))})
+            self._ready(top, self.ports["split"], "stage-0")
+            return {"stages": stages, "port": self.ports["split"], "logs": self._logs(top)}
+        return self._on_free_ports(start)
 
     def op_complete(self, req: dict) -> dict:
         """requests: [{prompt (text), max_tokens}]; via: reference | split; concurrent: all at once. Each result:
@@ -347,16 +389,31 @@ class SkippyWorker:
             top.stop()
         setattr(self, kind, None)
 
-    def _wait(self, top: Topology, ok: Any, name: str) -> None:
+    def _on_free_ports(self, start: Callable[[], dict]) -> dict:
+        """start() again on other free ports while one of its processes lost its port to another process."""
+        for attempt in range(PORT_TRIES):
+            try:
+                return start()
+            except PortLost as e:
+                if attempt + 1 == PORT_TRIES:
+                    self.keep = True
+                    raise RequestError("load_failed", f"{e} (in each of {PORT_TRIES} tries on other ports)") from None
+        raise AssertionError("unreachable")
+
+    def _wait(self, top: Topology, port: int, ok: Callable[[], bool], name: str) -> None:
+        """Until ok() on `port` held by a process of the topology; a process that exits is a failed load, or a lost
+        port (PortLost: the caller starts again elsewhere) when its log says another process had bound it."""
         deadline = time.monotonic() + self.cfg.timeouts["ready"]
         while time.monotonic() < deadline:
             gone = top.exited()
             if gone:
-                self.keep = True
                 why = top.why(*gone)
                 top.stop()
+                if any(w in why.lower() for w in BIND_LOST):
+                    raise PortLost(why)
+                self.keep = True
                 raise RequestError("load_failed", why)
-            if ok():
+            if ok() and held_by(port, top.pgid) is not False:  # (another's server answering on our port: wait)
                 return
             time.sleep(0.05)
         logs = self._logs(top)
@@ -372,7 +429,7 @@ class SkippyWorker:
                 return 200 <= status < 300
             except (OSError, ValueError):
                 return False
-        self._wait(top, models, name)
+        self._wait(top, port, models, name)
 
     def _complete_one(self, port: int, r: dict) -> dict:
         body = {"model": self.model_id, "prompt": str(r["prompt"]), "max_tokens": int(r.get("max_tokens", 8)),

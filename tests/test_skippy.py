@@ -345,3 +345,62 @@ def test_layer_packages_and_stage_artifacts_serve_like_runtime_slices(tmp_path):
 
     assert bad(None, "layer-package") == [] and bad(None, "artifact-slice") == []
     assert bad("drops-recurrent", "layer-package") == [("prefix", [4], "mismatch")]
+
+
+@pytest.mark.llama
+def test_a_port_another_server_took_first_is_not_mistaken_for_ours(tmp_path, monkeypatch):
+    """A free port is free only until someone binds it: under parallel rows another server can take it between our
+    pick and our process's bind, and answers there for ours. Here an impostor (answering /v1/models, and a TCP
+    listener for a stage's port) holds the first port the reference picks and stage 1's first port: each start is
+    tried again elsewhere, and the answers come from the fake's own processes."""
+    import http.server
+    import sys
+    import threading
+
+    import targets.skippy_worker as w
+    from synth.make import resolve, write_fixture
+    from synth.spec import Knobs
+
+    asked: list[str] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            asked.append(self.path)
+            body = json.dumps({"object": "list", "data": [{"id": "fixture", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *_args):
+            pass
+
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    taken = impostor.server_address[1]
+    calls = iter(range(1, 100))
+    real = w.free_port
+    # picks: 1 the reference (taken), 2 its second try; 3, 4 the split's stage ports (4: stage 1's, taken), ...
+    monkeypatch.setattr(w, "free_port", lambda: taken if next(calls) in (1, 4) else real())
+    monkeypatch.setattr(sys, "argv", ["skippy_worker", str(fake(tmp_path))])
+    path = tmp_path / "llama.gguf"
+    write_fixture(resolve("llama", Knobs(layers=2)), path)
+    worker = w.SkippyWorker()
+    try:
+        ref = worker.op_load({"path": str(path)})
+        split = worker.op_split({"path": str(path), "cuts": [1], "n_layer": 2})
+        stage1 = json.loads(open(split["stages"][1]["config"]).read())
+        assert ref["port"] != taken and stage1["bind_addr"] != f"127.0.0.1:{taken}"
+        assert sorted(p.name for p in worker.logs.iterdir()) == \
+            ["run-1-reference", "run-2-reference", "run-3-split", "run-4-split"]  # one lost start of each
+        assert "Address already in use" in (worker.logs / "run-3-split" / "stage-1.log").read_text()
+        want = {"prompt": "abaabba", "max_tokens": 3}  # (the fixtures' tokenizer reads a, b and ab)
+        got = [worker.op_complete({"via": via, "requests": [want]})["results"][0] for via in ("reference", "split")]
+        assert got[0].get("text") == got[1].get("text") and got[0].get("completion_tokens") == 3, got
+        assert asked and set(asked) == {"/v1/models"}  # asked whether it was ready, never to complete
+    finally:
+        worker.close()
+        impostor.shutdown()
