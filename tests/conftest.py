@@ -54,6 +54,21 @@ def pytest_terminal_summary(terminalreporter):
                                         yellow=True, bold=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def worker_temporary_files(tmp_path_factory):
+    """Workers the tests start make their temporary directories under pytest's own temporary tree (which pytest
+    prunes), not in /tmp: a skippy case that fails on purpose keeps its logs by design, and a worker a test kills
+    leaves its llama-server slot directory — run after run they piled up in /tmp (about 20 per suite)."""
+    d = tmp_path_factory.mktemp("worker-tmp")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+
+
 @pytest.fixture(scope="session")
 def llama():
     """One llama.cpp worker shared by the session (the client restarts it after any crash)."""
