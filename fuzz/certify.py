@@ -741,6 +741,7 @@ def bump(
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json (and base/, candidate/: each "
                                          "build's run) here")] = None,
     report: ReportOpt = None,
+    jobs: JobsOpt = 1,
 ) -> int:
     """Certify a llama.cpp bump: the selected rows' lanes on the base and the candidate build, and a cross-build lane
     per row (the same prompt through both, unsplit); a verdict per row × lane — unchanged, broke, fixed, drifted,
@@ -753,6 +754,7 @@ def bump(
                         "to certify a patch series on the base")
     m: Manifest = load_manifest(manifest)
     plan = lane_plan(m, tier, rows, lane)
+    check_jobs(jobs)
     t0 = time.perf_counter()
     # the environment's build and patch series name what is certified: the candidate, never the base
     builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
@@ -763,7 +765,7 @@ def bump(
         print(f"== {which}: {b.spec}" + (f" + {b.identity['patches']['files']}" if b.identity.get("patches") else ""),
               flush=True)
         runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=m.path,
-                                  command=f"{command} ({which})")
+                                  command=f"{command} ({which})", jobs=jobs)
         if out is not None:
             write_outputs(out / which, runs[which])
     activate(resolve("pinned", from_env=False))

@@ -145,6 +145,22 @@ def test_rows_run_two_at_a_time_report_in_plan_order(tmp_path):
 
 
 @pytest.mark.llama
+def test_a_bump_runs_two_rows_at_a_time_too(tmp_path):
+    """family-certify bump --jobs 2 (the canary's shards on 2-core runners): each build's battery two rows at a time,
+    verdicts in the plan's order; the pinned build against itself changes nothing. --jobs 0 is refused in one line."""
+    shutil.copy(ROOT / "family_tiers.toml", tmp_path)
+    r = run_cli("family-certify", "bump", "mamba", "lfm2", "llama", "--candidate", "pinned", "--lane", "load",
+                "--lane", "parity", "--jobs", "2", "--report", str(tmp_path / "bump.json"), cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "bump.json").read_text())
+    assert [(x["row"], x["lane"], x["verdict"]) for x in rep["results"]] == \
+        [(row, lane, "unchanged") for row in ("mamba", "lfm2", "llama") for lane in ("load", "parity")] + \
+        [(row, "cross-build", "unchanged") for row in ("mamba", "lfm2", "llama")]
+    bad = run_cli("family-certify", "bump", "mamba", "--candidate", "pinned", "--jobs", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--jobs 0: must be 1..64"), bad.stderr
+
+
+@pytest.mark.llama
 def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
     from fuzz.certify import lane_reject
 
