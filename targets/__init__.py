@@ -82,8 +82,14 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     from targets.target import Target
 
     base = {} if spec.startswith("cmd:") else PY_WORKER_ENV
-    return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},
-                  reuse=spec == "llama-cpp")
+    argv = worker_argv(spec)
+    if spec.startswith("mutant:"):
+        from targets.mutants import state_per_load
+
+        reuse = state_per_load(spec[len("mutant:"):])
+    else:
+        reuse = spec == "llama-cpp"
+    return Target(spec, argv, timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})}, reuse=reuse)
 
 
 __all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",

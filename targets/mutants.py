@@ -163,7 +163,23 @@ def uniform_kv_rows(full: bytes) -> bytes:
     return bytes(b)
 
 
-class B5UniformKvRows(LlamaWorker):
+class Mutant(LlamaWorker):
+    """The llama.cpp worker with a bug re-created. What a mutant adds to the worker it makes at a load, and it is
+    gone at an unload: an idle worker of a mutant (targets.target keeps them, after an unload, for the next target
+    of the same mutant) is as a fresh one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worker_attributes = frozenset(vars(self)) | {"worker_attributes"}
+
+    def op_unload(self, req: dict) -> dict:
+        out = super().op_unload(req)
+        for name in set(vars(self)) - self.worker_attributes:
+            delattr(self, name)
+        return out
+
+
+class B5UniformKvRows(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
         if not req.get("partial") and "data" in out:
@@ -171,7 +187,7 @@ class B5UniformKvRows(LlamaWorker):
         return out
 
 
-class WireF16Truncated(LlamaWorker):
+class WireF16Truncated(Mutant):
     def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
         if wire != "f16":
             return super().wire_roundtrip(embd, wire)
@@ -179,7 +195,7 @@ class WireF16Truncated(LlamaWorker):
         return x.view("<f4").astype(np.float16).astype("<f4").tobytes()
 
 
-class B4KidxNotExported(LlamaWorker):
+class B4KidxNotExported(Mutant):
     def op_load(self, req: dict) -> dict:
         info = super().op_load(req)
         from synth.inspect import inspect_file
@@ -194,7 +210,7 @@ class B4KidxNotExported(LlamaWorker):
         return out
 
 
-class B1FirstLayerProbe(LlamaWorker):
+class B1FirstLayerProbe(Mutant):
     def op_load(self, req: dict) -> dict:
         info = super().op_load(req)
         from synth.inspect import inspect_file
@@ -250,13 +266,13 @@ def drop_q4k_mins(path: str) -> str | None:
     return str(out)
 
 
-class StageQ4kMinsDropped(LlamaWorker):
+class StageQ4kMinsDropped(Mutant):
     def op_load(self, req: dict) -> dict:
         repacked = drop_q4k_mins(req["path"]) if req.get("path") else None
         return super().op_load({**req, "path": repacked} if repacked else req)
 
 
-class Perturb2Threads(LlamaWorker):
+class Perturb2Threads(Mutant):
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         if self.params.get("n_threads") == 2 and "logits" in out:
@@ -267,7 +283,7 @@ class Perturb2Threads(LlamaWorker):
         return out
 
 
-class BatchShapeNoise(LlamaWorker):
+class BatchShapeNoise(Mutant):
     SHAPE, CELLS = np.float32(0.3), np.float32(0.2)
 
     def op_decode(self, req: dict) -> dict:
@@ -289,7 +305,7 @@ class BatchShapeNoise(LlamaWorker):
         return out
 
 
-class BatchedRowsSwapped(LlamaWorker):
+class BatchedRowsSwapped(Mutant):
     def op_decode(self, req: dict) -> dict:
         seqs = req.get("seq", 0)
         if "embd" in req and isinstance(seqs, list) and len(set(seqs)) > 1:
@@ -304,7 +320,7 @@ class BatchedRowsSwapped(LlamaWorker):
         return super().op_decode(req)
 
 
-class RollbackZeroed(LlamaWorker):
+class RollbackZeroed(Mutant):
     def op_load(self, req: dict) -> dict:
         info = super().op_load(req)
         from synth.inspect import inspect_file
@@ -319,19 +335,19 @@ class RollbackZeroed(LlamaWorker):
         return super().op_state_set(req)
 
 
-class ImportClearsContext(LlamaWorker):
+class ImportClearsContext(Mutant):
     def op_state_set(self, req: dict) -> dict:
         if not req.get("partial"):
             self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
         return super().op_state_set(req)
 
 
-class RollbackAllSequences(LlamaWorker):
+class RollbackAllSequences(Mutant):
     def op_seq_rm(self, req: dict) -> dict:
         return super().op_seq_rm({**req, "seq": -1})
 
 
-class SeqLeak(LlamaWorker):
+class SeqLeak(Mutant):
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         seqs = req.get("seq", 0)
@@ -441,6 +457,12 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
 
 
 NOT_BUGS: dict[str, Any] = {"batch-shape-noise": BatchShapeNoise}
+
+
+def state_per_load(name: str) -> bool:
+    """Whether an idle worker of the mutant may serve its next target (a Mutant: nothing kept past an unload);
+    llama-server's mutants hold a server and what it leaked."""
+    return issubclass({**MUTANTS, **NOT_BUGS}[name], Mutant)
 
 
 def main() -> None:

@@ -131,6 +131,43 @@ def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_no
     assert len(tg._idle) <= tg.IDLE_MAX and stale[0].client.proc is None  # the longest idle was closed
 
 
+def test_a_llama_cpp_mutants_worker_is_kept_idle_too_and_judges_each_load_afresh(fixtures):
+    """A shrink runs its mutant twenty times and more: the mutant's workers are kept like the plain worker's (its state
+    is made at each load), a llama-server mutant's never (it holds a server and what it leaked). B1 with its worker
+    taken from the idle ones still decides per model: it drops the state of an attention-first stage of jamba, then
+    imports a mamba stage (recurrent first layer) intact, then drops jamba's again."""
+    from fuzz.handoff import HandoffConfig, report
+    from targets import target as tg
+
+    def idle_pids():
+        return {c.proc.pid for key, c in tg._idle if key[0][-1] == "b1-first-layer-probe"}
+
+    cfg = HandoffConfig(cuts="1", modes=("full",), target="mutant:b1-first-layer-probe")
+    jamba, mamba = fixtures("jamba", layers=4, period=2), fixtures("mamba", layers=2)
+    assert report(jamba, cfg).to_dict()["results"][0]["status"] == "finding"  # stage 1 starts on an attention layer
+    kept = idle_pids()
+    assert kept
+    assert report(mamba, cfg).to_dict()["results"][0]["status"] == "pass"
+    assert report(jamba, cfg).to_dict()["results"][0]["status"] == "finding"
+    assert idle_pids() & kept  # the same processes served the later runs
+    assert open_target("mutant:server-dup-leak").key is None and open_target("mutant:batch-shape-noise").key
+
+
+def test_a_mutant_keeps_nothing_of_its_own_past_an_unload(fixtures):
+    """What makes a kept mutant worker a fresh one: whatever a mutant set on the worker (B1's probe of the model it
+    loaded, or anything a careless mutant might cache) is gone at the unload the idle pool sends; the worker's own
+    state stays (the next load needs it)."""
+    from targets.mutants import B1FirstLayerProbe
+
+    w = B1FirstLayerProbe()
+    fresh = set(vars(w))
+    w.op_load({"path": str(fixtures("jamba", layers=4, period=2))})
+    w.cached_forever = "a careless mutant's"
+    assert {"probe_recurrent", "n_recurrent", "cached_forever"} <= set(vars(w))
+    w.op_unload({})
+    assert set(vars(w)) == fresh and w.model is None and w.ctx is None
+
+
 def test_a_worker_with_a_call_in_flight_is_never_kept_idle(fixtures):
     """A call still waiting for its reply on another thread (the sweep's early full-model loads, when bad input stops
     it first) owns the worker: closing the target then closes the worker — parked, another target would read that
