@@ -82,14 +82,10 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     from targets.target import Target
 
     base = {} if spec.startswith("cmd:") else PY_WORKER_ENV
-    argv = worker_argv(spec)
-    if spec.startswith("mutant:"):
-        from targets.mutants import state_per_load
-
-        reuse = state_per_load(spec[len("mutant:"):])
-    else:
-        reuse = spec == "llama-cpp"
-    return Target(spec, argv, timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})}, reuse=reuse)
+    # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload; another program may
+    reuse = spec in ("llama-cpp", "llama-server") or spec.startswith("mutant:")
+    return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},
+                  reuse=reuse)
 
 
 __all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",

@@ -163,20 +163,28 @@ def uniform_kv_rows(full: bytes) -> bytes:
     return bytes(b)
 
 
-class Mutant(LlamaWorker):
-    """The llama.cpp worker with a bug re-created. What a mutant adds to the worker it makes at a load, and it is
-    gone at an unload: an idle worker of a mutant (targets.target keeps them, after an unload, for the next target
-    of the same mutant) is as a fresh one."""
+class FreshAtUnload:
+    """A mutant makes what it adds to its worker at a load, and it is gone at an unload: an idle worker of a mutant
+    (targets.target keeps them, after an unload, for the next target of the same mutant) is as a fresh one. (The
+    workers' own state is theirs to reset: an unload leaves no model, context or server.)"""
 
     def __init__(self) -> None:
         super().__init__()
         self.worker_attributes = frozenset(vars(self)) | {"worker_attributes"}
 
     def op_unload(self, req: dict) -> dict:
-        out = super().op_unload(req)
+        out = super().op_unload(req)  # type: ignore[misc]
         for name in set(vars(self)) - self.worker_attributes:
             delattr(self, name)
         return out
+
+
+class Mutant(FreshAtUnload, LlamaWorker):
+    """The llama.cpp worker with a bug re-created."""
+
+
+class ServerMutant(FreshAtUnload, ServerWorker):
+    """The llama-server worker with a bug re-created."""
 
 
 class B5UniformKvRows(Mutant):
@@ -359,7 +367,7 @@ class SeqLeak(Mutant):
         return out
 
 
-class ServerDuplicateLeak(ServerWorker):
+class ServerDuplicateLeak(ServerMutant):
     """H1 (a radix insert racing an identical insert leaks its record): when one concurrent batch holds the same
     prompt twice, one more request for it is started and never finishes (the server runs with context shift,
     the request with no token limit), so a slot stays busy after every answer is in — a leaked sequence."""
@@ -378,7 +386,7 @@ class ServerDuplicateLeak(ServerWorker):
         return super().op_complete(req)
 
 
-class RadixBase(ServerWorker):
+class RadixBase(ServerMutant):
     """What the engine has seen of each submitted operation (from its `await`s): a schedule's concurrency is
     what its script says, not how fast the tiny model happens to answer."""
 
@@ -436,7 +444,7 @@ class RadixReplaceLiveBorrower(RadixBase):
         return out
 
 
-class RadixRestoreReusesNothing(ServerWorker):
+class RadixRestoreReusesNothing(ServerMutant):
     def _slot_action(self, action: str, slot: int, file: str) -> dict:
         out = super()._slot_action(action, slot, file)
         if action == "restore" and "error" not in out:
@@ -457,12 +465,6 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
 
 
 NOT_BUGS: dict[str, Any] = {"batch-shape-noise": BatchShapeNoise}
-
-
-def state_per_load(name: str) -> bool:
-    """Whether an idle worker of the mutant may serve its next target (a Mutant: nothing kept past an unload);
-    llama-server's mutants hold a server and what it leaked."""
-    return issubclass({**MUTANTS, **NOT_BUGS}[name], Mutant)
 
 
 def main() -> None:

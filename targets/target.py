@@ -14,11 +14,10 @@ import numpy as np
 from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
 
 # Idle workers kept for the next target of the same command and environment: a worker takes ≈70 ms to start (Python,
-# the bindings, llama.cpp's backends) and an oracle run opens several. Only targets opened with reuse (the plain
-# llama.cpp worker and its mutants, which make their state at each load: another program, or a llama-server mutant,
-# may keep state of its own across loads) are kept, each after an `unload` (no model, no context left), at most
-# IDLE_MAX of them (the longest idle closed to make room: a worker of an environment no longer used must not hold a
-# place); they exit with this process.
+# the bindings, llama.cpp's backends) and an oracle run opens several. Only targets opened with reuse (our llama.cpp
+# and llama-server workers and their mutants, which keep nothing past an unload: another program may) are kept, each
+# after an `unload` (no model, no context, no server left), at most IDLE_MAX of them (the longest idle closed to make
+# room: a worker of an environment no longer used must not hold a place); they exit with this process.
 IDLE_MAX = 8
 _idle: list[tuple[tuple[Any, ...], WorkerClient]] = []  # (key, worker), the longest idle first
 _idle_lock = threading.Lock()

@@ -155,3 +155,34 @@ def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, mon
     finally:
         worker._stop()
         impostor.shutdown()
+
+
+def test_a_kept_server_worker_holds_no_server_and_its_mutant_no_leak(fixtures):
+    """Idle llama-server workers are kept for the next target (the radix engine opens two per run, a shrink runs it
+    twenty times): an unload stops the server, and a mutant's leak goes with it — the next target of the same
+    worker starts with no server, and its own load leaks afresh."""
+    import time
+
+    from targets import open_target
+
+    def busy(t, want):  # (the leaked request starts on its own thread: wait for it a moment)
+        for _ in range(100):
+            got = [s["id"] for s in t.call("slots").data["slots"] if s["is_processing"]]
+            if len(got) == want:
+                return got
+            time.sleep(0.02)
+        return got
+
+    path, same = str(fixtures("llama", layers=2)), [1, 2, 3, 4]
+    with open_target("mutant:server-dup-leak") as t:
+        assert t.call("load", path=path, slots=2, n_ctx=512).ok
+        assert t.call("complete", requests=[{"prompt": same, "n_predict": 2}] * 2, concurrent=True).ok
+        assert len(busy(t, 1)) == 1  # the leak: a slot busy after every answer is in
+        pid = t.client.proc.pid
+    with open_target("mutant:server-dup-leak") as again:
+        assert again.client.proc.pid == pid  # the same worker, from the idle ones
+        assert again.call("slots").failure.message.startswith("no server running")
+        assert again.call("load", path=path, slots=2, n_ctx=512).ok
+        assert busy(again, 0) == []  # nothing leaked on this load yet
+        assert again.call("complete", requests=[{"prompt": same, "n_predict": 2}] * 2, concurrent=True).ok
+        assert len(busy(again, 1)) == 1  # this load's own leak

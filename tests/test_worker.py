@@ -133,7 +133,8 @@ def test_a_closed_llama_cpp_worker_is_kept_idle_for_the_next_target_and_holds_no
 
 def test_a_llama_cpp_mutants_worker_is_kept_idle_too_and_judges_each_load_afresh(fixtures):
     """A shrink runs its mutant twenty times and more: the mutant's workers are kept like the plain worker's (its state
-    is made at each load), a llama-server mutant's never (it holds a server and what it leaked). B1 with its worker
+    is made at each load), and so are the llama-server worker's (an unload stops its server); another program's never.
+    B1 with its worker
     taken from the idle ones still decides per model: it drops the state of an attention-first stage of jamba, then
     imports a mamba stage (recurrent first layer) intact, then drops jamba's again."""
     from fuzz.handoff import HandoffConfig, report
@@ -150,7 +151,9 @@ def test_a_llama_cpp_mutants_worker_is_kept_idle_too_and_judges_each_load_afresh
     assert report(mamba, cfg).to_dict()["results"][0]["status"] == "pass"
     assert report(jamba, cfg).to_dict()["results"][0]["status"] == "finding"
     assert idle_pids() & kept  # the same processes served the later runs
-    assert open_target("mutant:server-dup-leak").key is None and open_target("mutant:batch-shape-noise").key
+    kept_too = ("llama-server", "mutant:server-dup-leak", "mutant:batch-shape-noise")
+    assert all(open_target(s).key for s in kept_too)
+    assert open_target(f"cmd:{shlex.quote(sys.executable)} -m targets.llama_cpp_worker").key is None  # not ours
 
 
 def test_a_mutant_keeps_nothing_of_its_own_past_an_unload(fixtures):
