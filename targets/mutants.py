@@ -173,7 +173,7 @@ class FreshAtUnload:
         self.worker_attributes = frozenset(vars(self)) | {"worker_attributes"}
 
     def op_unload(self, req: dict) -> dict:
-        out = super().op_unload(req)  # type: ignore[misc]
+        out = super().op_unload(req)  # (the worker class it is mixed into)
         for name in set(vars(self)) - self.worker_attributes:
             delattr(self, name)
         return out
