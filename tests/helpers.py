@@ -41,3 +41,32 @@ def refusing_reader(data: bytes, tmp: Path) -> None:
     from synth.errors import UserError
 
     raise UserError("refused")
+
+
+def impostor(answer: dict):
+    """A healthy HTTP server of someone else's on 127.0.0.1 (any GET or POST gets `answer` as JSON): what a worker
+    finds on a port another server took first. (server, asked paths); shut it down with server.shutdown()."""
+    import http.server
+    import json
+    import threading
+
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            asked.append(self.path)
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, asked

@@ -11,6 +11,7 @@ from targets import open_target
 from targets.llama_server_worker import server_binary
 
 from conftest import run_cli
+from helpers import impostor as impostor_server
 
 pytestmark = [pytest.mark.llama, pytest.mark.server]
 
@@ -120,28 +121,9 @@ def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, mon
     between our pick and our server's bind. Ours then exits ("couldn't bind") while the port answers /health for
     the other one — the worker must not talk to that server. Here an impostor holds the first port picked (healthy,
     another alias): the worker starts again on a second port and serves from its own server."""
-    import http.server
-    import threading
-
     import targets.llama_server_worker as w
 
-    asked: list[str] = []
-
-    class Impostor(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 — http.server's name
-            asked.append(self.path)
-            body = json.dumps({"status": "ok", "model_alias": "someone-else", "slots": []}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
-    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    impostor, asked = impostor_server({"status": "ok", "model_alias": "someone-else", "slots": []})
     taken = impostor.server_address[1]
     picks = iter([taken])
     real = w.free_port

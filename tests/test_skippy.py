@@ -14,6 +14,7 @@ from targets.skippy import classify, identity, parse_version, read_config
 from targets.skippy_worker import read_report, report_ok
 
 from conftest import ROOT, run_cli
+from helpers import impostor as impostor_server
 
 FAKE = ROOT / "tests" / "fake-skippy.toml"
 
@@ -353,33 +354,13 @@ def test_a_port_another_server_took_first_is_not_mistaken_for_ours(tmp_path, mon
     pick and our process's bind, and answers there for ours. Here an impostor (answering /v1/models, and a TCP
     listener for a stage's port) holds the first port the reference picks and stage 1's first port: each start is
     tried again elsewhere, and the answers come from the fake's own processes."""
-    import http.server
     import sys
-    import threading
 
     import targets.skippy_worker as w
     from synth.make import resolve, write_fixture
     from synth.spec import Knobs
 
-    asked: list[str] = []
-
-    class Impostor(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 — http.server's name
-            asked.append(self.path)
-            body = json.dumps({"object": "list", "data": [{"id": "fixture", "object": "model"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_POST = do_GET  # noqa: N815
-
-        def log_message(self, *_args):
-            pass
-
-    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
-    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    impostor, asked = impostor_server({"object": "list", "data": [{"id": "fixture", "object": "model"}]})
     taken = impostor.server_address[1]
     calls = iter(range(1, 100))
     real = w.free_port
