@@ -144,10 +144,21 @@ def lanes(out):
 
 
 def no_fake_left():
-    import subprocess
+    """Fake skippy processes and skippy workers still running that this test session started: those whose
+    environment has its TMPDIR (conftest's, one per session) — another xdist worker's tests run fakes meanwhile."""
+    from pathlib import Path
 
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [ln for ln in ps.splitlines() if "tests.fake_skippy" in ln or "targets.skippy_worker" in ln]
+    ours = f"TMPDIR={os.environ['TMPDIR']}".encode()
+    left = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # (gone meanwhile)
+            continue
+        if ("tests.fake_skippy" in args or "targets.skippy_worker" in args) and ours in env:
+            left.append(args)
+    return left
 
 
 @pytest.mark.llama
