@@ -187,8 +187,11 @@ def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="a directory written by an oracle's --bundle")],
     target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
 ) -> int:
-    """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does."""
+    """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does (and
+    then what this run saw instead, in the oracle's own words)."""
     ok, fp, rep = bd.replay(bundle, target)
+    if not ok:
+        print(get_oracle(rep.oracle).format(rep))
     print(f"{'REPRODUCED' if ok else 'not reproduced'}: {describe(fp)}"
           + (f" with target {target}" if target else "") + f" on llama.cpp {build_label(rep.llama_cpp_commit)}")
     return 1 if ok else 0
