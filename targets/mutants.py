@@ -418,6 +418,9 @@ class RadixDuplicateLeak(RadixBase):
             self.leaked = True
             super().op_submit({"name": "leaked-record", "kind": "complete", "prompt": req["prompt"],
                                "n_predict": -1, "slot": self.spare, "timeout": 3600})
+            # the record leaks at the insert, not when its request's thread next gets the CPU: on a loaded machine
+            # the schedule could finish, and the slots be looked at, before the server had it
+            self.ops["leaked-record"].reached["prompt"].wait(60)
         return out
 
 
