@@ -44,6 +44,8 @@ PeriodOpt = Annotated[int | None, Opt(help="interleave period for --cuts period 
 PromptOpt = Annotated[str | None, Opt(help="the prompt's token ids, e.g. 1,7,3 (default: --prompt-len tokens drawn "
                                           "from --seed)")]
 BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bundle under this directory")]
+KvUnifiedOpt = Annotated[bool, Opt(help="one KV cache shared by the slots (--kv-unified: llama-server's layout when "
+                                        "-np is not given), instead of one per slot")]
 FlashAttnOpt = Annotated[str, Opt(help="flash attention: off, on or off,on")]
 LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build to run: pinned (default), "
                                         "pypi:VERSION (the tree a llama-cpp-python sdist vendors, with its own "
@@ -328,6 +330,7 @@ def prefix_cache_cmd(
     tokens: Annotated[int, Opt(help="greedy tokens per request")] = 8,
     n_ctx: Annotated[int, Opt(help="server context (all slots)")] = 1024,
     target: Annotated[str, Opt(help="llama-server, or mutant:server-dup-leak")] = "llama-server",
+    kv_unified: KvUnifiedOpt = False,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     report: ReportOpt = None,
@@ -343,7 +346,7 @@ def prefix_cache_cmd(
     if n_ctx // slots < 64:
         raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
-                               timeout=timeout, seed=seed)
+                               kv_unified=kv_unified, timeout=timeout, seed=seed)
     return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
@@ -365,6 +368,7 @@ def radix_cmd(
     trunk: Annotated[int, Opt(help="tokens of the prompt tree's trunk")] = 24,
     target: Annotated[str, Opt(help="llama-server, or mutant:radix-dup-leak / mutant:radix-replace-live-borrower")]
         = "llama-server",
+    kv_unified: KvUnifiedOpt = False,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     report: ReportOpt = None,
@@ -378,7 +382,7 @@ def radix_cmd(
     consistent, context still usable; a finding is replayed twice more, then shrunk and bundled with its string."""
     cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
                          tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, target=target,
-                         timeout=timeout, seed=seed)
+                         kv_unified=kv_unified, timeout=timeout, seed=seed)
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 

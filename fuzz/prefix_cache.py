@@ -33,6 +33,7 @@ class PrefixCacheConfig:
     tokens: int = 8  # greedy tokens per request (the server's n_predict)
     n_ctx: int = 1024
     cache_ram: int = 64  # MiB of host memory for cached prompts
+    kv_unified: bool = False  # one KV cache shared by the slots (--kv-unified), as llama-server has without -np
     seed: int = 0
     target: str = "llama-server"
     timeout: float = 120.0
@@ -128,7 +129,7 @@ class PrefixCache:
     def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
         """One run of every round on a fresh server; findings and a per-round summary."""
         cfg = self.cfg
-        self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram)
+        self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram, args=["--kv-unified"] if cfg.kv_unified else [])
         findings: list[ServerFinding] = []
         rounds = []
         for k, names in enumerate(sched.rounds):
@@ -280,4 +281,4 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),
                 shrink=(("rounds", 1), ("tokens", 1), ("slots", 2)),
-                case_fields=("slots", "rounds", "tokens", "n_ctx", "seed"))
+                case_fields=("slots", "rounds", "tokens", "n_ctx", "kv_unified", "seed"))

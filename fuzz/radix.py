@@ -61,7 +61,10 @@ REUSE_POLICY = ("prompt tokens the server must take from its cache, per request,
                 "sliding-window layers, all of the slot's tokens when the prompt extends all of them (a second "
                 "turn, a restore then continue); on sliding-window models nothing is promised (llama-server "
                 "re-processes unless --swa-full). Reuse through the host prompt cache (--cache-ram) is counted, "
-                "not promised.")
+                "not promised. With a unified KV cache (--kv-unified, llama-server's layout when -np is not "
+                "given) a completion that starts saves every idle slot to the host cache and clears it "
+                "(--cache-idle-slots, on by default): from another client's start on, nothing is promised from "
+                "a slot's own tokens.")
 
 
 @dataclass(frozen=True)
@@ -324,6 +327,7 @@ class RadixConfig:
     plan: str = ""  # OPS/OPS[;OPS/OPS]: explore the interleavings of exactly these clients (else random ones)
     limit: int = 0  # schedules per plan (a seeded sample of its interleavings); 0: as many as the budget allows
     cache_ram: int = 64
+    kv_unified: bool = False  # one KV cache shared by the slots (--kv-unified), as llama-server has without -np
     seed: int = 0
     target: str = "llama-server"
     timeout: float = 60.0
@@ -476,7 +480,7 @@ class Radix:
         ref: dict[str, Any] = {}
         try:
             ref = self.reference(sched)  # (a one-slot server that aborts loading: a crash finding too)
-            self._load(t, slots=k, cache_ram=self.cfg.cache_ram)
+            self._load(t, slots=k, cache_ram=self.cfg.cache_ram, args=["--kv-unified"] if self.cfg.kv_unified else [])
             for n, step in enumerate(sched.script):
                 for c, point in step.waits:
                     self._await(current[c], point, ops)
@@ -560,6 +564,8 @@ class Radix:
                                              f"slot held {len(held[c])} tokens (from {source}) of which this "
                                              f"{len(prompt)}-token prompt extends {floor}"})
                 held[c] = None if op.kind == "cancel" else prompt + want["tokens"][:-1]
+                if self.cfg.kv_unified:  # every other slot may have been idle at this start: saved and cleared
+                    held.update({d: None for d in range(len(run.schedule.clients)) if d != c})
             elif op.kind == "save":
                 saved[c] = held.get(c, [])
             elif op.kind == "restore":
@@ -745,4 +751,4 @@ def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 ORACLE = Oracle(name="radix", config=RadixConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("clients", "ops", "mode", "budget", "tokens", "trunk", "replay", "plan", "limit",
-                             "cache_ram", "seed"))
+                             "cache_ram", "kv_unified", "seed"))

@@ -177,6 +177,32 @@ def test_the_reuse_floor_follows_the_policy(fixtures):
 
 @pytest.mark.llama
 @pytest.mark.server
+def test_a_unified_cache_forfeits_an_idle_slot_at_another_clients_start(binary, fixtures):
+    """A completes T; B completes B0 once A is done; A continues. One KV cache per slot: A's slot still holds T and
+    its answer, all 31 tokens promised and reused. One unified cache (--kv-unified): B's start saved A's idle slot
+    to the host cache and cleared it, so nothing is promised — and llama-server, asked for slot 0 by id, does not
+    look in the host cache for an empty slot (it looks only when it chooses the slot, or the slot keeps under half
+    of what it held): 0 reused. The same answers either way."""
+    fixture = fixtures("llama", layers=4)
+    script = "r1:0:8:24:cT,k/cB0:A.Bad.Abd"
+    per_slot = Radix(fixture, RadixConfig(replay=script)).run()
+    unified = Radix(fixture, RadixConfig(replay=script, kv_unified=True)).run()
+    assert per_slot["status"] == unified["status"] == "pass", per_slot["finding"] or unified["finding"]
+    ops = [{o["op"]: (o["cache_n"], o["tokens"]) for o in rep["runs"][0]["ops"]} for rep in (per_slot, unified)]
+    assert ops[0]["A1"][0] == 31 and per_slot["runs"][0]["promised"] == 31
+    assert ops[1]["A1"][0] == 0 and unified["runs"][0]["promised"] == 0
+    assert {k: v[1] for k, v in ops[0].items()} == {k: v[1] for k, v in ops[1].items()}
+    # a bundle replays the layout it was found in
+    from fuzz.prefix_cache import ORACLE as PREFIX_CACHE
+    from fuzz.prefix_cache import PrefixCacheConfig
+    from fuzz.radix import ORACLE as RADIX
+
+    assert RADIX.case_config(RadixConfig(kv_unified=True))["kv_unified"] is True
+    assert PREFIX_CACHE.case_config(PrefixCacheConfig(kv_unified=True))["kv_unified"] is True
+
+
+@pytest.mark.llama
+@pytest.mark.server
 def test_the_host_prompt_cache_path_is_exercised(binary, fixtures):
     """T moved out of slot A by U (into the host cache, --cache-ram), then asked for again on slot A: its answer is
     the cold run's, taken from the cache. On slot B (which holds U) it may come from the cache too: whether slot A
