@@ -129,7 +129,7 @@ class PrefixCache:
     def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
         """One run of every round on a fresh server; findings and a per-round summary."""
         cfg = self.cfg
-        self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram, args=["--kv-unified"] if cfg.kv_unified else [])
+        self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram, kv_unified=cfg.kv_unified)
         findings: list[ServerFinding] = []
         rounds = []
         for k, names in enumerate(sched.rounds):
@@ -167,9 +167,12 @@ class ServerCrash(Exception):
         self.params = params
 
 
-def load_server(t: Target, fixture: Path, **params: Any) -> None:
+def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: Any) -> None:
     """A server that refuses the model is bad input (UserError); one that aborts loading it (a signal) is a crash of
-    the target under the configuration chosen here — a finding (ServerCrash)."""
+    the target under the configuration chosen here — a finding (ServerCrash). kv_unified: one KV cache shared by the
+    slots (--kv-unified) instead of one per slot."""
+    if kv_unified:
+        params = {**params, "args": [*params.get("args", []), "--kv-unified"]}
     r = t.load(str(fixture), **params)
     if not r.ok:
         if "signal" in r.failure.message:

@@ -480,7 +480,7 @@ class Radix:
         ref: dict[str, Any] = {}
         try:
             ref = self.reference(sched)  # (a one-slot server that aborts loading: a crash finding too)
-            self._load(t, slots=k, cache_ram=self.cfg.cache_ram, args=["--kv-unified"] if self.cfg.kv_unified else [])
+            self._load(t, slots=k, cache_ram=self.cfg.cache_ram, kv_unified=self.cfg.kv_unified)
             for n, step in enumerate(sched.script):
                 for c, point in step.waits:
                     self._await(current[c], point, ops)
