@@ -126,6 +126,23 @@ def test_run_lanes_for_a_row(tmp_path):
 
 
 @pytest.mark.llama
+def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
+    """Rows at a time run in processes: an error one raises (here: its fixture cannot be written: its directory is a file) is raised in the
+    caller, and rows not yet started never start; each lane that finished was told once."""
+    from fuzz.certify import _as_is, run_rows
+
+    m = load_manifest(ROOT / "family_tiers.toml")
+    told = []
+    (tmp_path / "a-file").write_text("not a directory")
+    tasks = [(m.row("mamba"), ["parity"], "llama-cpp", tmp_path / "a-file")] + \
+        [(m.row(k), ["parity"], "llama-cpp", tmp_path) for k in ("lfm2", "llama", "qwen3", "qwen2", "rwkv6")]
+    with pytest.raises(OSError):
+        run_rows(tasks, 2, _as_is, lambda i, res: told.append((i, res.lane, res.status)))
+    assert {i for i, _, _ in told} <= {1}, told  # lfm2, the row that was running beside it
+    assert not [k for k in ("llama", "qwen3", "qwen2", "rwkv6") if (tmp_path / f"{k}.gguf").exists()]
+
+
+@pytest.mark.llama
 def test_rows_run_two_at_a_time_report_in_plan_order(tmp_path):
     """--jobs 2: two rows at a time (lines as lanes finish), the same results as one at a time, the report in the
     plan's order; --jobs 0 is refused in one line."""
@@ -138,6 +155,10 @@ def test_rows_run_two_at_a_time_report_in_plan_order(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         got[jobs] = [(x["row"], x["lane"], x["status"]) for x in
                      json.loads((tmp_path / f"r{jobs}.json").read_text())["results"]]
+        # a line per lane, also from rows run in processes of their own
+        lines = sorted(tuple(line.split()[i] for i in (0, 3, 4)) for line in r.stdout.splitlines()
+                       if re.match(r"\S+ +tier 1  ", line))
+        assert lines == sorted((row, lane, "PASS") for row, lane, _ in got[jobs]), r.stdout
     assert got["2"] == got["1"] == [(row, lane, "pass") for row in ("mamba", "lfm2", "llama")
                                     for lane in ("load", "parity", "handoff")]
     bad = run_cli("family-certify", "run", "mamba", "--jobs", "0", cwd=tmp_path)
