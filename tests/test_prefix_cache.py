@@ -116,15 +116,22 @@ def test_missing_binary_and_dead_server_are_reported(fixtures, tmp_path, monkeyp
                                                  {"id": 1, "is_processing": False, "n_ctx": 256}]
 
 
-def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, monkeypatch):
+def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, monkeypatch, tmp_path):
     """A free port is free only until someone binds it: under parallel tests (or rows) another server can take it
     between our pick and our server's bind. Ours then exits ("couldn't bind") while the port answers /health for
     the other one — the worker must not talk to that server. Here an impostor holds the first port picked (healthy,
-    another alias): the worker starts again on a second port and serves from its own server."""
+    another alias): the worker starts again on a second port and serves from its own server. (Our server lingers
+    0.3 s after it failed to bind, as a loaded machine may let it: the worker does ask the impostor who it is — else
+    a server quick to exit is never asked, and nothing here would check the asking.)"""
     import targets.llama_server_worker as w
 
     impostor, asked = impostor_server({"status": "ok", "model_alias": "someone-else", "slots": []})
     taken = impostor.server_address[1]
+    lingering = tmp_path / "llama-server"  # (on any other port it is the server itself: nothing left running)
+    lingering.write_text(f'#!/bin/sh\ncase " $* " in *" --port {taken} "*) "{server_binary()}" "$@"; rc=$?; '
+                         f'sleep 0.3; exit $rc;; esac\nexec "{server_binary()}" "$@"\n')
+    lingering.chmod(0o755)
+    monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", str(lingering))
     picks = iter([taken])
     real = w.free_port
     monkeypatch.setattr(w, "free_port", lambda: next(picks, None) or real())
