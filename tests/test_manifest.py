@@ -127,8 +127,8 @@ def test_run_lanes_for_a_row(tmp_path):
 
 @pytest.mark.llama
 def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
-    """Rows at a time run in processes: an error one raises (here: its fixture cannot be written: its directory is a file) is raised in the
-    caller, and rows not yet started never start; each lane that finished was told once."""
+    """Rows at a time run in processes: an error one raises (here: its fixture cannot be written, its directory is a
+    file) is raised in the caller once the row beside it finished, and no other row starts."""
     from fuzz.certify import _as_is, run_rows
 
     m = load_manifest(ROOT / "family_tiers.toml")
