@@ -37,11 +37,11 @@ from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
 from fuzz.oracles import ORACLES
-from fuzz.outputs import manifest_identity, merge, read_run, run_report, write_outputs
+from fuzz.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.prefix_cache import PrefixCacheConfig
 from fuzz.progress import Progress
 from fuzz.radix import LANE_PLANS, RadixConfig
-from fuzz.shards import load_durations, plan_shards
+from fuzz.shards import load_durations, measured, plan_shards, write_durations
 from fuzz.sweep import SweepConfig
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
@@ -95,6 +95,36 @@ def matrix(file: FileArg = None, tier: Annotated[int | None, Opt(help="only this
         return
     include = [{"row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(r.lanes)} for r in rows]
     print(json.dumps({"include": include}) if as_json else "\n".join(i["row"] for i in include))
+
+
+@app.command()
+def durations(runs: Annotated[list[Path], typer.Argument(help="directories written by `family-certify run --out` or "
+                                                              "`aggregate --out` (or their report.json)")],
+              into: Annotated[Path | None, Opt(help="the durations file to update (default: the committed one)")]
+              = None) -> None:
+    """Refresh the lane durations `matrix --shards` balances CI's shards by, from real runs: every row × lane the
+    runs ran takes the seconds it took (a later run wins; a missing or skipped lane measured nothing and keeps its
+    entry); every other entry is kept. Prints what changed."""
+    path = into or DURATIONS
+    old = load_durations(path) if path.exists() else {}
+    reports = [read_run(p) for p in runs]
+    got: dict[str, float] = {}
+    for rep in reports:
+        got.update(measured(rep["results"]))
+    if not got:
+        raise UserError("these runs ran no lane (every one missing or skipped): nothing measured; pass the --out "
+                        "directory of a run that ran")
+    new = {**old, **got}
+    builds = ", ".join(sorted({build_name(r["build"]) for r in reports}))
+    how = "; ".join(f"`{r['command']}` ({len(r['results'])} lanes, wall {r['wall_s']:.0f} s)" for r in reports)
+    write_durations(path, new, f"measured by `family-certify durations` from {how}, llama.cpp {builds}; rows or "
+                               f"lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
+                               f"`family-certify durations OUT...` with the --out directories of real runs "
+                               f"(CI's aggregate uploads one).")
+    changed = sum(k in old and old[k] != v for k, v in got.items())
+    print(f"{path}: {len(got)} row/lane durations measured ({changed} changed, {len(set(got) - set(old))} new), "
+          f"{len(new)} in all; the measured ones sum to {sum(got.values()):.0f} s "
+          f"(were {sum(old.get(k, 0.0) for k in got):.0f} s)")
 
 
 @dataclass

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 from synth.errors import UserError, read_text
 
 DEFAULT_SECONDS = 10.0  # a lane no run has measured on any row yet
 SCHEMA = 1
+NOT_MEASURED = ("missing", "skipped")  # a lane that did not run says nothing about how long it takes
 
 
 def load_durations(path: str | Path) -> dict[str, float]:
@@ -44,6 +46,17 @@ def load_durations(path: str | Path) -> dict[str, float]:
             raise UserError(f"{path}: {key}: {value!r} is not a finite number of seconds >= 0; {fix}")
         seconds[key] = float(value)
     return seconds
+
+
+def measured(results: list[dict[str, Any]]) -> dict[str, float]:
+    """"ROW/LANE" → seconds of the lanes a run report's results ran (a missing or skipped lane measured nothing)."""
+    return {f"{x['row']}/{x['lane']}": round(float(x.get("seconds", 0.0)), 2) for x in results
+            if x["status"] not in NOT_MEASURED}
+
+
+def write_durations(path: Path, seconds: dict[str, float], note: str) -> None:
+    path.write_text(json.dumps({"schema": SCHEMA, "note": note, "seconds": seconds}, indent=2, ensure_ascii=False)
+                    + "\n")
 
 
 def lane_estimates(durations: dict[str, float]) -> dict[str, float]:

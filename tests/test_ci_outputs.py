@@ -149,3 +149,43 @@ def test_junit_and_summary_say_each_status_their_way():
     assert "- skipped: b / prefix-cache: no llama-server" in md and "DSA top-k ties" in md
     # lanes in the manifest's order: isolation, handoff, prefix-cache
     assert "| a | 🟣 | ❌ |  |" in md and "| b | ⛔ | ⚪ | ➖ |" in md
+
+
+def test_durations_refresh_from_runs_what_they_ran(tmp_path):
+    """`durations RUN... --into FILE`: each row × lane the runs ran takes its seconds (the later run wins), a skipped
+    or missing lane keeps its old entry, entries no run reports stay; the file is one `matrix --shards` reads."""
+    from fuzz.outputs import run_report, write_outputs
+
+    into = tmp_path / "durations.json"
+    into.write_text(json.dumps({"schema": 1, "seconds": {"qwen3/load": 1.0, "qwen3/handoff": 9.0,
+                                                         "mamba/load": 4.0, "glm4/load": 5.0}}))
+
+    def run(name, lanes, wall):
+        results = [{"row": row, "lane": lane, "status": status, "seconds": s, "detail": ""}
+                   for row, lane, status, s in lanes]
+        rep = run_report(results, plan=[(row, [lane]) for row, lane, _, _ in lanes],
+                         manifest={"path": "family_tiers.toml", "sha256": "ab" * 32}, target="llama-cpp",
+                         llama_cpp_commit=None, wall_s=wall, command=f"family-certify run {name}",
+                         build={"llama_cpp_commit": "0c1e57098bba43ac", "toolkit": "0.1.0"})
+        write_outputs(tmp_path / name, rep)
+        return tmp_path / name
+
+    first = run("a", [("qwen3", "load", "pass", 2.0), ("qwen3", "handoff", "skipped", 0.0),
+                      ("mamba", "load", "pass", 3.25)], 6.0)
+    second = run("b", [("mamba", "load", "finding", 7.5), ("qwen2", "load", "pass", 0.5),
+                       ("glm4", "load", "missing", 0.0)], 9.0)
+    r = run_cli("family-certify", "durations", str(first), str(second / "report.json"), "--into", str(into))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3 row/lane durations measured (2 changed, 1 new), 5 in all" in r.stdout
+    data = json.loads(into.read_text())
+    assert data["seconds"] == {"qwen3/load": 2.0, "qwen3/handoff": 9.0, "mamba/load": 7.5, "glm4/load": 5.0,
+                               "qwen2/load": 0.5}
+    assert "`family-certify run a` (3 lanes, wall 6 s)" in data["note"]
+    shards = run_cli("family-certify", "matrix", "--tier", "1", "--shards", "1", "--durations", str(into))
+    assert shards.returncode == 0, shards.stderr
+    (only,) = json.loads(shards.stdout)["include"]
+    assert only["seconds"] > 7.5 + 2.0 + 9.0  # qwen3 and its lanes as measured, the other rows by lane medians
+    for args in ([str(tmp_path / "nowhere")], [str(run("c", [("qwen3", "load", "skipped", 0.0)], 1.0))]):
+        bad = run_cli("family-certify", "durations", *args, "--into", str(into))
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert json.loads(into.read_text()) == data  # refused: the file as it was
