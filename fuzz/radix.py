@@ -49,6 +49,7 @@ VERSION = "r1"
 PROMPTS = ("T", "B0", "B1", "L", "U")
 STREAMED = ("complete", "continue", "cancel")
 CODES = {"c": "complete", "k": "continue", "x": "cancel", "s": "save", "r": "restore", "e": "erase"}
+INF = 1 << 30  # a step after every script's last
 CANCEL_AFTER = 2  # a disconnecting client goes away after this many streamed tokens
 TAIL = 2  # tokens a continue adds after the previous answer
 N_CTX_PER_SLOT = 160  # cells asked per slot (-c); llama.cpp pads each to 256, and the capacity probe reads that
@@ -63,8 +64,9 @@ REUSE_POLICY = ("prompt tokens the server must take from its cache, per request,
                 "re-processes unless --swa-full). Reuse through the host prompt cache (--cache-ram) is counted, "
                 "not promised. With a unified KV cache (--kv-unified, llama-server's layout when -np is not "
                 "given) a completion that starts saves every idle slot to the host cache and clears it "
-                "(--cache-idle-slots, on by default): from another client's start on, nothing is promised from "
-                "a slot's own tokens.")
+                "(--cache-idle-slots, on by default): nothing is promised from a slot's own tokens when another "
+                "client's completion may have started between what filled the slot and this request — starts the "
+                "schedule does not order by a wait reach the server in either order.")
 
 
 @dataclass(frozen=True)
@@ -483,10 +485,10 @@ class Radix:
             self._load(t, slots=k, cache_ram=self.cfg.cache_ram, kv_unified=self.cfg.kv_unified)
             for n, step in enumerate(sched.script):
                 for c, point in step.waits:
-                    self._await(current[c], point, ops)
+                    self._await(current[c], point, ops, n)
                 c = step.client
                 if current[c] is not None:
-                    self._await(current[c], "done", ops)
+                    self._await(current[c], "done", ops, n)
                 op = sched.clients[c][nxt[c]]
                 name = f"{letter(c)}{nxt[c]}"
                 prompt = op.prompt if op.kind in ("complete", "cancel") else \
@@ -511,7 +513,7 @@ class Radix:
                 nxt[c] += 1
             for name in current:
                 if name is not None:
-                    self._await(name, "done", ops)
+                    self._await(name, "done", ops, len(sched.script))
         except _Stop as e:
             run.findings.append({"kind": "server-crash" if e.kind == "server_crash" else
                                  "hung" if e.kind in ("op_timeout", "timeout") else "request-failed",
@@ -522,8 +524,13 @@ class Radix:
             self._after(run, ops, ref)
         return run
 
-    def _await(self, name: str | None, point: str, ops: dict[str, dict[str, Any]]) -> None:
-        if name is None or "result" in ops[name]:
+    def _await(self, name: str | None, point: str, ops: dict[str, dict[str, Any]], step: int) -> None:
+        """Wait for operation `name` to reach `point`. `known` (its first await): the step from which on the server
+        had it — an operation started before that step may have reached the server before or after it."""
+        if name is None:
+            return
+        ops[name].setdefault("known", step)
+        if "result" in ops[name]:
             return
         r = self.srv.call("await", name=name, point=point, timeout=self.cfg.timeout / 2)
         if not r.ok:
@@ -534,6 +541,7 @@ class Radix:
     def _judge(self, run: Run, ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
         """Answers against the cold run; reuse against what the client's slot held."""
         held: dict[int, list[int] | None] = {}
+        since: dict[int, dict[str, Any]] = {}  # the operation that put held[c] in client c's slot
         saved: dict[int, list[int] | None] = {}
         for name, o in sorted(ops.items(), key=lambda kv: kv[1]["step"]):
             op, c, got = o["op"], o["client"], o["result"]
@@ -554,6 +562,8 @@ class Radix:
                     run.findings.append({"kind": "diverged", "op": op.kind, "client": c,
                                          "message": f"{where}: {why} (cold run: {want['tokens']})"})
                 if op.kind != "cancel":
+                    if self.cfg.kv_unified and held.get(c) and cleared(o, since[c], ops):
+                        held[c] = None
                     floor = self.floor(held.get(c, []), prompt)
                     run.reused += got["cache_n"]
                     run.promised += floor
@@ -563,14 +573,13 @@ class Radix:
                                              f"{where}: {got['cache_n']} prompt tokens from the cache, but the "
                                              f"slot held {len(held[c])} tokens (from {source}) of which this "
                                              f"{len(prompt)}-token prompt extends {floor}"})
-                held[c] = None if op.kind == "cancel" else prompt + want["tokens"][:-1]
-                if self.cfg.kv_unified:  # every other slot may have been idle at this start: saved and cleared
-                    held.update({d: None for d in range(len(run.schedule.clients)) if d != c})
+                held[c], since[c] = (None if op.kind == "cancel" else prompt + want["tokens"][:-1]), o
             elif op.kind == "save":
                 saved[c] = held.get(c, [])
             elif op.kind == "restore":
                 back = saved.get(c)
                 held[c] = back if back is not None and got["n_tokens"] == len(back) else None
+                since[c] = o
                 for later in ops.values():  # the next operation on this slot reads restored tokens
                     if later["client"] == c and later["step"] > o["step"]:
                         later["restored"] = True
@@ -609,6 +618,17 @@ class Radix:
                 run.findings.append({"kind": "metrics", "op": "-", "client": None, "message": msg})
         run.findings += [{"kind": "capacity", "op": "-", "client": c, "message": f"after the schedule, {why}"}
                          for c, why in capacity_problems(t, self.info.n_vocab, run.schedule.seed)]
+
+
+def cleared(z: dict[str, Any], x: dict[str, Any], ops: dict[str, dict[str, Any]]) -> bool:
+    """With one KV cache for all slots: may another client's completion have started on the server after x (the
+    operation that filled z's slot: its last completion, or a restore) and before z? Its start saved z's idle slot
+    to the host cache and cleared it. Two starts reach the server in either order unless the script waited for the
+    first (`known`: the step from which on the engine knew the server had it) before starting the second, so a
+    start is harmless only if the server surely had it before x, or surely had z before it."""
+    return any(y["client"] != z["client"] and y["op"].kind in STREAMED
+               and not y.get("known", INF) <= x["step"] and not z.get("known", INF) <= y["step"]
+               for y in ops.values())
 
 
 class _Stop(Exception):

@@ -20,6 +20,7 @@ from fuzz.radix import (
     Radix,
     RadixConfig,
     Schedule,
+    cleared,
     interleavings,
     parse_plans,
     pct_events,
@@ -199,6 +200,41 @@ def test_a_unified_cache_forfeits_an_idle_slot_at_another_clients_start(binary, 
 
     assert RADIX.case_config(RadixConfig(kv_unified=True))["kv_unified"] is True
     assert PREFIX_CACHE.case_config(PrefixCacheConfig(kv_unified=True))["kv_unified"] is True
+
+
+def test_an_unordered_start_may_clear_a_unified_slot():
+    """`cleared(z, x, ops)`: another client's completion y clears z's slot unless the engine knew the server had y
+    before x was started (y.known <= x.step) or had z before y was started (z.known <= y.step). Slot actions and
+    z's own client never clear it."""
+    def op(client, kind, step, known):
+        return {"client": client, "op": Op(kind, "T"), "step": step, "known": known}
+
+    x, z = op(0, "complete", 0, 1), op(0, "continue", 3, 6)
+    for y, clears in ((op(1, "complete", 2, 4), True),   # between x and z: the old rule's case
+                      (op(1, "cancel", 4, 5), True),     # right after z, before the server surely had z
+                      (op(1, "complete", 0, 1), True),   # right before x, not known to the server before x started
+                      (op(1, "complete", 0, 0), False),  # the server had it before x started
+                      (op(1, "complete", 6, 7), False),  # started once the server had z
+                      (op(1, "restore", 2, 3), False),   # a slot action clears nothing
+                      (op(0, "complete", 2, 3), False)):  # z's own client
+        assert cleared(z, x, {"x": x, "z": z, "y": y}) is clears, y
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_a_start_the_script_does_not_order_forfeits_a_unified_slot(binary, fixtures):
+    """A completes T, saves, completes U, restores T and continues it; B disconnects from B0 mid-stream. One KV cache
+    (--kv-unified): with B's start and A's restore back to back the server takes either first, and when the restore
+    comes first B's start clears the restored idle slot and A's continue reuses nothing (seen now and then on
+    smollm3, every time when B's request was held back 50 ms): nothing is promised. With the restore waiting for
+    B's first token the server surely had B first: the 29 restored tokens are promised and reused."""
+    fixture = fixtures("llama", layers=4)
+    racing, ordered = (Radix(fixture, RadixConfig(replay=f"r1:0:6:24:cT,s,cU,r,k/xB0:A.A.A.Bad.{step}.Abd",
+                                                  kv_unified=True)).run() for step in ("A", "Abp"))
+    assert racing["status"] == ordered["status"] == "pass", racing["finding"] or ordered["finding"]
+    assert racing["runs"][0]["promised"] == 0
+    assert ordered["runs"][0]["promised"] == 29
+    assert {o["op"]: o["cache_n"] for o in ordered["runs"][0]["ops"] if o["op"] == "A4"} == {"A4": 29}
 
 
 @pytest.mark.llama
