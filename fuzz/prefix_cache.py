@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, PASS, Finding, Oracle, Report, make_report
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
 from targets.llama_server_worker import NO_SERVER
 
 NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
+NOISE_FACTOR = 4.0  # one KV cache for all slots: picks are judged where the margin exceeds this × the measured move
+UNCACHED_TRIES = 8  # runs of a round with the prompt cache off, at most, that may show an answer is not the cache's
 
 
 @dataclass
@@ -45,6 +47,9 @@ class ServerFinding:
     round: int | None
     message: str
     reproduced: bool | None = None
+    prompt: str | None = None  # diverged: the prompt's name
+    answer: list[int] | None = None  # diverged: what the server answered
+    cause: dict[str, Any] | None = None  # diverged, explained as numerics (placement_cause)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,6 +93,8 @@ class PrefixCache:
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.info = inspect_file(str(self.fixture))
+        self.near_tie = NEAR_TIE
+        self.noise: dict[str, Any] | None = None  # a unified layout's measured placement move (placement_noise)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -101,6 +108,8 @@ class PrefixCache:
                 raise UserError(f"{NO_SERVER} (the prefix-cache lane needs it)")
             try:
                 reference = self._reference(ref_t, sched)
+                if cfg.kv_unified:
+                    self.measure_noise(srv, sched.prompts, reference)
                 findings, rounds = self._schedule(srv, sched, reference)
             except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
                 findings = [ServerFinding("server-crash", None, str(e),
@@ -111,12 +120,69 @@ class PrefixCache:
                     again, _ = self._schedule(srv, sched, reference)
                     for f in findings:
                         f.reproduced = any(g.kind == f.kind and g.round == f.round for g in again)
+                if cfg.kv_unified:  # where a sequence sat may explain a different answer: not the cache
+                    self.explain(ref_t, sched, reference, findings)
         finally:
             close_all([ref_t, srv])
+        numerics = [f for f in findings if f.cause]
+        findings = [f for f in findings if not f.cause]
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
                 "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
                 "schedule": sched.to_dict(), "rounds": rounds, "findings": [f.to_dict() for f in findings],
-                "status": FINDING if findings else PASS}
+                "numerics": [f.to_dict() for f in numerics],
+                **({"noise": self.noise} if self.noise else {}), "status": FINDING if findings else PASS}
+
+    def explain(self, t: Target, sched: Schedule, cold: dict[str, dict[str, Any]],
+                findings: list[ServerFinding]) -> None:
+        """A different answer the same round gives with the prompt cache off (on one KV cache for the slots, each
+        request computed afresh, up to UNCACHED_TRIES times) is not the cache's doing: where the sequence sat and
+        what it was batched with moved it (deepseek3: DSA's indexer keeps tied keys by cell, a known upstream finding,
+        corpora/repros/deepseek32-isolation-unified-kv). So is one that leaves the cold answer at or after a step
+        where those cache-off answers already leave it (placement decides from there on). The rest stay findings."""
+        cfg = self.cfg
+        rounds = sorted({f.round for f in findings if f.kind == "diverged" and f.round is not None})
+        seen: dict[int, dict[str, set[tuple[int, ...]]]] = {k: {} for k in rounds}
+        for k in rounds:
+            names = sched.rounds[k]
+            wanted = {(str(f.prompt), tuple(f.answer or ())) for f in findings if f.kind == "diverged" and f.round == k}
+            for _ in range(UNCACHED_TRIES):  # (until every different answer of the round recurred)
+                self._load(t, slots=cfg.slots, cache_ram=0, kv_unified=True)
+                reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.tokens, "cache_prompt": False} for n in names]
+                r = t.call("complete", requests=reqs, concurrent=True)
+                if not r.ok:
+                    break
+                for n, got in zip(names, r.data["results"], strict=True):
+                    if "error" not in got:
+                        seen[k].setdefault(n, set()).add(tuple(got["tokens"]))
+                if all(a in seen[k].get(n, ()) for n, a in wanted):
+                    break
+        for f in findings:
+            if f.kind != "diverged" or f.round not in seen or f.prompt is None or f.answer is None:
+                continue
+            ref = cold[f.prompt]
+            answers = seen[f.round].get(f.prompt, set())
+            k = parted(ref, {"tokens": f.answer})
+            moves = [j for j in (parted(ref, {"tokens": list(a)}) for a in answers) if j is not None]
+            if tuple(f.answer) in answers:
+                f.cause = {"kind": "shared KV cache, not the prompt cache",
+                           "detail": f"round {f.round} with the prompt cache off (every request computed afresh, "
+                                     f"up to {UNCACHED_TRIES} tries) answers {f.prompt} the same: where the "
+                                     f"sequence sits in the one KV cache and what it is batched with moved it"}
+            elif k is not None and moves and min(moves) <= k:
+                f.cause = {"kind": "shared KV cache, not the prompt cache",
+                           "detail": f"round {f.round} with the prompt cache off already leaves the cold answer of "
+                                     f"{f.prompt} at step {min(moves)} (this one at step {k}): from there on where "
+                                     f"the sequence sits in the one KV cache decides its tokens"}
+
+    def measure_noise(self, t: Target, prompts: dict[str, list[int]], cold: dict[str, Any]) -> None:
+        """One KV cache for all slots: answers are judged only where the cold margin clears NOISE_FACTOR × what
+        placement moves them (placement_noise); a move that cannot be measured leaves NEAR_TIE."""
+        cfg = self.cfg
+        move, how = placement_noise(t, self.fixture, prompts, cold, cfg.tokens, self.info.n_vocab, cfg.seed,
+                                    2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
+        if move is not None:
+            self.near_tie = max(NEAR_TIE, NOISE_FACTOR * move)
+        self.noise = {"placement": move, "how": how, "near_tie": self.near_tie}
 
     def _load(self, t: Target, **params: Any) -> None:
         load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
@@ -144,10 +210,11 @@ class PrefixCache:
                     findings.append(ServerFinding("request-failed", k, f"{name}: {got['error']}"))
                     continue
                 reused.append(got["cache_n"])
-                why = compare(reference[name], got)
+                why = compare(reference[name], got, self.near_tie)
                 if why:
                     findings.append(ServerFinding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} "
-                                                  f"prompt tokens from the cache): {why}"))
+                                                  f"prompt tokens from the cache): {why}", prompt=name,
+                                                  answer=got["tokens"]))
             busy = busy_slots(t)
             if busy:
                 findings.append(ServerFinding("leaked-slot", k, f"slots {busy} still processing after round {k} "
@@ -199,6 +266,60 @@ def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens
     return dict(zip(prompts, r.data["results"], strict=True))
 
 
+def moved(ref: dict[str, Any], got: dict[str, Any]) -> float:
+    """The largest |Δ logprob| of a top candidate both answers list, over the steps up to where they part."""
+    worst = 0.0
+    for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
+        mine = {int(i): lp for i, lp in (got["top"][k] if k < len(got["top"]) else [])}
+        worst = max([worst] + [abs(lp - mine[int(i)]) for i, lp in ref["top"][k] if int(i) in mine])
+        if a != b:
+            break
+    return worst
+
+
+def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], cold: dict[str, Any], tokens: int,
+                    n_vocab: int, seed: int, n_ctx: int) -> tuple[float | None, str]:
+    """With one KV cache for all slots (and flash attention, llama-server's default) where a sequence's cells sit
+    moves its logits: attention sums the cells in cell order. A sequence restored from a slot file or the host
+    cache continues into cells another slot held a moment ago (--cache-idle-slots clears idle slots), below its
+    own, and its answer moves by a few 1e-3 on these fixtures (its restored rows are byte-identical to the saved
+    ones; left where it was, it matches the cold run to 1e-6). Measured per prompt on the real server, cache off
+    but for that one reuse: the prompt answered on slot 0 and saved; slot 0 erased; a filler on slot 1 takes the
+    low cells; the save restored on slot 0 above it; slot 1 erased; the prompt again on slot 0, reusing all but
+    its last token. (largest move against the cold answers, how), or (None, why it could not be measured)."""
+    rng = np.random.Generator(np.random.PCG64(seed + 77))
+    load_server(t, fixture, slots=2, cache_ram=0, kv_unified=True, n_ctx=n_ctx)
+
+    def step(name: str, **req: Any) -> dict[str, Any]:
+        sent = t.call("submit", name=name, **req)
+        done = t.call("await", name=name, point="done", timeout=30) if sent.ok else sent
+        if not done.ok or "error" in done.data["result"]:
+            raise RuntimeError(f"{name}: {done.failure.message if not done.ok else done.data['result']['error']}")
+        return done.data["result"]
+
+    worst = 0.0
+    try:
+        for n, (name, prompt) in enumerate(prompts.items()):
+            filler = [int(x) for x in rng.integers(0, n_vocab, len(prompt) + tokens + 2)]
+            step(f"noise-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0, cache_prompt=False)
+            step(f"noise-save-{n}", kind="save", slot=0, file=f"noise-{n}")
+            step(f"noise-erase-{n}", kind="erase", slot=0)
+            step(f"noise-filler-{n}", kind="complete", prompt=filler, n_predict=1, slot=1, cache_prompt=False)
+            step(f"noise-restore-{n}", kind="restore", slot=0, file=f"noise-{n}")
+            step(f"noise-free-{n}", kind="erase", slot=1)
+            got = step(f"noise-again-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0)
+            worst = max(worst, moved(cold[name], got))
+    except RuntimeError as e:
+        return None, f"not measured ({e})"
+    return worst, ("each prompt restored into cells above another slot's, which then freed them, and continued "
+                   "there, against its cold answer")
+
+
+def parted(ref: dict[str, Any], got: dict[str, Any]) -> int | None:
+    """The first step where got's tokens leave ref's (None: got is ref's, or a prefix of it)."""
+    return next((k for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b), None)
+
+
 PROBE_PREDICT = 2  # tokens a capacity probe generates
 PROBE_SLACK = 2  # cells of a slot a capacity probe leaves unused: a slot holding more than this it cannot take
 
@@ -239,12 +360,12 @@ def busy_slots(t: Target) -> list[int]:
     return [s["id"] for s in r.data["slots"] if s["is_processing"]]
 
 
-def compare(ref: dict[str, Any], got: dict[str, Any]) -> str | None:
+def compare(ref: dict[str, Any], got: dict[str, Any], near_tie: float = NEAR_TIE) -> str | None:
     """Why got's greedy continuation is not the reference's, or None. Steps where the reference's top-2 logprob
-    margin is below NEAR_TIE end the comparison (numerics may pick either there)."""
+    margin is below `near_tie` end the comparison (numerics may pick either there)."""
     for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
         top = ref["top"][k] if k < len(ref["top"]) else []
-        if len(top) >= 2 and top[0][1] - top[1][1] < NEAR_TIE:
+        if len(top) >= 2 and top[0][1] - top[1][1] < near_tie:
             return None
         if a != b:
             return f"token {k}: {b} instead of {a}"
@@ -259,11 +380,22 @@ def format_report(rep: dict[str, Any]) -> str:
     for r in rep["rounds"]:
         lines.append(f"  round {r['round']}: {', '.join(r['prompts'])}; prompt tokens from the cache {r['cache_n']}"
                      + (f"; BUSY after: {r['busy_after']}" if r["busy_after"] else ""))
+    if rep.get("noise"):
+        lines.append(noise_line(rep["noise"]))
     for f in rep["findings"]:
         where = f"round {f['round']}, " if f["round"] is not None else ""
         lines.append(f"  FINDING {f['kind']} ({where}reproduced={f['reproduced']}): {f['message']}")
+    for f in rep.get("numerics", ()):
+        lines.append(f"  numerics, not the cache (round {f['round']}): {f['message']}; {f['cause']['detail']}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)
+
+
+def noise_line(noise: dict[str, Any]) -> str:
+    """What a unified layout's placement moves answers by, and the margin below which picks are not judged."""
+    move = "not measured" if noise["placement"] is None else f"{noise['placement']:.2g}"
+    return (f"  one KV cache for all slots: placement moves answers by {move} ({noise['how']}); picks at margins "
+            f"below {noise['near_tie']:.2g} not judged")
 
 
 
@@ -274,12 +406,19 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
     data = pc.run()
     data.update(n_layer=pc.info.n_layer, target=cfg.target)
     found = {f["round"] for f in data["findings"]}
-    results = [{**r, "status": FINDING if r["round"] in found else PASS} for r in data["rounds"]]
+    moved = {f["round"] for f in data["numerics"]}
+    results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in moved else PASS}
+               for r in data["rounds"]]
     findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
                         phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f,
                         message=f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "")
                         + f": {f['message']}") for f in data["findings"]]
-    return make_report("prefix-cache", fixture, data, results=results, findings=findings, extra=("schedule",))
+    numerics = [Finding(oracle="prefix-cache", status=NUMERICS, phase=f["kind"], step=f["round"],
+                        reproduced=f["reproduced"], cause=f["cause"], detail=f,
+                        message=f"{f['kind']} in round {f['round']}: {f['message']}; cause: {f['cause']['kind']}")
+                for f in data["numerics"]]
+    return make_report("prefix-cache", fixture, data, results=results, findings=findings, numerics=numerics,
+                       extra=("schedule", "noise"))
 
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),

@@ -38,7 +38,18 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.prefix_cache import ServerCrash, busy_slots, capacity_problems, cold_answers, compare, load_server
+from fuzz.prefix_cache import (
+    NEAR_TIE,
+    NOISE_FACTOR,
+    ServerCrash,
+    busy_slots,
+    capacity_problems,
+    cold_answers,
+    compare,
+    load_server,
+    noise_line,
+    placement_noise,
+)
 from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -372,6 +383,8 @@ class Radix:
         self.refs: dict[tuple[int, int, int], dict[str, Any]] = {}  # (seed, tokens, trunk) → cold answers
         self.ref_t: Target | None = None
         self.srv: Target | None = None
+        self.near_tie = NEAR_TIE
+        self.noise: dict[str, Any] | None = None  # a unified layout's measured placement move (placement_noise)
 
     # ---- the whole run --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -412,7 +425,7 @@ class Radix:
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
                 "llama_cpp_commit": hello.data.get("llama_cpp_commit"), "explored": explored,
                 "runs": [r.to_dict() for r in runs], "finding": found.to_dict() if found else None,
-                "flaky": flaky, "reuse_policy": REUSE_POLICY,
+                "flaky": flaky, "reuse_policy": REUSE_POLICY, **({"noise": self.noise} if self.noise else {}),
                 "timing": {"seconds": round(time.perf_counter() - t0, 3)},
                 "status": FINDING if found else PASS}
 
@@ -452,6 +465,15 @@ class Radix:
             prompts = {n: tree[n] for n in PROMPTS}
             answers = cold_answers(self.ref_t, self.fixture, prompts, sched.tokens)
             self.refs[key] = {"prompts": prompts, "answers": answers, "tail": tree["tail"], "tokens": sched.tokens}
+            if self.cfg.kv_unified and self.noise is None:  # (on the server each schedule reloads anyway)
+                try:
+                    move, how = placement_noise(self.srv, self.fixture, prompts, answers, sched.tokens,
+                                                self.info.n_vocab, sched.seed, 2 * N_CTX_PER_SLOT)
+                except ServerCrash as e:
+                    raise _Stop("server_crash", str(e)) from None
+                if move is not None:
+                    self.near_tie = max(NEAR_TIE, NOISE_FACTOR * move)
+                self.noise = {"placement": move, "how": how, "near_tie": self.near_tie}
         return self.refs[key]
 
     def grow(self, ref: dict[str, Any], name: str) -> None:
@@ -557,7 +579,7 @@ class Radix:
                 if op.kind == "cancel":  # judged as far as it streamed
                     n = min(len(got["tokens"]), len(want["tokens"]))
                     want, got = {**want, "tokens": want["tokens"][:n]}, {**got, "tokens": got["tokens"][:n]}
-                why = compare(want, got)
+                why = compare(want, got, self.near_tie)
                 if why:
                     run.findings.append({"kind": "diverged", "op": op.kind, "client": c,
                                          "message": f"{where}: {why} (cold run: {want['tokens']})"})
@@ -732,6 +754,8 @@ def format_report(rep: dict[str, Any]) -> str:
     promised = sum(r["promised"] for r in rep["runs"])
     lines = [f"radix {rep['fixture']}: arch {rep['arch']}, {what}: {rep['explored']} schedules in "
              f"{rep['timing']['seconds']:.1f} s; prompt tokens from the cache {reused} (promised {promised})"]
+    if rep.get("noise"):
+        lines.append(noise_line(rep["noise"]))
     for fl in rep["flaky"]:
         lines.append(f"  not reproduced (not reported): {fl['replay']}: {fl['first'][0]['message']}")
     f = rep["finding"]
@@ -760,7 +784,7 @@ def report(fixture: Path, cfg: RadixConfig) -> Report:
                                              "where": where},
                                 detail={"replay": f["replay"], "findings": f["findings"]}))
     return make_report("radix", fixture, data, results=data["runs"], findings=findings,
-                       extra=("explored", "flaky", "reuse_policy"))
+                       extra=("explored", "flaky", "reuse_policy", "noise"))
 
 
 def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:

@@ -239,6 +239,23 @@ def test_a_start_the_script_does_not_order_forfeits_a_unified_slot(binary, fixtu
 
 @pytest.mark.llama
 @pytest.mark.server
+def test_a_unified_layout_measures_what_placement_moves(binary, fixtures):
+    """With one KV cache for the slots, a sequence restored into cells above another slot's, which then frees them,
+    continues into those cells and its answer moves by a few 1e-3 (flash attention sums cells in cell order; the
+    restored rows are the saved bytes): measured once per run, picks at margins below 4x it are not judged. One
+    KV cache per slot: nothing measured, the strict margin stays."""
+    fixture = fixtures("llama", layers=4)
+    script = "r1:0:6:24:cT,k/cB0:A.Bad.Abd"
+    unified = Radix(fixture, RadixConfig(replay=script, kv_unified=True)).run()
+    per_slot = Radix(fixture, RadixConfig(replay=script)).run()
+    assert unified["status"] == per_slot["status"] == "pass"
+    noise = unified["noise"]
+    assert 1e-3 < noise["placement"] < 2e-2 and noise["near_tie"] == pytest.approx(4 * noise["placement"])
+    assert "noise" not in per_slot
+
+
+@pytest.mark.llama
+@pytest.mark.server
 def test_the_host_prompt_cache_path_is_exercised(binary, fixtures):
     """T moved out of slot A by U (into the host cache, --cache-ram), then asked for again on slot A: its answer is
     the cold run's, taken from the cache. On slot B (which holds U) it may come from the cache too: whether slot A
