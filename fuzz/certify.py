@@ -297,28 +297,40 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
-    plan's interleavings)."""
+    plan's interleavings), in both KV layouts llama-server has: one cache per slot (-np given) and one for all
+    slots (its default without -np)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
                           NO_SERVER)
     server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
-    rounds, rounds_case = oracle_run("prefix-cache", path, PrefixCacheConfig(rounds=3, tokens=6, target=server))
-    sched, sched_case = oracle_run("radix", path, RadixConfig(plan=LANE_PLANS, limit=12, budget=60.0,
-                                                              tokens=6, target=server))
-    reps = [rounds, sched]
+    reps, cases = [], []
+    for unified in (False, True):
+        for oracle, cfg in (("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
+                            ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=30.0, tokens=6, target=server,
+                                                  kv_unified=unified))):
+            rep, case = oracle_run(oracle, path, cfg)
+            reps.append(rep)
+            cases.append(case)
+    rounds = [r for r in reps if r.oracle == "prefix-cache"]
+    scheds = [r for r in reps if r.oracle == "radix"]
     bad = next((r for r in reps if r.findings), None)
     if bad is None:
-        reused = sum(c for r in rounds.results for c in r["cache_n"])
-        detail = (f"llama-server, {len(rounds.results)} rounds of concurrent duplicate inserts: answers as uncached, "
-                  f"slots freed; {reused} prompt tokens from the cache; {sched.extra['explored']} radix schedules "
-                  f"(save, restore, disconnect, second turns, host cache): clean, "
-                  f"{sum(r['reused'] for r in sched.results)} prompt tokens reused "
-                  f"(promised {sum(r['promised'] for r in sched.results)})")
+        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
+        noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
+        moved = sum(len(r.numerics) for r in reps)
+        detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
+                  f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
+                  f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
+                  f"turns, host cache): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
+                  f"reused (promised {sum(x['promised'] for r in scheds for x in r.results)})"
+                  + (f"; one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
+                     f"{noise['near_tie']:.1g} not judged" if noise and noise["placement"] is not None else "")
+                  + (f"; {moved} answers moved by the shared KV cache, not the prompt cache" if moved else ""))
     else:
         f = bad.findings[0]
-        detail = f"{bad.oracle}: {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
-    return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps,
-                      cases=[rounds_case, sched_case])
+        layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
+        detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps, cases=cases)
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
