@@ -76,6 +76,9 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
 
 
 DURATIONS = Path(__file__).resolve().parent.parent / ".github" / "family-certify-durations.json"
+DURATIONS_TAIL = ("; rows or lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
+                  "`family-certify durations OUT...` with the --out directories of real runs (CI's aggregate uploads "
+                  "one).")
 
 
 @app.command()
@@ -117,10 +120,12 @@ def durations(runs: Annotated[list[Path], typer.Argument(help="directories writt
     new = {**old, **got}
     builds = ", ".join(sorted({build_name(r["build"]) for r in reports}))
     how = "; ".join(f"`{r['command']}` ({len(r['results'])} lanes, wall {r['wall_s']:.0f} s)" for r in reports)
-    write_durations(path, new, f"measured by `family-certify durations` from {how}, llama.cpp {builds}; rows or "
-                               f"lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
-                               f"`family-certify durations OUT...` with the --out directories of real runs "
-                               f"(CI's aggregate uploads one).")
+    kept = len(set(old) - set(got))
+    earlier = str(json.loads(path.read_text()).get("note", "")).split(DURATIONS_TAIL)[0] if kept else ""
+    write_durations(path, new, f"{len(got)} measured by `family-certify durations` from {how}, llama.cpp {builds}"
+                               + (f"; the other {kept} kept from before" + (f" ({earlier})" if earlier else "")
+                                  if kept else "")
+                               + DURATIONS_TAIL)
     changed = sum(k in old and old[k] != v for k, v in got.items())
     print(f"{path}: {len(got)} row/lane durations measured ({changed} changed, {len(set(got) - set(old))} new), "
           f"{len(new)} in all; the measured ones sum to {sum(got.values()):.0f} s "

@@ -180,7 +180,9 @@ def test_durations_refresh_from_runs_what_they_ran(tmp_path):
     data = json.loads(into.read_text())
     assert data["seconds"] == {"qwen3/load": 2.0, "qwen3/handoff": 9.0, "mamba/load": 7.5, "glm4/load": 5.0,
                                "qwen2/load": 0.5}
-    assert "`family-certify run a` (3 lanes, wall 6 s)" in data["note"]
+    assert data["note"].startswith("3 measured by `family-certify durations` from `family-certify run a` (3 lanes, "
+                                   "wall 6 s); `family-certify run b` (3 lanes, wall 9 s)")
+    assert "; the other 2 kept from before; rows or lanes missing" in data["note"]  # (the file had no note)
     shards = run_cli("family-certify", "matrix", "--tier", "1", "--shards", "1", "--durations", str(into))
     assert shards.returncode == 0, shards.stderr
     (only,) = json.loads(shards.stdout)["include"]
