@@ -49,7 +49,7 @@ class ServerFinding:
     reproduced: bool | None = None
     prompt: str | None = None  # diverged: the prompt's name
     answer: list[int] | None = None  # diverged: what the server answered
-    cause: dict[str, Any] | None = None  # diverged, explained as numerics (placement_cause)
+    cause: dict[str, Any] | None = None  # diverged, and not the prompt cache's doing (PrefixCache.explain)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -406,8 +406,8 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
     data = pc.run()
     data.update(n_layer=pc.info.n_layer, target=cfg.target)
     found = {f["round"] for f in data["findings"]}
-    moved = {f["round"] for f in data["numerics"]}
-    results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in moved else PASS}
+    explained = {f["round"] for f in data["numerics"]}
+    results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in explained else PASS}
                for r in data["rounds"]]
     findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
                         phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f,
