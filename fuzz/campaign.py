@@ -79,7 +79,7 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
                           seed=seed)
     if oracle == "radix":
         plans = LANE_PLANS.split(";")
-        return RadixConfig(plan=pick(*plans), limit=3, budget=30.0, tokens=4,
+        return RadixConfig(plan=pick(*plans), limit=3, budget=30.0, tokens=4, kv_unified=pick(False, True),
                            target=target if target.startswith("mutant:radix") else "llama-server", seed=seed)
     raise UserError(f"--oracle {oracle!r}: campaigns run {', '.join(ORACLES)}")
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fuzz.campaign import merge, parse_budget, parse_shard
+from fuzz.campaign import case_config, merge, parse_budget, parse_shard
 from fuzz.schemas import validate
 from synth.errors import UserError
 from synth.strategies import random_spec
@@ -30,6 +30,16 @@ def test_a_case_is_a_function_of_seed_and_index():
     again = [random_spec(np.random.Generator(np.random.PCG64([7, i])), None, 8) for i in range(30)]
     assert draw == again and sum(s is not None for s in draw) >= 27
     assert len({s.family for s in draw if s}) >= 8  # spread over the families
+
+
+def test_radix_cases_draw_both_kv_layouts_and_every_lane_plan():
+    """A campaign's radix cases run llama-server's two layouts (one KV cache per slot, one for all slots: its default
+    without -np) and every plan of the lane, each case the same from its (seed, index)."""
+    cases = [case_config("radix", np.random.Generator(np.random.PCG64([7, i])), 4, "llama-cpp", 0) for i in range(40)]
+    assert cases == [case_config("radix", np.random.Generator(np.random.PCG64([7, i])), 4, "llama-cpp", 0)
+                     for i in range(40)]
+    assert {c.kv_unified for c in cases} == {False, True}
+    assert len({c.plan for c in cases}) == 3 and {c.target for c in cases} == {"llama-server"}
 
 
 @pytest.mark.llama
