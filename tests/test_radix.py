@@ -314,6 +314,22 @@ def test_both_halves_of_h1_are_caught_shrunk_and_replayed(binary, fixtures, tmp_
 
 @pytest.mark.llama
 @pytest.mark.server
+@pytest.mark.parametrize("mutant,replay,kind", [
+    ("radix-dup-leak", "r1:0:3:4:cU/cU:A.B", "leaked-slot"),
+    ("radix-replace-live-borrower", "r1:0:3:4:cU,k/cU:A.A.Bap", "diverged"),
+    ("radix-restore-reuses-nothing", "r1:0:8:24:cT,s,cU,r,k:A.A.A.A.A", "no-reuse")])
+def test_the_h1_mutants_are_caught_with_one_kv_cache_too(binary, fixtures, mutant, replay, kind):
+    """The lane runs llama-server's default layout too (one KV cache for all slots): each re-created radix bug is
+    caught there on its shrunk schedule, reproduced 3 of 3, and the real server passes the same schedule."""
+    fixture = fixtures("llama", layers=4)
+    caught = Radix(fixture, RadixConfig(replay=replay, kv_unified=True, target=f"mutant:{mutant}")).run()
+    assert caught["status"] == "finding" and caught["finding"]["findings"][0]["kind"] == kind, caught["finding"]
+    clean = Radix(fixture, RadixConfig(replay=replay, kv_unified=True)).run()
+    assert clean["status"] == "pass", clean["finding"]
+
+
+@pytest.mark.llama
+@pytest.mark.server
 def test_the_interleaving_decides(binary, fixtures):
     """The same two operations: concurrent (B before A is seen done) leaks on the mutant; in sequence it does not."""
     fixture = fixtures("llama", layers=4)
