@@ -178,11 +178,9 @@ class PrefixCache:
         """One KV cache for all slots: answers are judged only where the cold margin clears NOISE_FACTOR × what
         placement moves them (placement_noise); a move that cannot be measured leaves NEAR_TIE."""
         cfg = self.cfg
-        move, how = placement_noise(t, self.fixture, prompts, cold, cfg.tokens, self.info.n_vocab, cfg.seed,
-                                    2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
-        if move is not None:
-            self.near_tie = max(NEAR_TIE, NOISE_FACTOR * move)
-        self.noise = {"placement": move, "how": how, "near_tie": self.near_tie}
+        self.noise = placement_noise(t, self.fixture, prompts, cold, cfg.tokens, self.info.n_vocab, cfg.seed,
+                                     2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
+        self.near_tie = self.noise["near_tie"]
 
     def _load(self, t: Target, **params: Any) -> None:
         load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
@@ -278,7 +276,7 @@ def moved(ref: dict[str, Any], got: dict[str, Any]) -> float:
 
 
 def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], cold: dict[str, Any], tokens: int,
-                    n_vocab: int, seed: int, n_ctx: int) -> tuple[float | None, str]:
+                    n_vocab: int, seed: int, n_ctx: int) -> dict[str, Any]:
     """With one KV cache for all slots (and flash attention, llama-server's default) where a sequence's cells sit
     moves its logits: attention sums the cells in cell order. A sequence restored from a slot file or the host
     cache continues into cells another slot held a moment ago (--cache-idle-slots clears idle slots), below its
@@ -286,7 +284,8 @@ def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], col
     ones; left where it was, it matches the cold run to 1e-6). Measured per prompt on the real server, cache off
     but for that one reuse: the prompt answered on slot 0 and saved; slot 0 erased; a filler on slot 1 takes the
     low cells; the save restored on slot 0 above it; slot 1 erased; the prompt again on slot 0, reusing all but
-    its last token. (largest move against the cold answers, how), or (None, why it could not be measured)."""
+    its last token. {placement: the largest move against the cold answers (None: not measured), how: how (or why
+    not), near_tie: the margin below which a pick is not judged — NOISE_FACTOR × the move, NEAR_TIE at least}."""
     rng = np.random.Generator(np.random.PCG64(seed + 77))
     load_server(t, fixture, slots=2, cache_ram=0, kv_unified=True, n_ctx=n_ctx)
 
@@ -310,9 +309,10 @@ def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], col
             got = step(f"noise-again-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0)
             worst = max(worst, moved(cold[name], got))
     except RuntimeError as e:
-        return None, f"not measured ({e})"
-    return worst, ("each prompt restored into cells above another slot's, which then freed them, and continued "
-                   "there, against its cold answer")
+        return {"placement": None, "how": f"not measured ({e})", "near_tie": NEAR_TIE}
+    return {"placement": worst, "how": "each prompt restored into cells above another slot's, which then freed them, "
+                                       "and continued there, against its cold answer",
+            "near_tie": max(NEAR_TIE, NOISE_FACTOR * worst)}
 
 
 def parted(ref: dict[str, Any], got: dict[str, Any]) -> int | None:

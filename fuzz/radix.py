@@ -40,7 +40,6 @@ from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
 from fuzz.prefix_cache import (
     NEAR_TIE,
-    NOISE_FACTOR,
     ServerCrash,
     busy_slots,
     capacity_problems,
@@ -60,7 +59,6 @@ VERSION = "r1"
 PROMPTS = ("T", "B0", "B1", "L", "U")
 STREAMED = ("complete", "continue", "cancel")
 CODES = {"c": "complete", "k": "continue", "x": "cancel", "s": "save", "r": "restore", "e": "erase"}
-INF = 1 << 30  # a step after every script's last
 CANCEL_AFTER = 2  # a disconnecting client goes away after this many streamed tokens
 TAIL = 2  # tokens a continue adds after the previous answer
 N_CTX_PER_SLOT = 160  # cells asked per slot (-c); llama.cpp pads each to 256, and the capacity probe reads that
@@ -467,13 +465,11 @@ class Radix:
             self.refs[key] = {"prompts": prompts, "answers": answers, "tail": tree["tail"], "tokens": sched.tokens}
             if self.cfg.kv_unified and self.noise is None:  # (on the server each schedule reloads anyway)
                 try:
-                    move, how = placement_noise(self.srv, self.fixture, prompts, answers, sched.tokens,
-                                                self.info.n_vocab, sched.seed, 2 * N_CTX_PER_SLOT)
+                    self.noise = placement_noise(self.srv, self.fixture, prompts, answers, sched.tokens,
+                                                 self.info.n_vocab, sched.seed, 2 * N_CTX_PER_SLOT)
                 except ServerCrash as e:
                     raise _Stop("server_crash", str(e)) from None
-                if move is not None:
-                    self.near_tie = max(NEAR_TIE, NOISE_FACTOR * move)
-                self.noise = {"placement": move, "how": how, "near_tie": self.near_tie}
+                self.near_tie = self.noise["near_tie"]
         return self.refs[key]
 
     def grow(self, ref: dict[str, Any], name: str) -> None:
@@ -649,7 +645,7 @@ def cleared(z: dict[str, Any], x: dict[str, Any], ops: dict[str, dict[str, Any]]
     first (`known`: the step from which on the engine knew the server had it) before starting the second, so a
     start is harmless only if the server surely had it before x, or surely had z before it."""
     return any(y["client"] != z["client"] and y["op"].kind in STREAMED
-               and not y.get("known", INF) <= x["step"] and not z.get("known", INF) <= y["step"]
+               and not y["known"] <= x["step"] and not z["known"] <= y["step"]
                for y in ops.values())
 
 
