@@ -41,7 +41,7 @@ from fuzz.outputs import build_name, manifest_identity, merge, read_run, run_rep
 from fuzz.prefix_cache import PrefixCacheConfig
 from fuzz.progress import Progress
 from fuzz.radix import LANE_PLANS, RadixConfig
-from fuzz.shards import load_durations, measured, plan_shards, write_durations
+from fuzz.shards import load_durations, measured, plan_shards, refresh_durations
 from fuzz.sweep import SweepConfig
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
@@ -76,9 +76,6 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
 
 
 DURATIONS = Path(__file__).resolve().parent.parent / ".github" / "family-certify-durations.json"
-DURATIONS_TAIL = ("; rows or lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
-                  "`family-certify durations OUT...` with the --out directories of real runs (CI's aggregate uploads "
-                  "one).")
 
 
 @app.command()
@@ -109,7 +106,6 @@ def durations(runs: Annotated[list[Path], typer.Argument(help="directories writt
     runs ran takes the seconds it took (a later run wins; a missing or skipped lane measured nothing and keeps its
     entry); every other entry is kept. Prints what changed."""
     path = into or DURATIONS
-    old = load_durations(path) if path.exists() else {}
     reports = [read_run(p) for p in runs]
     got: dict[str, float] = {}
     for rep in reports:
@@ -117,18 +113,12 @@ def durations(runs: Annotated[list[Path], typer.Argument(help="directories writt
     if not got:
         raise UserError("these runs ran no lane (every one missing or skipped): nothing measured; pass the --out "
                         "directory of a run that ran")
-    new = {**old, **got}
     builds = ", ".join(sorted({build_name(r["build"]) for r in reports}))
     how = "; ".join(f"`{r['command']}` ({len(r['results'])} lanes, wall {r['wall_s']:.0f} s)" for r in reports)
-    kept = len(set(old) - set(got))
-    earlier = str(json.loads(path.read_text()).get("note", "")).split(DURATIONS_TAIL)[0] if kept else ""
-    write_durations(path, new, f"{len(got)} measured by `family-certify durations` from {how}, llama.cpp {builds}"
-                               + (f"; the other {kept} kept from before" + (f" ({earlier})" if earlier else "")
-                                  if kept else "")
-                               + DURATIONS_TAIL)
+    old = refresh_durations(path, got, f"{how}, llama.cpp {builds}")
     changed = sum(k in old and old[k] != v for k, v in got.items())
     print(f"{path}: {len(got)} row/lane durations measured ({changed} changed, {len(set(got) - set(old))} new), "
-          f"{len(new)} in all; the measured ones sum to {sum(got.values()):.0f} s "
+          f"{len({**old, **got})} in all; the measured ones sum to {sum(got.values()):.0f} s "
           f"(were {sum(old.get(k, 0.0) for k in got):.0f} s)")
 
 

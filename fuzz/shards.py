@@ -25,6 +25,11 @@ NOT_MEASURED = ("missing", "skipped")  # a lane that did not run says nothing ab
 
 def load_durations(path: str | Path) -> dict[str, float]:
     """The "ROW/LANE" → seconds table of a durations file; UserError (one line) if it is not one."""
+    return read_durations(path)[0]
+
+
+def read_durations(path: str | Path) -> tuple[dict[str, float], str]:
+    """A durations file's table and note; UserError (one line) if it is not one."""
     fix = 'expected {"schema": 1, "seconds": {"ROW/LANE": seconds, ...}} (see fuzz/shards.py)'
     text = read_text(path, "durations file", fix)
     try:
@@ -45,7 +50,7 @@ def load_durations(path: str | Path) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
             raise UserError(f"{path}: {key}: {value!r} is not a finite number of seconds >= 0; {fix}")
         seconds[key] = float(value)
-    return seconds
+    return seconds, str(data.get("note", ""))
 
 
 def measured(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -54,9 +59,22 @@ def measured(results: list[dict[str, Any]]) -> dict[str, float]:
             if x["status"] not in NOT_MEASURED}
 
 
-def write_durations(path: Path, seconds: dict[str, float], note: str) -> None:
-    path.write_text(json.dumps({"schema": SCHEMA, "note": note, "seconds": seconds}, indent=2, ensure_ascii=False)
-                    + "\n")
+NOTE_TAIL = ("; rows or lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
+             "`family-certify durations OUT...` with the --out directories of real runs (CI's aggregate uploads one).")
+
+
+def refresh_durations(path: Path, got: dict[str, float], source: str) -> dict[str, float]:
+    """Write `got` over the durations file at `path` (made if missing): its other entries kept, the note saying
+    where the new ones came from (`source`) and, if some were kept, where those came from. Returns the old table."""
+    old, note = read_durations(path) if path.exists() else ({}, "")
+    kept = len(set(old) - set(got))
+    earlier = note.split(NOTE_TAIL)[0] if kept else ""
+    note = (f"{len(got)} measured by `family-certify durations` from {source}"
+            + (f"; the other {kept} kept from before" + (f" ({earlier})" if earlier else "") if kept else "")
+            + NOTE_TAIL)
+    path.write_text(json.dumps({"schema": SCHEMA, "note": note, "seconds": {**old, **got}}, indent=2,
+                               ensure_ascii=False) + "\n")
+    return old
 
 
 def lane_estimates(durations: dict[str, float]) -> dict[str, float]:
