@@ -49,7 +49,7 @@ from synth.errors import UserError
 from synth.families import get_family
 from synth.make import write_fixture
 from synth.manifest import LANES, SCAN_LANES, Manifest, Row, load_manifest
-from targets import TARGETS_HELP, Target, open_target
+from targets import TARGETS_HELP, Target, open_target, share_cores
 from targets.llama_server_worker import NO_SERVER, server_binary
 
 app = new_app("Certify model families against the family-tier manifest (family_tiers.toml).")
@@ -628,6 +628,7 @@ def _row_process(events: Any) -> None:
     _EVENTS = events
     events.cancel_join_thread()  # at exit: lines the parent stopped reading (it raised) must not keep this process
     os.environ["FAMILY_CERTIFY_PROGRESS"] = "plain"  # the bar is the parent's: an oracle's stays silent
+    share_cores()  # rows side by side: llama.cpp's threads wait passively (targets.worker_env)
 
 
 def _row_in_process(i: int, row: Row, lanes: list[str], target: str, workdir: Path, finish: Any) -> list[LaneResult]:

@@ -66,14 +66,32 @@ def worker_argv(spec: str) -> list[str]:
 
 
 # Our Python workers use numpy for a few small arrays: one BLAS thread (numpy starts one per core otherwise).
-# llama.cpp's OpenMP threads sleep when idle instead of spinning (libgomp spins ~300k loops first): a worker of a
-# context with several threads otherwise holds its cores between requests: two rows at a time on 2 cores took 2.3×
-# longer than one after the other (now --jobs 2 takes two thirds). (Where they wait, never what they compute.)
-# Passive costs a context with 2 threads a futex sleep and wake at every node's barrier (ggml's barrier is OpenMP's):
-# alone, its decodes ran 20-40x slower than with GOMP_SPINCOUNT=1000; but with two rows at a time the tier-1
-# determinism lane took 63 s summed passive, 175 s at 1000 spins and 1324 s at 10000 (a spinner holds the core the
-# thread it waits for needs): passive it stays.
-PY_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
+OPENBLAS = {"OPENBLAS_NUM_THREADS": "1"}
+# How llama.cpp's OpenMP threads wait (ggml's barrier is OpenMP's: only a context with several threads has one, the
+# determinism lane's 2-thread schedules). Where they wait, never what they compute. Measured on 2 cores (a VM):
+# - alone on the machine, a short spin (active, GOMP_SPINCOUNT=1000: ~10 us before a futex sleep) is fastest: the
+#   tier-1 determinism lane one row at a time 147 s passive (a sleeping thread's wake costs more than the node it
+#   waits for), 27 s spinning; jamba + llama 11.7 s against 4.4 s;
+# - with rows side by side their threads outnumber the cores and a spinner holds the core the thread it waits for
+#   needs: the same lane two rows at a time 39.5 s passive, 90 s spinning (and 1324 s at 10000 spins). Passive too
+#   stops an idle worker's threads holding a core between requests (libgomp's default spins ~300k loops).
+# So workers spin briefly unless the caller said the cores are shared (share_cores(): a process running rows beside
+# others, `--jobs N`; the test suite on several cores). A wait policy or spin count set by the user always wins.
+ALONE = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "1000"}
+SHARED = {"OMP_WAIT_POLICY": "passive"}
+_WAIT = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def share_cores() -> None:
+    """This process runs beside others on the same cores: its workers (and their children) wait passively."""
+    if not any(k in os.environ for k in _WAIT):
+        os.environ.update(SHARED)
+
+
+def worker_env() -> dict[str, str]:
+    """What our workers add to the environment they inherit: one BLAS thread; a short spin unless the environment
+    already says how to wait (the user, or share_cores())."""
+    return {**OPENBLAS, **({} if any(k in os.environ for k in _WAIT) else ALONE)}
 
 
 def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
@@ -81,7 +99,7 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     from targets.client import DEFAULT_TIMEOUT
     from targets.target import Target
 
-    base = {} if spec.startswith("cmd:") else PY_WORKER_ENV
+    base = {} if spec.startswith("cmd:") else worker_env()
     # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload; another program may
     reuse = spec in ("llama-cpp", "llama-server") or spec.startswith("mutant:")
     return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},

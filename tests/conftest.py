@@ -9,7 +9,12 @@ from hypothesis import settings
 
 from synth.make import resolve, write_fixture
 from synth.spec import Knobs
-from targets import open_target
+from targets import open_target, share_cores
+
+# the suite on several cores at once (pytest-xdist): llama.cpp's threads in our workers wait passively, as when the
+# battery runs rows side by side (targets.worker_env says why)
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    share_cores()
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

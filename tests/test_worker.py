@@ -1,5 +1,6 @@
 """The llama.cpp target behind the protocol: typed results, crash and hang recovery, cmd: targets."""
 
+import os
 import shlex
 import sys
 
@@ -273,3 +274,61 @@ def test_trace_returns_every_node_of_one_layer_in_execution_order(llama, fixture
     assert llama.load(str(fixtures("llama", layers=3))).ok
     refused = llama.decode([1, 2, 3], trace=1)
     assert not refused.ok and "trace=true" in refused.failure.message
+
+
+def _unset(monkeypatch, *names: str) -> None:
+    """Unset for this test, and whatever the code under test sets in their place undone after it."""
+    for k in names:
+        monkeypatch.setenv(k, "")  # (records the value before, or its absence, for the undo)
+        monkeypatch.delenv(k)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+
+
+def test_a_worker_alone_spins_briefly_a_worker_beside_others_waits_passively_and_the_user_decides(monkeypatch):
+    """How llama.cpp's OpenMP threads wait reaches the worker process: a short spin when nothing said the cores are
+    shared (a 2-thread schedule alone runs 2.7x faster than passive), passive after share_cores() (rows side by side:
+    spinning there took the determinism lane 39.5 -> 90 s); a policy the user set is never overridden."""
+    import targets
+
+    _unset(monkeypatch, "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    assert targets.worker_env() == {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "1000"}
+    with open_target("llama-cpp") as t:
+        assert t.hello().ok
+        env = _environ(t.client.proc.pid)
+        assert (env["OMP_WAIT_POLICY"], env["GOMP_SPINCOUNT"], env["OPENBLAS_NUM_THREADS"]) == ("active", "1000", "1")
+    targets.share_cores()
+    assert targets.worker_env() == {"OPENBLAS_NUM_THREADS": "1"}
+    with open_target("llama-cpp") as t:
+        assert t.hello().ok
+        env = _environ(t.client.proc.pid)
+        assert env["OMP_WAIT_POLICY"] == "passive" and "GOMP_SPINCOUNT" not in env
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
+    targets.share_cores()  # the user's choice stands
+    with open_target("llama-cpp") as t:
+        assert t.hello().ok
+        env = _environ(t.client.proc.pid)
+        assert (env["OMP_WAIT_POLICY"], env["GOMP_SPINCOUNT"]) == ("active", "50")
+
+
+def test_rows_run_side_by_side_share_the_cores(monkeypatch):
+    """`--jobs N` runs each row in a process of its own: that process says the cores are shared before any worker
+    starts, so its workers wait passively."""
+    from fuzz import certify
+
+    _unset(monkeypatch, "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "FAMILY_CERTIFY_PROGRESS")
+
+    class Events:
+        def cancel_join_thread(self) -> None:
+            pass
+
+    monkeypatch.setattr(certify, "_EVENTS", None)
+    certify._row_process(Events())
+    import targets
+
+    assert targets.worker_env() == {"OPENBLAS_NUM_THREADS": "1"}
+    assert os.environ["OMP_WAIT_POLICY"] == "passive"
