@@ -176,6 +176,35 @@ def test_a_port_another_server_took_first_is_not_mistaken_for_ours(fixtures, mon
         impostor.shutdown()
 
 
+def test_a_server_starts_without_the_steps_we_never_use_when_the_binary_knows_the_flags(fixtures, tmp_path,
+                                                                                        monkeypatch):
+    """`-fit off` and `--no-jinja` (start-up time only: fitting arguments we all set, a chat template we never use)
+    are passed when the binary's --help lists them; a build that does not know them still starts, without them."""
+    import targets.llama_server_worker as w
+
+    assert w.fast_start_args(str(server_binary())) == ("-fit", "off", "--no-jinja")
+    worker = w.ServerWorker()
+    try:
+        argv = worker.op_load({"path": str(fixtures("llama", layers=2)), "slots": 1, "n_ctx": 256})["argv"]
+        assert argv[argv.index("-fit") + 1] == "off" and "--no-jinja" in argv
+    finally:
+        worker._stop()
+    older = tmp_path / "llama-server"  # a build whose --help lists neither (and which would refuse them)
+    older.write_text(f'#!/bin/sh\ncase " $* " in *" --help "*) echo "-m, --model FNAME"; exit 0;; '
+                     f'*" -fit "*|*" --no-jinja "*) echo "error: invalid argument" >&2; exit 1;; esac\n'
+                     f'exec "{server_binary()}" "$@"\n')
+    older.chmod(0o755)
+    monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", str(older))
+    assert w.fast_start_args(str(older)) == ()
+    worker = w.ServerWorker()
+    try:
+        argv = worker.op_load({"path": str(fixtures("llama", layers=2)), "slots": 1, "n_ctx": 256})["argv"]
+        assert "-fit" not in argv and "--no-jinja" not in argv
+        assert worker.op_complete({"requests": [{"prompt": [1, 2, 3], "n_predict": 2}]})["results"][0]["tokens"]
+    finally:
+        worker._stop()
+
+
 def test_a_kept_server_worker_holds_no_server_and_its_mutant_no_leak(fixtures):
     """Idle llama-server workers are kept for the next target (the radix engine opens two per run, a shrink runs it
     twenty times): an unload stops the server, and a mutant's leak goes with it — the next target of the same
