@@ -71,7 +71,7 @@ OPENBLAS = {"OPENBLAS_NUM_THREADS": "1"}
 # determinism lane's 2-thread schedules). Where they wait, never what they compute. Measured on 2 cores (a VM):
 # - alone on the machine, a short spin (active, GOMP_SPINCOUNT=1000: ~10 us before a futex sleep) is fastest: the
 #   tier-1 determinism lane one row at a time 147 s passive (a sleeping thread's wake costs more than the node it
-#   waits for), 27 s spinning; jamba + llama 11.7 s against 4.4 s;
+#   waits for), 27–29 s spinning; jamba + llama 11.7 s against 4.4 s;
 # - with rows side by side their threads outnumber the cores and a spinner holds the core the thread it waits for
 #   needs: the same lane two rows at a time 39.5 s passive, 90 s spinning (and 1324 s at 10000 spins). Passive too
 #   stops an idle worker's threads holding a core between requests (libgomp's default spins ~300k loops).
