@@ -82,16 +82,21 @@ SHARED = {"OMP_WAIT_POLICY": "passive"}
 _WAIT = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
+def _wait_said() -> bool:
+    """The environment already says how OpenMP threads wait (the user did, or share_cores())."""
+    return any(k in os.environ for k in _WAIT)
+
+
 def share_cores() -> None:
     """This process runs beside others on the same cores: its workers (and their children) wait passively."""
-    if not any(k in os.environ for k in _WAIT):
+    if not _wait_said():
         os.environ.update(SHARED)
 
 
 def worker_env() -> dict[str, str]:
     """What our workers add to the environment they inherit: one BLAS thread; a short spin unless the environment
-    already says how to wait (the user, or share_cores())."""
-    return {**OPENBLAS, **({} if any(k in os.environ for k in _WAIT) else ALONE)}
+    already says how to wait."""
+    return {**OPENBLAS, **({} if _wait_said() else ALONE)}
 
 
 def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,

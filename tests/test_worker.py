@@ -3,6 +3,7 @@
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,7 +285,7 @@ def _unset(monkeypatch, *names: str) -> None:
 
 
 def _environ(pid: int) -> dict[str, str]:
-    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
 
 
