@@ -34,7 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from synth.errors import UserError
-from targets.cmake_build import CMAKE_OPTIONS, BuildError, built, copy_bindings, copy_server, extract_sdist, say
+from targets.cmake_build import (
+    CMAKE_OPTIONS,
+    BuildError,
+    built,
+    copy_bindings,
+    copy_server,
+    extract_sdist,
+    file_digests,
+    say,
+    tree_digest,
+)
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir
@@ -183,14 +193,7 @@ def apply_patches(tree: Path, series: list[Path]) -> list[tuple[str, str]]:
 
 def tree_hash(root: Path) -> str:
     """sha256 over every file's path and bytes (sorted; .git and build directories left out)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_dir() or rel.split("/")[0] in (".git", "build") or "/.git/" in f"/{rel}/":
-            continue
-        h.update(rel.encode() + b"\0")
-        h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
+    return tree_digest(file_digests(root))
 
 
 # ---- the API the worker needs ------------------------------------------------------------------------------
@@ -339,12 +342,26 @@ def _resolve(spec: str, series: Path | None) -> Build:
                              .encode()).hexdigest()[:16]
         identity["key"] = key
         dest = cache_dir() / "builds" / key
-        if (dest / "identity.json").is_file():
+        if cached_build(dest, identity["tree_sha256"]):
             return Build(spec, identity, dest / "py", dest / "bin" / "llama-server")
         label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "")
-        seconds = cmake_build(src, py, dest, label, cache_dir() / "builds" / f"work-{base}")
-        (dest / "identity.json").write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
+        seconds, built_from = cmake_build(src, py, dest, label, cache_dir() / "builds" / f"work-{base}")
+        if built_from != identity["tree_sha256"]:  # (the tree hashed above is the tree synced and compiled)
+            shutil.rmtree(dest, ignore_errors=True)
+            raise UserError(f"--llama-cpp {label}: the build was compiled from another tree ({built_from[:12]}, "
+                            f"not {identity['tree_sha256'][:12]}); build again")
+        (dest / "identity.json").write_text(json.dumps({**identity, "built_from": built_from}, indent=1,
+                                                       sort_keys=True) + "\n")
         return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", seconds=seconds)
+
+
+def cached_build(dest: Path, tree: str) -> bool:
+    """Whether the cache entry holds a build verified to be compiled from this tree's content (its identity records
+    the digest the work directory's build compiled: an entry made before that was recorded is built again)."""
+    try:
+        return json.loads((dest / "identity.json").read_text()).get("built_from") == tree
+    except (OSError, ValueError):
+        return False
 
 
 def git_commit(tree: Path) -> str | None:
@@ -352,14 +369,15 @@ def git_commit(tree: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> float:
+def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> tuple[float, str]:
     """One CMake build of the tree (targets/cmake_build.py: synced into `work`, built incrementally there) installed
     as a worker runs it: dest/py/llama_cpp (the bindings' python files, lib/ the libraries) and dest/bin
-    (llama-server, the libraries beside it for its $ORIGIN rpath). Returns the seconds it took."""
+    (llama-server, the libraries beside it for its $ORIGIN rpath). Returns the seconds it took and the digest of the
+    tree it was compiled from."""
     t0 = time.perf_counter()
     stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
     try:
-        with built(src, work, spec) as out:
+        with built(src, work, spec) as (out, built_from):
             shutil.rmtree(stage, ignore_errors=True)
             stage.mkdir(parents=True)
             copy_bindings(bindings, out, stage / "py" / "llama_cpp")
@@ -371,4 +389,4 @@ def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) ->
     os.replace(stage, dest)
     seconds = time.perf_counter() - t0
     say(f"{spec} built in {seconds:.0f} s: {dest}")
-    return seconds
+    return seconds, built_from

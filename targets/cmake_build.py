@@ -9,8 +9,12 @@ its llama_cpp package with the built libraries and headers, into CACHE/wheels) a
 CACHE/llama-server-VERSION/bin) — from one build instead of two. targets/builds.py builds other trees (and patch
 series) with the same function.
 
-A tree is synced into a work directory (only files whose bytes differ are rewritten) and built there incrementally,
-so another patch series on the same tree recompiles a few objects, not the tree.
+A tree is synced into a work directory and built there incrementally, so another patch series on the same tree
+recompiles a few objects, not the tree. What is recompiled follows the content, not the files' dates: a file whose
+bytes differ is rewritten with a fresh modification time (never the source's: a file a series reverts to the
+pristine tree would otherwise arrive older than the object compiled from the series before, and ninja would keep
+that object), and the work directory records each file's sha256 as its last successful build compiled it. A build
+directory without that record (made before it was kept) holds objects of unknown origin and is built afresh.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -71,20 +76,62 @@ def say(msg: str) -> None:
     print(f"build: {msg}", file=sys.stderr, flush=True)
 
 
-def sync_tree(src: Path, dst: Path) -> int:
-    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ (so an incremental build in
-    it recompiles only what changed: another patch series on the same tree costs a few objects). Returns how many
-    files were written or removed."""
+BUILT_FROM = "family-certify-built-from.json"  # in a work directory: each source file's sha256, as last compiled
+
+
+def tracked(rel: str) -> bool:
+    """Whether a tree's file is part of its content (.git and a top-level build directory are not)."""
+    parts = rel.split("/")
+    return parts[0] != "build" and ".git" not in parts
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """Each file's sha256 under root by its relative path (a symlink: of its target's name; what is not `tracked`
+    left out)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not tracked(rel) or not (p.is_file() or p.is_symlink()):
+            continue
+        data = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+        out[rel] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def tree_digest(files: dict[str, str]) -> str:
+    """One sha256 over every file's path and content digest (file_digests), sorted: a tree's content."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0")
+        h.update(bytes.fromhex(files[rel]))
+    return h.hexdigest()
+
+
+def sync_tree(src: Path, dst: Path, *, compiled: dict[str, str] | None = None, newer_than: int = 0) -> int:
+    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ from dst's or (`compiled`:
+    path → sha256 of what the build last compiled) from what was compiled; a file rewritten gets a modification time
+    of now and after `newer_than` (ns), so the build recompiles what depends on it — never the source's own time.
+    Unchanged files keep theirs: another patch series on the same tree costs a few objects. Returns how many files
+    were written or removed."""
     changed = 0
     want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() or p.is_symlink()}
     for rel in sorted(want):
         a, b = src / rel, dst / rel
-        if b.is_file() and not b.is_symlink() and not a.is_symlink() and a.read_bytes() == b.read_bytes():
-            continue
+        if b.is_file() and not b.is_symlink() and not a.is_symlink():
+            data = a.read_bytes()
+            if data == b.read_bytes() and (compiled is None or not tracked(rel.as_posix())
+                                           or compiled.get(rel.as_posix()) == hashlib.sha256(data).hexdigest()):
+                continue
         b.parent.mkdir(parents=True, exist_ok=True)
         if b.is_symlink() or b.exists():
             b.unlink()
-        shutil.copy2(a, b, follow_symlinks=False)
+        if a.is_symlink():
+            os.symlink(os.readlink(a), b)
+        else:
+            shutil.copyfile(a, b)
+            shutil.copymode(a, b)
+        now = max(time.time_ns(), newer_than + 1_000_000)
+        os.utime(b, ns=(now, now), follow_symlinks=False)
         changed += 1
     for p in sorted(dst.rglob("*"), reverse=True):
         rel = p.relative_to(dst)
@@ -94,19 +141,36 @@ def sync_tree(src: Path, dst: Path) -> int:
     return changed
 
 
+def read_built_from(work: Path) -> dict[str, str] | None:
+    """The record of what the work directory's build last compiled (path → sha256), or None."""
+    try:
+        data = json.loads((work / BUILT_FROM).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("files") if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+
+
 @contextlib.contextmanager
-def built(src: Path, work: Path, label: str) -> Iterator[Path]:
+def built(src: Path, work: Path, label: str) -> Iterator[tuple[Path, str]]:
     """The tree built: `src` synced into work/src, configured and compiled in work/build (both kept for the next
-    build of this tree); yields the directory holding the libraries and llama-server, under the work directory's
-    lock (one build at a time in it, and nobody rebuilds it while the caller copies the outputs)."""
+    build of this tree); yields the directory holding the libraries and llama-server and the content digest of the
+    tree they were verified to be compiled from (tree_digest), under the work directory's lock (one build at a time
+    in it, and nobody rebuilds it while the caller copies the outputs)."""
     import fcntl
 
     t0 = time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
     with (work / "lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        changed = sync_tree(src, work / "src")
         build = work / "build"
+        compiled = read_built_from(work)
+        if compiled is None and build.exists():  # objects whose sources nothing recorded: not reused
+            say(f"{build}: no record of what it was compiled from; building afresh")
+            shutil.rmtree(build)
+        record = work / BUILT_FROM
+        stamp = record.stat().st_mtime_ns if record.is_file() else 0
+        want = file_digests(src)
+        changed = sync_tree(src, work / "src", compiled=compiled, newer_than=stamp)
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         forget_other_options(build)
         fresh = not (build / "CMakeCache.txt").is_file()
@@ -124,7 +188,15 @@ def built(src: Path, work: Path, label: str) -> Iterator[Path]:
             say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
             if what == "configure":
                 (build / OPTIONS_MARK).write_text(options_id() + "\n")
-        yield build / "bin"
+        # what was compiled is what was asked for: the synced tree still holds exactly src's content
+        got = file_digests(work / "src")
+        if got != want:
+            odd = sorted(set(got.items()) ^ set(want.items()))[0][0]
+            raise BuildError(f"{label}: {work / 'src'} changed during the build ({odd}); build again")
+        tmp = record.with_name(record.name + ".tmp")
+        tmp.write_text(json.dumps({"digest": tree_digest(want), "files": want}, sort_keys=True) + "\n")
+        os.replace(tmp, record)
+        yield build / "bin", tree_digest(want)
 
 
 def copy_bindings(bindings: Path, out: Path, pkg: Path, *, leave: tuple[str, ...] = ("server",)) -> None:
@@ -203,7 +275,7 @@ def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
         src, bindings = extract_sdist(sdist, Path(tmp))
         top = bindings.parent
         headers = [src / "include" / "llama.h", *sorted((src / "ggml" / "include").glob("*.h"))]
-        with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}") as out:
+        with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}") as (out, _):
             pkg = Path(tmp) / "wheel" / "llama_cpp"
             copy_bindings(bindings, out, pkg, leave=())  # all of it, as pip's wheel has
             wheel = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")

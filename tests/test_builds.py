@@ -6,6 +6,8 @@ Building a tree takes minutes: those lanes are in tests/test_bump.py (slow)."""
 import json
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from fuzz.contract import build_identity
 from fuzz.isolation import IsolationConfig
 from fuzz.oracles import ORACLES
 from targets import builds
-from targets.cmake_build import OPTIONS_MARK, forget_other_options, options_id, sync_tree
+from targets.cmake_build import BUILT_FROM, OPTIONS_MARK, built, forget_other_options, options_id, sync_tree
 
 from conftest import ROOT, run_cli
 
@@ -135,6 +137,79 @@ def test_syncing_a_tree_rewrites_only_what_changed(tmp_path):
     assert (dst / "a" / "x.c").stat().st_mtime_ns == before
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == ["a/x.c", "a/y.c", "new.c"]
     assert (dst / "a" / "y.c").read_text() == "changed"
+
+
+OLD = 1_500_000_000  # (2017) the time a pristine file carries, as extracted from an sdist
+
+
+def tiny_tree(root: Path, value: int = 0, other: int = 0) -> Path:
+    """A CMake project with the targets a llama.cpp build makes (`llama`, `llama-server`): llama-server prints
+    value() and other(), two functions of the library in two files. Pristine files carry an old time (an sdist's);
+    a file a series changed is written now (as `git apply` writes it)."""
+    files = {"CMakeLists.txt": "cmake_minimum_required(VERSION 3.14)\nproject(tiny C)\n"
+                               "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                               "set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                               "add_library(llama SHARED value.c other.c)\n"
+                               "add_executable(llama-server main.c)\ntarget_link_libraries(llama-server llama)\n",
+             "main.c": '#include <stdio.h>\nint value(void);\nint other(void);\n'
+                       'int main(void) { printf("%d %d\\n", value(), other()); return 0; }\n',
+             "value.c": f"int value(void) {{ return {value}; }}\n",
+             "other.c": f"int other(void) {{ return {other}; }}\n"}
+    changed = {"value.c"} if value else set()
+    changed |= {"other.c"} if other else set()
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).write_text(text)
+        if name not in changed:
+            os.utime(root / name, (OLD, OLD))
+    return root
+
+
+def behaves(work: Path, tree: Path) -> str:
+    """What the build of `tree` in `work` does: its llama-server's output."""
+    with built(tree, work, tree.name) as (out, _):
+        return subprocess.run([str(out / "llama-server")], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(not shutil.which("cmake"), reason="skipped: cmake is not installed")
+@pytest.mark.parametrize("first,then", [("A", "B"), ("B", "A")])
+def test_a_series_that_reverts_the_previous_series_file_is_compiled_from_its_own_content(tmp_path, first, then):
+    """Series A changes value.c, series B changes other.c (so B's value.c is the pristine one, with the sdist's old
+    time again). Built one after the other in one work directory, each build behaves as a clean build of its own
+    tree — the first series' change does not survive in the second's library — in either order."""
+    series = {"A": {"value": 1}, "B": {"other": 2}}
+    trees = {name: tiny_tree(tmp_path / name, **change) for name, change in series.items()}
+    clean = {name: behaves(tmp_path / f"clean-{name}", tree) for name, tree in trees.items()}
+    assert clean == {"A": "1 0", "B": "0 2"}
+    work = tmp_path / "work"
+    assert behaves(work, trees[first]) == clean[first]
+    assert behaves(work, trees[then]) == clean[then]
+    assert behaves(work, trees[first]) == clean[first]  # and back
+
+
+@pytest.mark.skipif(not shutil.which("cmake"), reason="skipped: cmake is not installed")
+def test_a_build_directory_without_a_record_of_its_sources_is_built_afresh(tmp_path):
+    """A work directory whose build recorded nothing of what it compiled (made before the record was kept) may hold
+    another tree's objects: it is not reused. Its record names every file's sha256."""
+    work = tmp_path / "work"
+    a, b = tiny_tree(tmp_path / "A", value=1), tiny_tree(tmp_path / "B", other=2)
+    assert behaves(work, a) == "1 0"
+    record = json.loads((work / BUILT_FROM).read_text())
+    assert set(record["files"]) == {"CMakeLists.txt", "main.c", "value.c", "other.c"}
+    (work / BUILT_FROM).unlink()
+    for p in (work / "src").iterdir():  # as the old sync left B: the pristine value.c with its old time
+        shutil.copy2(b / p.name, p)
+    (work / "build" / "marker").write_text("")
+    assert behaves(work, b) == "0 2"
+    assert not (work / "build" / "marker").exists()
+
+
+def test_a_cache_entry_is_used_only_with_the_content_it_was_built_from(tmp_path):
+    (tmp_path / "identity.json").write_text(json.dumps({"tree_sha256": "ab"}))
+    assert not builds.cached_build(tmp_path, "ab")  # made before builds recorded what they were compiled from
+    (tmp_path / "identity.json").write_text(json.dumps({"tree_sha256": "ab", "built_from": "ab"}))
+    assert builds.cached_build(tmp_path, "ab") and not builds.cached_build(tmp_path, "cd")
+    assert not builds.cached_build(tmp_path / "gone", "ab")
 
 
 def test_a_build_configured_with_other_options_starts_from_cmakes_defaults(tmp_path):

@@ -74,3 +74,32 @@ def test_a_comment_only_patch_changes_nothing(tmp_path):
     assert r.returncode == 0 and set(rep["totals"]) == {"unchanged"}, rep["totals"]
     assert cell[("jamba", bp.CROSS_LANE)]["bit_exact"] is True
     assert rep["candidate"]["patches"]["files"] == ["0001-comment-only.patch"]
+
+
+# two series that change different files: each lane breaks under its own series only
+OWN_LANE = {"recurrent-state-layer-mixup": ("jamba", "handoff"), "embd-input-scaled": ("gemma3", "fixed-split")}
+
+
+@pytest.mark.parametrize("first,then", [tuple(OWN_LANE), tuple(reversed(OWN_LANE))])
+def test_a_series_built_after_another_carries_none_of_its_changes(tmp_path, first, then):
+    """Every build of the pinned tree shares one work tree (incremental: a few objects per series). Built right
+    after `first`, `then` leaves first's file as the pristine tree has it (the sdist's old time): its build must
+    behave as a clean build of `then` alone — its own row's lane broken, first's row's lane passing."""
+    import shutil
+
+    from targets import builds
+    from targets.native import cache_dir
+
+    # each series' cache entry removed (resolved once for its key: built if it was not cached), so that the runs
+    # below build both again, in this order, on the one work tree
+    for series in (first, then):
+        key = builds.resolve("pinned", PATCHES / series, from_env=False).identity["key"]
+        shutil.rmtree(cache_dir() / "builds" / key)
+    for series in (first, then):
+        out = tmp_path / series
+        r = run_cli("family-certify", "run", "jamba", "gemma3", "--lane", "handoff", "--lane", "fixed-split",
+                    "--patches", str(PATCHES / series), "--out", str(out), timeout=3600)
+        rep = json.loads((out / "report.json").read_text())
+        broke = {(x["row"], x["lane"]) for x in rep["results"] if x["status"] != "pass"}
+        assert broke == {OWN_LANE[series]}, (series, r.stdout[-2000:], r.stderr[-2000:])
+        assert "incremental" in r.stderr, r.stderr[-2000:]  # (on the work tree the other series left)
