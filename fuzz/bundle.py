@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -97,6 +98,12 @@ def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max
         try:
             got, rep = candidate.run()
         except UserError:  # e.g. a schedule too small for the oracle: not a smaller reproduction
+            return False
+        except Exception as e:  # a candidate that cannot be built or run is not a reproduction either; said once
+            why = f"a smaller candidate could not be run ({error_line(e)}): skipped"
+            if why not in out.log:
+                out.log.append(why)
+                say(why)
             return False
         hit = next((g for g in got if (like(g) if like else g == out.fingerprint)), None)
         if hit is None:
@@ -422,17 +429,44 @@ def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, m
         config_f = oracle.replay_of(config, f) if oracle.replay_of else config
         case = Case(report.oracle, Path(report.fixture), list(f.cuts or []) if oracle.per_cut else [],
                     dict(config_f), report.target)
-        got, rep = case.run()  # a second, independent reproduction before anything is bundled
+        where = out_root / bundle_name(report.fixture, f, oracle.per_cut)
+        if where in paths:  # two findings of one phase and cut set, told apart where they are (a payload kind)
+            where = where.with_name(f"{where.name}-{f.where or len(paths)}")
+        # nothing that goes wrong from here on loses the finding: it is bundled as far as it got, and said
+        unshrunk = Shrunk(case, f.fingerprint, report)
+        try:
+            got, rep = case.run()  # a second, independent reproduction before anything is bundled
+        except Exception as e:
+            paths.append(_bundle_unshrunk(where, unshrunk, f"running it again failed ({error_line(e)})"))
+            continue
         if f.fingerprint not in got:
             continue
+        unshrunk.report, unshrunk.runs = rep, 1
         with tempfile.TemporaryDirectory(prefix="fuzz-shrink-") as d:
-            sh = shrink(case, f.fingerprint, rep, Path(d))
-            sh.runs += 1
-            where = out_root / bundle_name(report.fixture, f, oracle.per_cut)
-            if where in paths:  # two findings of one phase and cut set, told apart where they are (a payload kind)
-                where = where.with_name(f"{where.name}-{f.where or len(paths)}")
-            paths.append(write_bundle(where, sh, original=case))
+            try:
+                sh = shrink(case, f.fingerprint, rep, Path(d))
+                sh.runs += 1
+                paths.append(write_bundle(where, sh, original=case))
+            except Exception as e:
+                paths.append(_bundle_unshrunk(where, unshrunk, f"shrinking or bundling failed ({error_line(e)})"))
     return paths
+
+
+def _bundle_unshrunk(where: Path, sh: Shrunk, why: str) -> Path:
+    """The finding bundled as reported (its own case, not shrunk), after something went wrong; said in one line."""
+    say(f"{where.name}: {why}; bundled as reported, not shrunk")
+    sh.log.append(f"not shrunk: {why}")
+    return write_bundle(where, sh, original=sh.case)
+
+
+def error_line(e: BaseException) -> str:
+    """An exception in one short line: its type and the first line of its message."""
+    msg = (str(e).strip().splitlines() or [""])[0][:200]
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def say(msg: str) -> None:
+    print(f"bundle: {msg}", file=sys.stderr, flush=True)
 
 
 # ---- reading bundles ------------------------------------------------------------------------------------

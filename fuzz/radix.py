@@ -161,14 +161,19 @@ class Schedule:
         if not 1 <= len(self.clients) <= 26 or any(not c for c in self.clients):
             return "every client needs at least one operation"
         for i, ops in enumerate(self.clients):
-            done, saved = False, False
+            # has: the client has a conversation to continue (run_schedule's `last`); kept: its last save held one
+            has, kept, saved = False, False, False
             for o in ops:
-                if o.kind == "continue" and not done:
-                    return f"client {letter(i)} continues before it completed anything"
+                if o.kind == "continue" and not has:
+                    return (f"client {letter(i)} continues with nothing to continue (nothing completed"
+                            + (", or a restore of a save made before it completed anything)" if saved else ")"))
                 if o.kind == "restore" and not saved:
                     return f"client {letter(i)} restores before it saved"
-                done = done or o.kind in ("complete", "continue")
-                saved = saved or o.kind == "save"
+                has = has or o.kind in ("complete", "continue")
+                if o.kind == "save":
+                    kept, saved = has, True
+                elif o.kind == "restore":
+                    has = kept
         started = [0] * len(self.clients)
         inflight: list[Op | None] = [None] * len(self.clients)
         for s in self.script:
@@ -476,6 +481,8 @@ class Radix:
         """A continue of X is X, X's cold answer and two more tokens: its prompt and cold answer, once."""
         if name in ref["prompts"]:
             return
+        if not name.endswith("+"):  # (Schedule.problem refuses a continue with nothing to continue)
+            raise UserError(f"radix: {name!r} is neither a prompt of the tree nor a continue of one")
         self.grow(ref, name[:-1])
         prompt = ref["prompts"][name[:-1]] + ref["answers"][name[:-1]]["tokens"] + ref["tail"]
         ref["prompts"][name] = prompt

@@ -202,3 +202,48 @@ def test_prompt_tokens_are_deleted_ddmin_style(fixtures, tmp_path, monkeypatch):
     assert [x.split(" → ")[1] for x in sh.log if x.startswith("deleted")] == [
         "prompt [3, 1, 5, 7, 6, 8, 11, 10, 9]", "prompt [3, 1, 5, 11, 10, 9]", "prompt [5, 11, 10, 9]",
         "prompt [5, 10, 9]", "prompt [5, 9]"], sh.log
+
+
+def test_a_finding_whose_shrinking_raises_is_bundled_unshrunk_and_said_in_one_line(fixtures, tmp_path, monkeypatch,
+                                                                                     capfd):
+    """A smaller candidate that cannot even be built (here: it raises RecursionError, as the radix schedule with
+    nothing to continue did) is an invalid candidate, not a crash; and an error in the shrinker itself does not
+    lose the finding: it is bundled as reported (its own case, not shrunk) and the error is one line."""
+    from dataclasses import dataclass
+
+    from fuzz import bundle as bd
+    from fuzz import oracles
+    from fuzz.contract import FINDING, Finding, Oracle, make_report
+
+    @dataclass
+    class Steps:
+        n: int = 4
+        target: str = "rule"
+
+    def run(fixture, cfg):
+        if cfg.n < 4:
+            raise RecursionError("maximum recursion depth exceeded")
+        data = {"arch": "llama", "n_layer": 1, "config": {"n": cfg.n}, "target": "rule"}
+        return make_report("rule", fixture, data, results=[{"status": FINDING}],
+                           findings=[Finding("rule", FINDING, "always", phase="p")])
+
+    monkeypatch.setitem(oracles.ORACLES, "rule", Oracle("rule", Steps, run, str, case_fields=("n",),
+                                                        reduce=lambda c: [{**c, "n": c["n"] - 1}] if c["n"] else []))
+    path = fixtures("llama", layers=1)
+    rep = run(path, Steps())
+    (made,) = bd.bundle_findings(rep, {"n": 4}, tmp_path / "a")
+    steps = json.loads((made / "bundle.json").read_text())["shrink"]["steps"]
+    assert [x for x in steps if "could not" in x] == [
+        "a smaller candidate could not be run (RecursionError: maximum recursion depth exceeded): skipped"], steps
+    assert capfd.readouterr().err.count("bundle: ") == 1
+
+    def broken(*a, **k):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(bd, "shrink", broken)
+    (made,) = bd.bundle_findings(rep, {"n": 4}, tmp_path / "b")
+    data = json.loads((made / "bundle.json").read_text())
+    assert data["config"] == {"n": 4} and data["fingerprint"]["phase"] == "p"
+    assert data["shrink"]["steps"] == ["not shrunk: shrinking or bundling failed (KeyError: 'oops')"]
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bundled as reported, not shrunk" in err[0] and "Traceback" not in err[0], err

@@ -25,6 +25,7 @@ from fuzz.radix import (
     parse_plans,
     pct_events,
     random_clients,
+    reduce_config,
     script_of,
     smaller,
 )
@@ -98,6 +99,21 @@ def test_shrinking_candidates_are_valid_and_distinct():
         "r1:0:8:24:cT,s,r:A.A.A",  # client B gone
         "r1:0:8:24:cT,s,r/cB0:A.A.B.A",
         "r1:0:8:24:cT,s,r/cT:A.Bap.A.A"]
+
+
+def test_a_continue_with_nothing_to_continue_is_no_schedule_and_no_shrinking_candidate():
+    """Removing a client's first completion before a save leaves a restore of an empty save and a continue of it:
+    what the campaign's shrinker reached, and the engine recursed on (RecursionError, the run lost). It is refused
+    as a schedule, never offered as a candidate, and the reference refuses a name that is no prompt in one line."""
+    with pytest.raises(UserError, match="nothing to continue"):
+        Schedule.parse("r1:0:8:24:s,cU,r,k:A.A.A.A")
+    s = Schedule.parse("r1:0:8:24:cT,s,cU,r,k:A.A.A.A.A")
+    got = [c.replay for c in smaller(s)]
+    assert "r1:0:8:24:s,cU,r,k:A.A.A.A" not in got and all(Schedule.parse(r) for r in got)
+    assert [c["replay"] for c in reduce_config({"replay": s.replay})] == got  # what the bundle's shrinker runs
+    rx = Radix.__new__(Radix)
+    with pytest.raises(UserError, match="neither a prompt"):
+        rx.grow({"prompts": {"T": [1, 2]}, "answers": {}}, "None+")
 
 
 @settings(max_examples=60, deadline=None)
