@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.bundle import bundle_findings, finding_key
-from fuzz.contract import matches
+from fuzz.contract import CRASH, matches
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
@@ -85,14 +85,54 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
 
 
 def known_upstream() -> list[dict[str, Any]]:
-    """The family and fingerprint of each committed upstream repro (corpora/repros, target not a mutant): a campaign
-    finding with one of these is that known finding again — listed, not bundled again, not failing."""
+    """Each committed upstream repro (corpora/repros, target not a mutant): its family, fingerprint and, for an
+    abort, the assert it names. A campaign finding that is one of these (known_repro) is that known finding again —
+    listed, not bundled again, not failing."""
     out = []
     for b in sorted(REPROS.glob("*/bundle.json")) if REPROS.is_dir() else []:
         data = json.loads(b.read_text())
         if not str(data.get("target", "")).startswith("mutant:") and isinstance(data.get("spec"), dict):
-            out.append({"family": data["spec"]["family"], **finding_key(data["fingerprint"]), "repro": b.parent.name})
+            report = b.parent / "report.json"
+            out.append({"family": data["spec"]["family"], "key": finding_key(data["fingerprint"]),
+                        "abort": abort_of(report.read_text()) if report.is_file() else None,
+                        "repro": b.parent.name})
     return out
+
+
+def abort_of(text: str) -> str | None:
+    """The check an abort names — `GGML_ASSERT(expr) failed` as `expr`, else what follows the source file and line
+    — without the path and line number, which move between builds and checkouts; None if the text names none."""
+    m = re.search(r"GGML_ASSERT\((.+?)\) failed", text)
+    if m:
+        return m.group(1)
+    m = re.search(r"\.(?:c|cc|cpp|h|cu):\d+: ([^\n\"]+)", text)
+    return m.group(1).split(" (replay")[0].strip() if m else None
+
+
+def layout_family(phase: Any) -> Any:
+    """A phase without its flash-attention variant (isolation's per-seq-kv-fa is per-seq-kv with flash attention
+    on): the same KV layout, the same known bug."""
+    return phase[:-3] if isinstance(phase, str) and phase.endswith("-fa") else phase
+
+
+def known_repro(known: list[dict[str, Any]], family: str, f: Any) -> str | None:
+    """The committed upstream repro a campaign finding is, matched by what the finding is rather than by the
+    configuration the repro was shrunk under: the family, the oracle, the status and the KV layout (flash attention
+    on or off alike); an abort by the check it names (wherever the cut, whichever stage), anything else by the rest
+    of its fingerprint too. None if it is none of them."""
+    fp = finding_key(f.fingerprint)
+    abort = abort_of(f.message) if f.status == CRASH else None
+    for x in known:
+        k = x["key"]
+        if x["family"] != family or any(k.get(n) != fp.get(n) for n in ("oracle", "status")) \
+                or layout_family(k.get("phase")) != layout_family(fp.get("phase")):
+            continue
+        if x["abort"] and k.get("status") == CRASH:
+            if abort == x["abort"]:
+                return x["repro"]
+        elif matches({n: v for n, v in k.items() if n != "phase"}, fp):
+            return x["repro"]
+    return None
 
 
 class Campaign:
@@ -192,8 +232,7 @@ class Campaign:
         known = known_upstream()
         for f in rep.findings:
             key = {"family": family, **fp(f)}
-            repro = next((x["repro"] for x in known
-                          if matches({k: v for k, v in x.items() if k != "repro"}, key)), None)
+            repro = known_repro(known, family, f)
             if repro:  # an upstream finding already bundled in corpora/repros
                 st.setdefault("known", {})[repro] = st.get("known", {}).get(repro, 0) + 1
                 continue

@@ -101,3 +101,44 @@ def test_a_campaign_counts_explained_numerics_apart_from_findings(tmp_path):
     assert "Numerics (differences explained by a traced cause, not findings): wire requantization 1" in \
         (d / "summary.md").read_text()
     assert not (d / "bundles").exists() or not any((d / "bundles").iterdir())
+
+
+@pytest.mark.llama
+def test_a_known_upstream_abort_is_known_under_any_layout_variant_and_cut(tmp_path):
+    """Seed 0's first six kimi-linear isolation cases: two abort creating a context with one KV stream per sequence,
+    with flash attention off and on — corpora/repros/kimi-linear-isolation-per-seq-kv (shrunk with it off). Matched
+    by what the finding is (the family, the oracle, the layout, the assert it names), both are that known finding:
+    the clean pinned build's campaign passes."""
+    d = tmp_path / "c"
+    r = run_cli("fuzz", "campaign", "--out", str(d), "--family", "kimi-linear", "--oracle", "isolation",
+                "--cases", "6", "--budget", "5m")
+    st = json.loads((d / "campaign.json").read_text())
+    assert r.returncode == 0 and st["findings"] == [], r.stdout + r.stderr
+    assert st["statuses"] == {"crash": 2, "pass": 4} and st["known"] == {"kimi-linear-isolation-per-seq-kv": 4}, st
+
+
+def test_known_findings_match_by_assert_and_layout_not_by_the_shrunk_configuration():
+    from fuzz.campaign import abort_of, known_repro, known_upstream
+    from fuzz.contract import CRASH, FINDING, Finding
+
+    known = known_upstream()
+    where = "/tmp/pip-req-build-x/vendor/llama.cpp/ggml/src/ggml.c:2099: GGML_ASSERT(ggml_can_repeat(b, a)) failed"
+    assert abort_of(where) == "ggml_can_repeat(b, a)"
+
+    def crash(phase, message, **fp):
+        return Finding("isolation", CRASH, message, phase=phase,
+                       fingerprint={"oracle": fp.pop("oracle", "isolation"), "status": CRASH, "phase": phase, **fp})
+
+    assert known_repro(known, "kimi-linear", crash("per-seq-kv-fa", where)) == "kimi-linear-isolation-per-seq-kv"
+    assert known_repro(known, "kimi-linear", crash("per-seq-kv", where)) == "kimi-linear-isolation-per-seq-kv"
+    # the handoff repro was shrunk at a recurrent cut: an attention cut aborting on the same check is it too
+    assert known_repro(known, "kimi-linear", crash("busy", where, oracle="handoff", cut_kinds=["A"])) == \
+        "kimi-linear-handoff-busy-ubatch-3"
+    assert known_repro(known, "kimi-linear", crash("unified-kv", where)) is None  # another layout
+    assert known_repro(known, "kimi-linear", crash("per-seq-kv", where.replace("can_repeat", "can_mul"))) is None
+    assert known_repro(known, "jamba", crash("per-seq-kv", where)) is None  # another family
+    leak = Finding("isolation", FINDING, "leak", phase="unified-kv-fa", seq=2,
+                   fingerprint={"oracle": "isolation", "status": FINDING, "phase": "unified-kv-fa", "seq": 2})
+    assert known_repro(known, "deepseek32", leak) == "deepseek32-isolation-unified-kv"
+    assert known_repro(known, "deepseek32", Finding("isolation", FINDING, "x", fingerprint={
+        "oracle": "isolation", "status": FINDING, "phase": "per-seq-kv"})) is None
