@@ -278,28 +278,57 @@ def moved(ref: dict[str, Any], got: dict[str, Any]) -> float:
 def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], cold: dict[str, Any], tokens: int,
                     n_vocab: int, seed: int, n_ctx: int) -> dict[str, Any]:
     """With one KV cache for all slots (and flash attention, llama-server's default) where a sequence's cells sit
-    moves its logits: attention sums the cells in cell order. A sequence restored from a slot file or the host
-    cache continues into cells another slot held a moment ago (--cache-idle-slots clears idle slots), below its
-    own, and its answer moves by a few 1e-3 on these fixtures (its restored rows are byte-identical to the saved
-    ones; left where it was, it matches the cold run to 1e-6). Measured per prompt on the real server, cache off
-    but for that one reuse: the prompt answered on slot 0 and saved; slot 0 erased; a filler on slot 1 takes the
-    low cells; the save restored on slot 0 above it; slot 1 erased; the prompt again on slot 0, reusing all but
-    its last token. {placement: the largest move against the cold answers (None: not measured), how: how (or why
-    not), near_tie: the margin below which a pick is not judged — NOISE_FACTOR × the move, NEAR_TIE at least}."""
+    moves its logits: attention sums the cells in cell order (CPU flash attention accumulates V in f16), so a
+    sequence whose next tokens land in cells another slot freed — below its own earlier ones — is summed in another
+    order than a cold run's. Its rows are byte-identical to the cold run's (left where it was, it matches the cold
+    run bit for bit); its answer moves by a few 1e-3 on most fixtures, by ~5e-2 on some sliding-window ones (the
+    window's few cells weigh more), and a MoE router can turn that into another expert. Measured per prompt on the
+    real server, two ways the server leaves a sequence so:
+    - beside: the prompt answered on slot 0 while a filler is answered on slot 1 (their cells interleave), slot 1
+      erased (as --cache-idle-slots clears an idle slot), the prompt's second turn on slot 0 (its answer and two
+      more tokens) reusing its own cells and continuing into the freed ones — against the same second turn cold;
+    - restored: the prompt answered on slot 0 and saved; slot 0 erased; a filler on slot 1 takes the low cells; the
+      save restored on slot 0 above it; slot 1 erased; the prompt again on slot 0, reusing all but its last token —
+      against its cold answer.
+    {placement: the largest move (None: not measured), how: how (or why not), near_tie: the margin below which a
+    pick is not judged — NOISE_FACTOR × the move, NEAR_TIE at least}."""
     rng = np.random.Generator(np.random.PCG64(seed + 77))
     load_server(t, fixture, slots=2, cache_ram=0, kv_unified=True, n_ctx=n_ctx)
 
-    def step(name: str, **req: Any) -> dict[str, Any]:
+    def submit(name: str, **req: Any) -> str:
         sent = t.call("submit", name=name, **req)
-        done = t.call("await", name=name, point="done", timeout=30) if sent.ok else sent
-        if not done.ok or "error" in done.data["result"]:
-            raise RuntimeError(f"{name}: {done.failure.message if not done.ok else done.data['result']['error']}")
-        return done.data["result"]
+        if not sent.ok:
+            raise RuntimeError(f"{name}: {sent.failure.message}")
+        return name
+
+    def done(name: str) -> dict[str, Any]:
+        got = t.call("await", name=name, point="done", timeout=30)
+        if not got.ok or "error" in got.data["result"]:
+            raise RuntimeError(f"{name}: {got.failure.message if not got.ok else got.data['result']['error']}")
+        return got.data["result"]
+
+    def step(name: str, **req: Any) -> dict[str, Any]:
+        return done(submit(name, **req))
 
     worst = 0.0
     try:
         for n, (name, prompt) in enumerate(prompts.items()):
             filler = [int(x) for x in rng.integers(0, n_vocab, len(prompt) + tokens + 2)]
+            # beside: interleaved with another slot's cells, that slot freed, a second turn into its cells
+            first = submit(f"beside-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0,
+                           cache_prompt=False)
+            other = submit(f"beside-filler-{n}", kind="complete", prompt=filler[:len(prompt)], n_predict=tokens,
+                           slot=1, cache_prompt=False)
+            answer, _ = done(first), done(other)
+            second = prompt + answer["tokens"] + [int(x) for x in rng.integers(0, n_vocab, 2)]
+            step(f"beside-free-{n}", kind="erase", slot=1)
+            got = step(f"beside-again-{n}", kind="complete", prompt=second, n_predict=tokens, slot=0)
+            step(f"beside-erase-{n}", kind="erase", slot=0)
+            alone = step(f"beside-cold-{n}", kind="complete", prompt=second, n_predict=tokens, slot=0,
+                         cache_prompt=False)
+            step(f"beside-done-{n}", kind="erase", slot=0)
+            worst = max(worst, moved(alone, got))
+            # restored: above another slot's cells, that slot freed, continued into its cells
             step(f"noise-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0, cache_prompt=False)
             step(f"noise-save-{n}", kind="save", slot=0, file=f"noise-{n}")
             step(f"noise-erase-{n}", kind="erase", slot=0)
@@ -307,11 +336,13 @@ def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], col
             step(f"noise-restore-{n}", kind="restore", slot=0, file=f"noise-{n}")
             step(f"noise-free-{n}", kind="erase", slot=1)
             got = step(f"noise-again-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0)
+            step(f"noise-done-{n}", kind="erase", slot=0)
             worst = max(worst, moved(cold[name], got))
     except RuntimeError as e:
         return {"placement": None, "how": f"not measured ({e})", "near_tie": NEAR_TIE}
-    return {"placement": worst, "how": "each prompt restored into cells above another slot's, which then freed them, "
-                                       "and continued there, against its cold answer",
+    return {"placement": worst, "how": "each prompt's second turn continued into cells another slot freed beside "
+                                       "it, and each prompt restored above another slot's cells and continued into "
+                                       "them once freed, against the same requests cold",
             "near_tie": max(NEAR_TIE, NOISE_FACTOR * worst)}
 
 
