@@ -943,6 +943,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "b1-first-layer-probe": ("jamba", "handoff"),
     "b4-kidx-not-exported": ("deepseek3", "handoff"),
     "b5-uniform-kv-rows": ("laguna", "handoff"),
+    "swa-window-filters-base-export": ("laguna", "handoff"),  # (its prompt of 8 passes the window of 4)
     "batched-rows-swapped": ("qwen3next", "parity"),
     "import-clears-context": ("llama", "handoff"),  # only a busy hand-off shows it
     "rollback-all-sequences": ("llama", "handoff"),  # only a busy rollback shows it

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,13 +62,15 @@ from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target, close_all, open_target
-from targets.kvstate import kv_caches
+from targets.kvstate import kv_cells
 from targets.target import script_request
 
 MODES = ("full", "partial", "busy")
 TRUSTED_EXPORTS = "llama-cpp"  # the target whose state exports the cell-order cause analysis reads as truth
 CELL_META = 12  # bytes a KV cell's metadata takes in a state export: pos, n_seq_id, one seq_id (int32 each)
 BUSY_SEQ = 0  # the live sequence of a busy hand-off (the imported one is 1)
+ORDER_FACTOR = 4.0  # a cell-order difference is numerics up to this × what the same cells in another order move
+ORDER_FILLERS = tuple(range(1, 17))  # the cell-order control's shifts: a filler sequence's tokens before the sequence
 
 
 @dataclass
@@ -327,12 +330,22 @@ class Handoff:
                                                        div.stage, cuts, steps, k, k + div.step, t, tokens, base,
                                                        dst[div.stage])
                         cells = (res.node or {}).get("cells")
-                        # every row restored, only elsewhere in the ring: numerics — read from the exports, so
-                        # only where they are trusted: the pinned llama.cpp itself (a target whose export is the
-                        # thing under test, a mutant or another runtime, keeps the finding, with the evidence)
+                        # every row restored, only elsewhere in the ring: numerics as far as the same cells in
+                        # another order move the uninterrupted run — read from the exports, so only where they are
+                        # trusted: the pinned llama.cpp itself (a target whose export is the thing under test, a
+                        # mutant or another runtime, keeps the finding, with the evidence)
+                        if cells and not cells["same"]:
+                            res.reason += f"; {cells['detail']}"
                         if cells and cells["same"] and self.cfg.target == TRUSTED_EXPORTS:
-                            res.status = NUMERICS
-                            res.cause = {"kind": "cell order", "detail": cells["detail"]}
+                            control = self._order_control(stages, src, steps, k, tokens, cuts, base)
+                            cells["order_control"] = control
+                            cause = order_verdict(cells, res.max_abs, control)
+                            if cause:
+                                res.status, res.cause = NUMERICS, cause
+                            else:
+                                res.reason += (f"; the same cells in another order move the uninterrupted run by "
+                                               f"{control:.2g}: {res.max_abs:.2g} is more than cell order" if control
+                                               is not None else "; the cell-order control could not run")
                     return res
                 if mode == "full":  # (busy exports the same bytes: checked once)
                     bad = self._check_bytes(res, blobs, empties, t, kv_first)
@@ -344,6 +357,30 @@ class Handoff:
             res.mode = "busy"
             res.reason = f"creating the busy context (2 sequences, one KV stream each): {res.reason}"
         return res
+
+    def _order_control(self, stages, src: list[Target], steps: list[Step], k: int, tokens: list[list[int]],
+                       cuts: list[int], base: Trace) -> float | None:
+        """What the placement of a sequence's cells moves the uninterrupted run by, on the same stages, without any
+        export: the schedule again with a filler sequence of ORDER_FILLERS tokens decoded first, so its cells sit
+        that many cells later (attention meets them in other tiles and order), and once more with the filler removed
+        at the hand-off point, so the continuation goes on into the cells it freed — the same positions and rows in
+        other cells. The largest |Δlogit| over the continuation; None if a run failed."""
+        sizes = [st.n_layer for _, st in stages]
+        src = src[:len(stages)]
+        worst = 0.0
+        for m, freed in itertools.product(ORDER_FILLERS, (False, True)):
+            filler = prompt_tokens(self.cfg.seed + 31 + m, m, self.info.n_vocab)
+            first = [Step(filler, [1] * m, list(range(m)), "prefill"), *steps[:k]]
+            for s in src:
+                s.reset()
+            _, fail = run_chain(src, sizes, first, [filler, *tokens[:k]], n_pos_per_token=self.n_pos)
+            if fail or (freed and any(not s.call("seq_rm", seq=1, p0=-1, p1=-1).ok for s in src)):
+                return None
+            chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
+            if fail:
+                return None
+            worst = max(worst, compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)[1])
+        return worst
 
     def _neighbour(self, ref: Target, cuts: list[int]) -> Neighbour | Failure:
         """The live sequence of busy hand-offs: its own prompt and decode steps (as sequence BUSY_SEQ), its
@@ -508,7 +545,7 @@ class Handoff:
             again = t.pipeline(calls)
             restored = t.state_get(1) if len(again) == len(calls) and again[-1].ok else None
             if held is not None and held.ok and restored is not None and restored.ok:
-                cells = same_cells(held.data["blob"], restored.data["blob"])
+                cells = same_cells(held.data["blob"], restored.data["blob"], {p for st in steps[:at] for p in st.pos})
         a, b = straight[-1].data["results"][-1].get("nodes"), handed[-1].data["results"][-1].get("nodes")
         if not a or not b:
             return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
@@ -613,20 +650,46 @@ def structural_offsets(path: Path, n_ubatch: int) -> list[int]:
     return sorted({c + d for c in consts for d in (-1, 0, 1) if c + d > 0})
 
 
-def same_cells(straight: bytes, restored: bytes) -> dict[str, Any] | None:
-    """Do two exports of a sliding-window model's caches (the base and the window) hold the same rows at the
-    same positions, wherever the cells sit? None if the blobs are not that layout."""
-    a, b = kv_caches(straight, 2), kv_caches(restored, 2)
+def same_cells(straight: bytes, restored: bytes, positions: set[int] | None = None) -> dict[str, Any] | None:
+    """Do two exports of a sliding-window model's caches (the base and the window) hold the same rows at the same
+    positions, wherever the cells sit — and does each hold what it must: the base cache (full attention) every
+    position the sequence has (`positions`), in both exports? A base cache that lost positions is lost state even
+    when both exports lost them alike (the export itself is what is under test). None if the blobs are not that
+    layout."""
+    a, b = kv_cells(straight, 2), kv_cells(restored, 2)
     if a is None or b is None:
         return None
-    lost = sorted(set().union(*(set(x) - set(y) for x, y in zip(a, b, strict=True))))
-    changed = sorted({p for x, y in zip(a, b, strict=True) for p in set(x) & set(y) if x[p] != y[p]})
-    same = not lost and not changed and all(set(x) == set(y) for x, y in zip(a, b, strict=True))
-    n = sum(len(x) for x in a)
-    detail = (f"the restored caches hold the same K/V bits at the same {n} positions as the uninterrupted run, in "
-              "other cells: attention sums the window's cells in cell order, so only the rounding differs"
-              if same else f"the restored caches lose positions {lost[:8]} or change the rows at {changed[:8]}")
-    return {"same": same, "positions": n, "lost": lost[:32], "changed": changed[:32], "detail": detail}
+    rows_a, rows_b = [x[1] for x in a], [x[1] for x in b]
+    missing = sorted(set(positions or ()) - (a[0][0] & b[0][0]))  # the base cache: every position, in both
+    lost = sorted(set().union(*(set(x) - set(y) for x, y in zip(rows_a, rows_b, strict=True)),
+                              *(x[0] - y[0] for x, y in zip(a, b, strict=True)), missing))
+    changed = sorted({p for x, y in zip(rows_a, rows_b, strict=True) for p in set(x) & set(y) if x[p] != y[p]})
+    same = not lost and not changed and all(x[0] == y[0] and set(x[1]) == set(y[1]) for x, y in zip(a, b, strict=True))
+    n = sum(len(x) for x in rows_a)
+    if same:
+        detail = (f"the restored caches hold the same K/V bits at the same {n} positions as the uninterrupted run "
+                  f"(the base cache all {len(a[0][0])} of the sequence's, the window its own), in other cells")
+    elif missing:
+        detail = (f"the full-attention cache does not hold positions {missing[:8]}"
+                  + (f" (and {len(missing) - 8} more)" if len(missing) > 8 else "") + " of the sequence's "
+                  f"{len(positions or ())}: state the continuation needs is gone")
+    else:
+        detail = f"the restored caches lose positions {lost[:8]} or change the rows at {changed[:8]}"
+    return {"same": same, "positions": n, "lost": lost[:32], "changed": changed[:32], "missing": missing[:32],
+            "detail": detail}
+
+
+def order_verdict(cells: dict[str, Any] | None, moved: float, control: float | None) -> dict[str, Any] | None:
+    """The cell-order excuse, bounded: a hand-off whose caches hold exactly the uninterrupted run's rows (every
+    cache, every position it must) moves the continuation only by the order attention sums the cells in — as far as
+    that order can move it: at most ORDER_FACTOR × what the same cells in another order move the uninterrupted run
+    (`control`, measured on the same stages). The cause (numerics), or None: the difference stays a finding."""
+    if not cells or not cells["same"] or not control or moved > ORDER_FACTOR * control:
+        return None
+    return {"kind": "cell order", "detail": f"{cells['detail']}: attention sums the window's cells in cell order, "
+            f"and the same cells in another order move the uninterrupted run by {control:.2g} — this hand-off moves "
+            f"it by {moved:.2g}, within {ORDER_FACTOR:g}×", "control": control, "bound": ORDER_FACTOR * control,
+            "max_abs": moved}
 
 
 def report(fixture: Path, cfg: HandoffConfig) -> Report:

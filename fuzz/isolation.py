@@ -22,6 +22,7 @@ with other neighbours is both numerics at once (cells and batch shape), other bi
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,26 @@ import numpy as np
 
 from fuzz.configs import check_config
 from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import context_params, first_rounding_flip, first_routing_flip, script_steps
+from fuzz.parity import (
+    TOP_K_NODES,
+    context_params,
+    first_rounding_flip,
+    first_token_flip,
+    first_top_k_flip,
+    routing_near_tie,
+    script_steps,
+    token_rows,
+    token_slice,
+    top_k_near_tie,
+)
 from fuzz.schedule import prompt_tokens, sequential_steps
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target
 from targets.target import script_request
+
+NOISE_FACTOR = 4.0  # a batch-shape difference is numerics up to this × the batch-shape control (or a near-tie named)
+WHOLE_LOGIT = 1.0  # a batch-shape move this large is never rounding: numerics only with its near-tie named
 
 
 @dataclass
@@ -65,6 +80,7 @@ class Isolation:
         self.commit: str | None = None
         self.tol = cfg.tol
         self.fa = False  # the layout being run: flash attention on or off
+        self.noise_measured = 0.0  # the layout's batch-shape control (_noise): what bounds a batch-shape excuse
         self.prompts = [prompt_tokens(cfg.seed + 7 + i, cfg.prompt_len + 3 * i, self.info.n_vocab)
                         for i in range(cfg.n_seq)]
 
@@ -84,7 +100,7 @@ class Isolation:
                     findings.append({**row, "reproduced": bool(again)})
                     continue
                 alone = [self._alone(t, i) for i in range(cfg.n_seq)]
-                measured = self._noise(t, alone)
+                measured = self.noise_measured = self._noise(t, alone)
                 self.tol = max(cfg.tol, cfg.noise_factor * measured)
                 noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "tolerance": self.tol}
                 together = self._together(t, alone)
@@ -263,10 +279,21 @@ class Isolation:
         if isinstance(other, str):
             return out | {"kind": "unclear", "detail": f"the run with other neighbours failed: {other}"}
         if all(np.array_equal(a, b) for a, b in zip(other[i], together[i], strict=True)):
-            return out | {"kind": "cells and batch shape" if both else "batch shape",
-                          "detail": where + "batched with other neighbours (other tokens, "
-                          "same lengths) it gets the same bits as before: the batch's shape changes its numerics "
-                          "(kernel paths), its neighbours' data does not reach it"}
+            out |= {"kind": "cells and batch shape" if both else "batch shape",
+                    "detail": where + "batched with other neighbours (other tokens, same lengths) it gets the same "
+                    "bits as before: the batch's shape changes its numerics (kernel paths), its neighbours' data does "
+                    "not reach it"}
+            # as far as the shape's rounding goes: within NOISE_FACTOR × the batch-shape control, or turned into
+            # another result at a near-tie choice rounding moved (named) — never by its size alone
+            moved = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in
+                        zip(alone[i][1], together[i], strict=True))
+            control = self.noise_measured
+            out |= {"moved": moved, "control": control, "bound": NOISE_FACTOR * control}
+            if moved > NOISE_FACTOR * control:
+                flip = self._batch_flip(t, i, step, alone, unified)
+                if flip:
+                    out["flip"] = flip
+            return out
         return out | {"kind": "batch", "detail": where + "other neighbours change it again: the other sequences' "
                       "data reaches it"}
 
@@ -308,10 +335,74 @@ class Isolation:
                      if (x["name"], x["op"], x["ne"], x["type"]) != (y["name"], y["op"], y["ne"], y["type"])),
                     min(len(r) for r in runs))
         a, b = runs[0][:same], runs[1][:same]
-        flip = first_routing_flip(a, b) or first_rounding_flip(a, b)
+        route = first_token_flip(token_rows([a]), token_rows([b]))
+        if route is not None:  # a routing choice parted first: numerics only across a near-tie rounding moved
+            return routing_flip(route, "placed") if routing_near_tie(route) else None
+        flip = first_rounding_flip(a, b)
         if not flip:
             return None
         return {k: v for k, v in flip.items() if k not in ("a", "b")} | {"alone": flip["a"], "placed": flip["b"]}
+
+    def _batch_flip(self, t: Target, i: int, step: int, alone, kvu: bool) -> dict[str, Any] | None:
+        """The near-tie choice that turns the batch's shape into another result for sequence i, up to the step whose
+        logits differ: its first MoE routing choice (its tokens' rows, alone vs batched) or DSA top-k (in the same
+        cells: its own stream, or a unified cache's cells the batch gave it — the placed run) that differs, if the
+        rounding moved the scores across a near-tie there (the measured score move is the bound); None otherwise
+        (or the target cannot trace)."""
+        p = self.prompts[i]
+        lens = [len(q) for q in self.prompts]
+        mine = [{"tokens": p, "seq": i, "pos": list(range(len(p))), "logits": "last"}]
+        mine += [{"tokens": [alone[i][0][k]], "seq": i, "pos": [len(p) + k], "logits": "last"} for k in range(step)]
+        toks, seqs, pos = [], [], []
+        for j, q in enumerate(self.prompts):
+            toks, seqs, pos = toks + q, seqs + [j] * len(q), pos + list(range(len(q)))
+        batch = [{"tokens": toks, "seq": seqs, "pos": pos, "logits": "last"}]
+        batch += [{"tokens": [alone[j][0][k] for j in range(len(lens))], "seq": list(range(len(lens))),
+                   "pos": [lens[j] + k for j in range(len(lens))], "logits": "last"} for k in range(step)]
+        runs = [mine, batch]
+        if kvu:  # the same cells as batched: sequence i alone in every batch, fillers taking the others' cells
+            placed, ours = self._placed_steps(i, alone)
+            runs.append(placed[:ours[step] + 1])
+        traced = []
+        for steps in runs:
+            r = t.pipeline([("load", {"path": str(self.fixture), **self._params(kvu), "trace": True}),
+                            script_request([{**x, "trace": "all"} for x in steps], reset=True)])
+            if len(r) < 2 or not r[-1].ok:
+                return None
+            traced.append([x.get("nodes") or [] for x in r[-1].data["results"]])
+        counts = [len(p)] + [1] * step
+        start = sum(lens[:i])
+
+        def in_batch(k: int, n: int) -> slice:
+            return slice(start, start + len(p)) if k == 0 else slice(i, i + 1)
+
+        route = first_token_flip(token_rows(traced[0], counts), token_rows(traced[1], counts, in_batch))
+        if route is not None:
+            return routing_flip(route, "batched") if routing_near_tie(route) else None
+        if kvu:
+            ours_steps = set(ours[:step + 1])
+            placed_counts = [len(x["tokens"]) if k in ours_steps else 0 for k, x in enumerate(runs[2])]
+            ref = token_rows(traced[2], placed_counts, lambda k, n: slice(0, n) if k in ours_steps else slice(0, 0),
+                             TOP_K_NODES)
+        else:
+            ref = token_rows(traced[0], counts, names=TOP_K_NODES)
+        top = first_top_k_flip(ref, token_rows(traced[1], counts, in_batch, TOP_K_NODES))
+        if top is not None:
+            if not top_k_near_tie(top):
+                return None
+            return {"kind": "top-k", "node": top["node"], "token": top["token"], "alone": top["a"],
+                    "batched": top["b"], "scores": top.get("scores"), "scores_max_abs": top["scores_max_abs"],
+                    "margin": top["margin"]}
+        # a value the batch's kernels round an ulp otherwise, rounded to another 16-bit number (each step: sequence
+        # i's rows of the batch against its own run in the same cells)
+        mine_nodes = [traced[2][k] for k in ours[:step + 1]] if kvu else traced[0]
+        for k in range(step + 1):
+            n_batch = sum(lens) if k == 0 else len(lens)
+            flip = first_rounding_flip(mine_nodes[k], token_slice(traced[1][k], n_batch, in_batch(k, n_batch)))
+            if flip:
+                return {k2: v for k2, v in flip.items() if k2 not in ("a", "b")} | {"alone": flip["a"],
+                                                                                   "batched": flip["b"], "step": k}
+        return None
 
     def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
         rows = []
@@ -332,21 +423,42 @@ class Isolation:
 
 def describe_flip(x: dict[str, Any]) -> str:
     if x["kind"] == "rounding":
+        other = "placed" if "placed" in x else "batched"
         return (f"first value rounded otherwise (step {x['step']}): {x['node']} ({x['ggml_op']}) rounds its input "
-                f"{x['input']} to {x['to']}, and in row {x['row']} {x['alone']!r} alone but {x['placed']!r} placed "
-                f"(the summation order's ulp) round to different {x['to']} numbers")
-    return (f"first MoE routing choice that differs (step {x['step']}): {x['node']} ({x['ggml_op']}) token row "
-            f"{x['row']}: experts {x['alone']} alone, {x['placed']} placed")
+                f"{x['input']} to {x['to']}, and in row {x['row']} {x['alone']!r} alone but {x[other]!r} {other} "
+                f"(the {'summation order' if other == 'placed' else 'batch kernels'}' ulp) round to different "
+                f"{x['to']} numbers")
+    other = "placed" if "placed" in x else "batched"
+    step = f" (step {x['step']})" if "step" in x else ""
+    what = ("first DSA top-k that differs", "keys") if x["kind"] == "top-k" else \
+        ("first MoE routing choice that differs", "experts")
+    return (f"{what[0]}{step}: {x['node']} token {x['token']}: {what[1]} {x['alone']} alone, {x[other]} {other} — "
+            f"the scores moved {x['scores_max_abs']:.2g} across a gap of {x['margin']:.2g} (a near-tie the rounding "
+            "crossed)")
 
 
 def is_numerics(cause: dict[str, Any] | None) -> bool:
-    """A difference the cause shows to be numerics, not a leak: the batch's shape, or its cells and its batch's
-    shape together (the same bits with other neighbours: their data does not reach it), or the cells' summation
-    order turned into a different result at a near-tie — a MoE routing choice, or a value rounded to f16 / bf16 —
-    (the flip is named). Reported, not a finding. (A cell-position difference with no such flip — DSA's exact-tie
-    top-k — stays a finding.)"""
-    return bool(cause) and (cause["kind"] in ("batch shape", "cells and batch shape")
-                            or (cause["kind"] == "cell position" and bool(cause.get("flip"))))
+    """A difference the cause shows to be numerics, not a leak, each within a bound: the batch's shape, or its cells
+    and its batch's shape together (the same bits with other neighbours: their data does not reach it) — moving it
+    less than a whole logit, or no more than NOISE_FACTOR × the batch-shape control, or turned into another result at
+    a near-tie the measured rounding crossed (named: a MoE routing choice, a DSA top-k, a value rounded to a 16-bit
+    type); or the cells' summation order turned into a different result at such a near-tie. Reported, not a finding.
+    (A cell-position difference with no such flip — DSA's exact-tie top-k — stays a finding, and so does a batch-shape
+    move of a whole logit or more with none: that is never rounding.)"""
+    if not cause:
+        return False
+    if cause["kind"] in ("batch shape", "cells and batch shape"):
+        moved = cause.get("moved", math.inf)
+        return moved <= cause.get("bound", 0.0) or moved < WHOLE_LOGIT or bool(cause.get("flip"))
+    return cause["kind"] == "cell position" and bool(cause.get("flip"))
+
+
+def routing_flip(route: dict[str, Any], other: str) -> dict[str, Any]:
+    """A near-tie routing flip (first_token_flip) as a cause's flip: which experts alone and `other`, the router's
+    scores' move and the gap it crossed."""
+    return {"kind": "routing", "node": route["node"], "token": route["token"], "alone": route["a"],
+            other: route["b"], "scores": route.get("scores"), "scores_max_abs": route.get("scores_max_abs"),
+            "margin": route.get("margin")}
 
 
 def format_report(rep: dict[str, Any]) -> str:

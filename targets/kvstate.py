@@ -21,9 +21,17 @@ def cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[s
     """Every layer of one cache, stream by stream, and where the cache ends: [{"pos": the stream's cell positions,
     "k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
     n_embd_v) | None}]. Raises struct.error on a blob too short for the layout."""
+    layers, _, end = read_cache(b, off, has_v=has_v)
+    return layers, end
+
+
+def read_cache(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str, Any]], list[int], int]:
+    """cache_layers' layers, every cell's position (also of a cache without layers: a stage of a sliding-window
+    model holding none of the base cache's layers still writes its cells), and where the cache ends."""
     (n_stream,) = struct.unpack_from("<I", b, off)
     off += 4
     layers: list[dict[str, Any]] = []
+    positions: list[int] = []
     for _ in range(n_stream):
         (cells,) = struct.unpack_from("<I", b, off)
         off += 4
@@ -34,6 +42,7 @@ def cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[s
             p, n_seq = struct.unpack_from("<iI", b, off)
             pos.append(p)
             off += 8 + 4 * n_seq
+        positions += pos
         (v_trans, n_layer) = struct.unpack_from("<II", b, off)
         off += 8
         stream = []
@@ -56,7 +65,7 @@ def cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[s
                 layer["v"] = (off, cells, row)
                 off += cells * row
         layers += stream
-    return layers, off
+    return layers, positions, off
 
 
 def rows_by_position(b: bytes, layers: list[dict[str, Any]]) -> dict[int, bytes]:
@@ -81,11 +90,76 @@ def rows_by_position(b: bytes, layers: list[dict[str, Any]]) -> dict[int, bytes]
 def kv_caches(blob: bytes, n_caches: int) -> list[dict[int, bytes]] | None:
     """The first n_caches KV caches of a full sequence export, each {position: rows}; None if the blob is not
     that (another memory, another layout)."""
+    cells = kv_cells(blob, n_caches)
+    return None if cells is None else [rows for _, rows in cells]
+
+
+def kv_cells(blob: bytes, n_caches: int) -> list[tuple[set[int], dict[int, bytes]]] | None:
+    """The first n_caches KV caches of a full sequence export, each (the positions its cells hold, {position:
+    rows}); None if the blob is not that (another memory, another layout)."""
     off, out = HEADER, []
     try:
         for _ in range(n_caches):
-            layers, off = cache_layers(blob, off)
-            out.append(rows_by_position(blob, layers))
+            layers, positions, off = read_cache(blob, off)
+            out.append((set(positions), rows_by_position(blob, layers)))
     except struct.error:
         return None
     return out if off == len(blob) else None
+
+
+def keep_cells(blob: bytes, cache: int, keep: Any) -> bytes:
+    """A full sequence export with cache number `cache` (0: the first; an iSWA model's base cache) rewritten to hold
+    only the cells whose position `keep(pos, highest position)` accepts — a self-consistent blob (cell counts, every
+    layer's K and V rows, transposed V's runs) that imports without an error. Unchanged if the blob is not that
+    layout. (Mutants re-create export bugs with it.)"""
+    try:
+        off = HEADER
+        for _ in range(cache):
+            _, _, off = read_cache(blob, off)
+        start = off
+        (n_stream,) = struct.unpack_from("<I", blob, off)
+        off += 4
+        out = [blob[:start], struct.pack("<I", n_stream)]
+        for _ in range(n_stream):
+            (cells,) = struct.unpack_from("<I", blob, off)
+            off += 4
+            meta, pos = [], []
+            for _ in range(cells):
+                p, n_seq = struct.unpack_from("<iI", blob, off)
+                meta.append(blob[off:off + 8 + 4 * n_seq])
+                pos.append(p)
+                off += 8 + 4 * n_seq
+            top = max(pos, default=-1)
+            kept = [c for c, p in enumerate(pos) if keep(p, top)]
+            out += [struct.pack("<I", len(kept)), *(meta[c] for c in kept)]
+            if not cells:
+                continue
+            (v_trans, n_layer) = struct.unpack_from("<II", blob, off)
+            out.append(blob[off:off + 8])
+            off += 8
+            for _ in range(n_layer):  # K: i32 type, u64 row size, a row per cell
+                (row,) = struct.unpack_from("<Q", blob, off + 4)
+                out.append(blob[off:off + 12])
+                off += 12
+                out += [blob[off + c * row:off + (c + 1) * row] for c in kept]
+                off += cells * row
+            for _ in range(n_layer if off < len(blob) else 0):  # V, where the cache has one
+                if v_trans:  # i32 type, u32 element size, u32 n_embd_v, then n_embd_v runs of a value per cell
+                    (el, n_embd) = struct.unpack_from("<II", blob, off + 4)
+                    out.append(blob[off:off + 12])
+                    off += 12
+                    for _ in range(n_embd):
+                        out += [blob[off + c * el:off + (c + 1) * el] for c in kept]
+                        off += cells * el
+                else:
+                    (row,) = struct.unpack_from("<Q", blob, off + 4)
+                    out.append(blob[off:off + 12])
+                    off += 12
+                    out += [blob[off + c * row:off + (c + 1) * row] for c in kept]
+                    off += cells * row
+        _, _, end = read_cache(blob, start)
+        if end != off:
+            return blob
+        return b"".join(out) + blob[off:]
+    except struct.error:
+        return blob

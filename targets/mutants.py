@@ -12,6 +12,11 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   b5-uniform-kv-rows     B5: a stage's KV export assumes every attention layer has its first layer's K/V row size: the
                          part of a wider layer's rows past that width is zero-filled (the blob's size intact), so the
                          importing stage attends with keys and values cut to the first layer's width.
+  swa-window-filters-base-export  A sliding-window model's sequence export that masks every cache by the model's
+                         window, the full-attention (base) cache too: a hand-off keeps only the last n_swa positions
+                         of the global layers. The blob is self-consistent and imports without an error; decoding
+                         goes on silently wrong once the prompt is past the window (how a build failed the laguna
+                         hand-off lane in December 2026, and then passed it as "cell order" numerics).
   batched-rows-swapped   A stage fed hidden states for several sequences in one batch swaps the first rows of
                          the first two sequences: single-sequence prefill and decode stay exact, batched decode
                          breaks (how the public layer-split anchor failed).
@@ -68,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from targets.kvstate import HEADER, cache_layers
+from targets.kvstate import HEADER, cache_layers, keep_cells, kv_cells
 from targets.llama_cpp_worker import LlamaWorker, main_with
 from targets.llama_server_worker import ServerWorker
 
@@ -192,6 +197,27 @@ class B5UniformKvRows(Mutant):
         out = super().op_state_get(req)
         if not req.get("partial") and "data" in out:
             out["data"] = base64.b64encode(uniform_kv_rows(base64.b64decode(out["data"]))).decode()
+        return out
+
+
+class SwaWindowFiltersBaseExport(Mutant):
+    def op_load(self, req: dict) -> dict:
+        info = super().op_load(req)
+        from synth.gguf_io import GGUFFile
+        from synth.inspect import inspect_file
+
+        meta = inspect_file(req["path"])
+        window = GGUFFile(req["path"]).kv.get(f"{meta.arch}.attention.sliding_window")
+        self.window = int(window) if isinstance(window, int) and any(x.swa for x in meta.layers) else 0
+        return info
+
+    def op_state_get(self, req: dict) -> dict:
+        out = super().op_state_get(req)
+        if self.window and not req.get("partial") and "data" in out:
+            blob = base64.b64decode(out["data"])
+            if kv_cells(blob, 2) is not None:  # (an iSWA export: the base cache, then the window's)
+                blob = keep_cells(blob, 0, lambda p, top: top - p < self.window)
+                out["data"] = base64.b64encode(blob).decode()
         return out
 
 
@@ -457,6 +483,7 @@ class RadixRestoreReusesNothing(ServerMutant):
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
                            "b5-uniform-kv-rows": B5UniformKvRows,
+                           "swa-window-filters-base-export": SwaWindowFiltersBaseExport,
                            "batched-rows-swapped": BatchedRowsSwapped, "import-clears-context": ImportClearsContext,
                            "rollback-all-sequences": RollbackAllSequences,
                            "stage-q4k-mins-dropped": StageQ4kMinsDropped,

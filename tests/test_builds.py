@@ -268,6 +268,21 @@ def test_the_bump_verdict_of_a_lane(base, candidate, want):
     assert verdict(base, candidate) == want
 
 
+def test_a_crossing_moves_no_more_than_the_builds_differ():
+    """State or hidden states crossing two builds: bit-exact, or the same greedy choices within 4x what the two
+    builds' own runs differ by; builds that agree bit for bit must cross bit for bit."""
+    import numpy as np
+
+    from fuzz.bump import crossing
+
+    want = np.array([[1.0, 3.0, 2.0], [0.0, 0.5, 2.0]])
+    assert crossing(want.copy(), want, 0.0) == ("crosses", 0.0)
+    assert crossing(want + 0.01, want, 0.01)[0] == "crosses (numerics)"
+    assert crossing(want + 0.05, want, 0.01)[0] == "wrong"  # the same choices, but 5x the builds' spread
+    assert crossing(want + 1e-6, want, 0.0)[0] == "wrong"
+    assert crossing(want[:, ::-1].copy(), want, 10.0)[0] == "wrong"  # other choices
+
+
 @pytest.mark.parametrize("row", ["qwen3vlmoe", "jamba", "gemma3"])
 def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
     """The mixed-build chain on two workers of the same build is the same-build chain: it must cross both ways,

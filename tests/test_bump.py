@@ -22,7 +22,10 @@ PATCHES = ROOT / "corpora" / "patches"
 CAUGHT = {"embd-input-scaled": ("gemma3", {"fixed-split"}),
           # llama-server's slot cache restores the same state, and so does the other build
           "recurrent-state-layer-mixup": ("jamba", {"handoff", "prefix-cache", bp.CROSS_LANE}),
-          "dsa-export-drops-indexer": ("deepseek3", {"handoff"})}
+          "dsa-export-drops-indexer": ("deepseek3", {"handoff"}),
+          # the full-attention cache exported with the model's window: the hand-off lane (the base cache lost
+          # positions: before #32 it passed as cell-order numerics), llama-server's host-cache restores, the other build
+          "swa-window-filters-base-export": ("laguna", {"handoff", "prefix-cache", bp.CROSS_LANE})}
 
 
 def bump(tmp_path, *args: str):

@@ -115,3 +115,24 @@ def test_a_logit_jump_across_kernels_is_traced_to_its_routing_near_tie(tmp_path)
     assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-2", 13, [1, 2], [0, 1])
     assert c["scores_max_abs"] < c["margin"] < 2 * c["scores_max_abs"] < 1e-3  # both scores moved: 2x closes it
     assert "routing flip: token 13 (prompt)" in format_determinism(rep)
+
+
+def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near_tie_explains_it():
+    """Kernel pairs that are not bit-exact are numerics while they move logits by rounding (below LOGIT_JUMP); past
+    it, with the same tokens, only a traced routing flip at a near-tie (its measured score move named) excuses the
+    move — a move of whole logits with no such choice is a finding, whatever its size."""
+    from fuzz.determinism import LOGIT_JUMP, cases
+    from fuzz.parity import routing_near_tie
+
+    def status(max_abs, cause=None):
+        pair = {"pair": ["a", "b"], "class": "ubatch/chunking/flash-attn", "bit_exact": False, "tokens_equal": True,
+                "max_abs": max_abs, **({"cause": cause} if cause else {})}
+        (case,) = cases({"same_schedule": [], "pairs": [pair], "chains": []})
+        return case["status"]
+
+    assert status(LOGIT_JUMP / 2) == "numerics"
+    assert status(7.0, {"kind": "routing flip"}) == "numerics"
+    assert status(7.0, {"kind": "unexplained"}) == "finding"
+    assert routing_near_tie({"scores_max_abs": 2e-4, "margin": 3e-4})  # two scores moving 2e-4 close 4e-4
+    assert not routing_near_tie({"scores_max_abs": 2e-4, "margin": 5e-4})
+    assert not routing_near_tie({"scores_max_abs": 0.5, "margin": 0.2})  # not rounding

@@ -62,8 +62,10 @@ def test_placement_through_a_moe_routing_flip_is_named(fixtures):
     (f,) = rep["numerics"]
     assert f["seq"] == 3 and f["cause"]["kind"] == "cell position" and f["cause"]["cells_before"] == 27
     flip = f["cause"]["flip"]
-    assert flip["node"] == "ffn_moe_argsort-3" and flip["ggml_op"] == "ARGSORT"
-    assert sorted(flip["alone"]) == sorted(flip["placed"]) and flip["alone"] != flip["placed"]
+    assert flip["kind"] == "routing" and flip["node"] == "ffn_moe_topk-3" and flip["alone"] != flip["placed"]
+    # a near-tie the rounding crossed: the gap between the last expert chosen and the first not, at most twice the
+    # measured score move
+    assert flip["margin"] <= 2 * flip["scores_max_abs"] < 2e-2
 
 
 def test_placement_through_a_16_bit_rounding_flip_is_named(fixtures):
@@ -169,9 +171,14 @@ def test_dsa_fixtures_keep_their_sequences_apart(fixtures, family):
     assert rep["status"] == "pass", rep["findings"]
     assert max(r["max_abs_dlogit"] for r in rep["results"] if not r["flash_attn"]) < 0.01
     # flash attention on: a batch's shape may move a near-tie top-k choice (glm-dsa's sequence 0 in a unified cache,
-    # 1.17 at step 3): the cause analysis calls it numerics, with the same bits from other neighbours, not a leak
+    # 1.17 at step 3): the cause analysis calls it numerics, with the same bits from other neighbours, not a leak —
+    # more than a whole logit, so only with the near-tie named (layer 2's indexer scores move 4e-4 across a gap of
+    # 1.9e-4 between its 4th and 5th key)
     assert all(r["status"] == "pass" or (r["flash_attn"] and r["status"] == "numerics") for r in rep["results"])
     assert all(is_numerics(f["cause"]) for f in rep["numerics"])
+    for f in rep["numerics"]:
+        if f["max_abs_dlogit"] >= 1.0:
+            assert f["cause"]["flip"]["kind"] in ("top-k", "routing", "rounding"), f["cause"]
 
 
 def test_a_context_that_cannot_hold_the_sequences_is_a_finding(fixtures):
@@ -250,3 +257,19 @@ def test_a_model_that_aborts_only_with_flash_attention_on_is_a_crash_finding(fix
     assert all(f["status"] == "crash" and f["reproduced"] and "it loads with it off" in f["message"]
                for f in rep["findings"])
     assert [r["status"] for r in rep["results"] if not r["flash_attn"]] == ["pass"] * 4
+
+
+def test_a_batch_shape_excuse_is_bounded():
+    """The same bits with other neighbours say no data leaks in; they do not say how far a batch's shape may move
+    a sequence. Below a whole logit, or within 4x the batch-shape control, it is numerics; a whole logit or more only
+    with the near-tie choice that turned the rounding into it named; a cell-position difference only with one."""
+    from fuzz.isolation import is_numerics
+
+    shape = {"kind": "batch shape", "control": 0.01, "bound": 0.04}
+    assert is_numerics({**shape, "moved": 0.125})
+    assert not is_numerics({**shape, "moved": 7.0})
+    assert is_numerics({**shape, "moved": 7.0, "flip": {"kind": "top-k"}})
+    assert is_numerics({"kind": "cells and batch shape", "control": 2.0, "bound": 8.0, "moved": 7.0})
+    assert not is_numerics({"kind": "cell position"})
+    assert is_numerics({"kind": "cell position", "flip": {"kind": "rounding"}})
+    assert not is_numerics({"kind": "batch"}) and not is_numerics(None)
