@@ -978,6 +978,7 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     if unknown:
         raise UserError(f"--mutant {unknown[0]!r}: mutants are {', '.join(MUTANTS)}")
     escaped = 0
+    width = max(map(len, names), default=0)
     t0 = time.perf_counter()
     lanes = []
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d:
@@ -997,7 +998,7 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
                 row_key, lane = CATCHERS[name]
                 caught = res.status in FAILING
                 escaped += not caught
-                print(f"{name:<22} {row_key + '/' + lane:<24} "
+                print(f"{name:<{width}} {row_key + '/' + lane:<24} "
                       f"{'caught' if caught else 'ESCAPED (' + res.status + ')'}  {res.detail}", flush=True)
                 lanes.append({"row": f"mutant:{name}", "lane": f"{row_key}/{lane}",
                               "status": PASS if caught else FINDING, "seconds": round(res.seconds, 2),
