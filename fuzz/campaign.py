@@ -93,7 +93,9 @@ def known_upstream() -> list[dict[str, Any]]:
         data = json.loads(b.read_text())
         if not str(data.get("target", "")).startswith("mutant:") and isinstance(data.get("spec"), dict):
             report = b.parent / "report.json"
-            out.append({"family": data["spec"]["family"], "key": finding_key(data["fingerprint"]),
+            key = finding_key(data["fingerprint"])
+            out.append({"family": data["spec"]["family"], "key": key,
+                        "layout": layout_family(key.get("phase")) or layout_of(data.get("config")),
                         "abort": abort_of(report.read_text()) if report.is_file() else None,
                         "repro": b.parent.name})
     return out
@@ -109,28 +111,43 @@ def abort_of(text: str) -> str | None:
     return m.group(1).split(" (replay")[0].strip() if m else None
 
 
-def layout_family(phase: Any) -> Any:
-    """A phase without its flash-attention variant (isolation's per-seq-kv-fa is per-seq-kv with flash attention
-    on): the same KV layout, the same known bug."""
-    return phase[:-3] if isinstance(phase, str) and phase.endswith("-fa") else phase
+def layout_family(phase: Any) -> str | None:
+    """The KV layout a phase names (isolation's per-seq-kv / unified-kv, flash attention on or off alike: the same
+    layout, the same known bug; a busy hand-off's context has one stream per sequence), or None when it names none
+    (another hand-off mode, a server crash)."""
+    text = "per-seq-kv" if phase == "busy" else str(phase or "")
+    return next((x for x in ("per-seq-kv", "unified-kv") if text.startswith(x)), None)
 
 
-def known_repro(known: list[dict[str, Any]], family: str, f: Any) -> str | None:
+def layout_of(config: Any) -> str | None:
+    """The KV layout a server case ran (its config's kv_unified: one cache for all slots or one per slot; a config
+    from before the option: per slot), or None for a config that is not a server's."""
+    if not isinstance(config, dict) or not {"replay", "rounds", "slots"} & set(config):
+        return None
+    return "unified-kv" if config.get("kv_unified") is True else "per-seq-kv"
+
+
+def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | None = None) -> str | None:
     """The committed upstream repro a campaign finding is, matched by what the finding is rather than by the
-    configuration the repro was shrunk under: the family, the oracle, the status and the KV layout (flash attention
-    on or off alike); an abort by the check it names (wherever the cut, whichever stage), anything else by the rest
-    of its fingerprint too. None if it is none of them."""
+    configuration the repro was shrunk under: an abort by the family and the check it names — whichever oracle, cut
+    or stage reached it — in the same KV layout where both name one (flash attention on or off alike); anything else
+    by the family, the oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
-    for x in known:
+    for x in sorted(known, key=lambda x: x["key"].get("oracle") != fp.get("oracle")):  # its own oracle's first
         k = x["key"]
-        if x["family"] != family or any(k.get(n) != fp.get(n) for n in ("oracle", "status")) \
-                or layout_family(k.get("phase")) != layout_family(fp.get("phase")):
+        if x["family"] != family or k.get("status") != fp.get("status"):
+            continue
+        a, b = x.get("layout"), layout_family(fp.get("phase")) or layout
+        if a and b and a != b:
             continue
         if x["abort"] and k.get("status") == CRASH:
             if abort == x["abort"]:
                 return x["repro"]
-        elif matches({n: v for n, v in k.items() if n != "phase"}, fp):
+        same_phase = layout_family(k.get("phase")) == layout_family(fp.get("phase")) and \
+            (a or k.get("phase") == fp.get("phase"))
+        if not x["abort"] and k.get("oracle") == fp.get("oracle") and same_phase and \
+                matches({n: v for n, v in k.items() if n != "phase"}, fp):
             return x["repro"]
     return None
 
@@ -232,7 +249,9 @@ class Campaign:
         known = known_upstream()
         for f in rep.findings:
             key = {"family": family, **fp(f)}
-            repro = known_repro(known, family, f)
+            server = getattr(cfg, "kv_unified", None)
+            repro = known_repro(known, family, f, layout=("unified-kv" if server else "per-seq-kv")
+                                if isinstance(server, bool) else None)
             if repro:  # an upstream finding already bundled in corpora/repros
                 st.setdefault("known", {})[repro] = st.get("known", {}).get(repro, 0) + 1
                 continue

@@ -137,6 +137,9 @@ def test_known_findings_match_by_assert_and_layout_not_by_the_shrunk_configurati
     assert known_repro(known, "kimi-linear", crash("unified-kv", where)) is None  # another layout
     assert known_repro(known, "kimi-linear", crash("per-seq-kv", where.replace("can_repeat", "can_mul"))) is None
     assert known_repro(known, "jamba", crash("per-seq-kv", where)) is None  # another family
+    # plm's abort with flash attention on, known from the determinism lane, reached by isolation's unified layout
+    plm = "ggml/src/ggml.c:4014: GGML_ASSERT(a->ne[0] == b->ne[0]) failed"
+    assert known_repro(known, "plm", crash("unified-kv-fa", plm)) == "plm-determinism-crash"
     leak = Finding("isolation", FINDING, "leak", phase="unified-kv-fa", seq=2,
                    fingerprint={"oracle": "isolation", "status": FINDING, "phase": "unified-kv-fa", "seq": 2})
     assert known_repro(known, "deepseek32", leak) == "deepseek32-isolation-unified-kv"
