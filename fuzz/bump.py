@@ -305,6 +305,7 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
                     return {"status": "unrun", "detail": f"{name} cannot run the unsplit model: {tr.message}"}
                 tokens = tokens or [so.tokens for so in tr.steps]
                 full[name] = np.concatenate([so.logits for so in tr.steps]).astype(np.float64)
+        spread = float(np.max(np.abs(full["base"] - full["candidate"])))  # what the builds' own numerics move
         for first, second in (("base", "candidate"), ("candidate", "base")):
             ts = [open_target("llama-cpp", env=envs[first]), open_target("llama-cpp", env=envs[second])]
             try:
@@ -322,7 +323,6 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
                 out[f"{first} → {second}"] = {"status": "refused", "detail": fail.failure.message}
                 continue
             got = np.concatenate([so.logits for so in chain[-1].steps]).astype(np.float64)
-            spread = float(np.max(np.abs(full["base"] - full["candidate"])))
             status, d = crossing(got, full[second], spread)
             out[f"{first} → {second}"] = {"status": status, "max_abs_dlogit": d,
                                           "detail": f"cut {cuts}: max |Δlogit| {d:.3g} from {second}'s unsplit run "

@@ -249,9 +249,7 @@ class Campaign:
         known = known_upstream()
         for f in rep.findings:
             key = {"family": family, **fp(f)}
-            server = getattr(cfg, "kv_unified", None)
-            repro = known_repro(known, family, f, layout=("unified-kv" if server else "per-seq-kv")
-                                if isinstance(server, bool) else None)
+            repro = known_repro(known, family, f, layout=layout_of(oracle.case_config(cfg)))
             if repro:  # an upstream finding already bundled in corpora/repros
                 st.setdefault("known", {})[repro] = st.get("known", {}).get(repro, 0) + 1
                 continue

@@ -113,7 +113,8 @@ class Isolation:
                         twin = next(a for a in again if a["seq"] == r["seq"])
                         f = {**r, "reproduced": twin["status"] == FINDING and twin["step"] == r["step"]}
                         if not isinstance(together, str):
-                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together, kvu)
+                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together, kvu,
+                                                     r["max_abs_dlogit"])
                         if is_numerics(f.get("cause")):
                             r["status"] = NUMERICS
                             numerics.append(f)
@@ -239,12 +240,14 @@ class Isolation:
             filled(post_k)
         return steps, mine
 
-    def _cause(self, t: Target, i: int, step: int, alone, together, unified: bool) -> dict[str, Any]:
+    def _cause(self, t: Target, i: int, step: int, alone, together, unified: bool,
+               moved: float) -> dict[str, Any]:
         """Tell "depends on where it sits" from "depends on its batch" (a unified cache: sequence i alone in every
         batch again, but in the cells it has when batched — equal to the batched logits, the cell position decides,
         and a near-tie choice that differs from the solo run is named: a MoE route, a 16-bit rounding); then, for
         the batch, its shape from its neighbours' data (the batch again with other tokens for the others: the same
-        bits, the shape)."""
+        bits, the shape) — a shape's move (`moved`: the finding's max |Δlogit|) within its bound or with its near-tie
+        named."""
         out: dict[str, Any] = {}
         tol = self.tol
         both = False
@@ -285,8 +288,6 @@ class Isolation:
                     "not reach it"}
             # as far as the shape's rounding goes: within NOISE_FACTOR × the batch-shape control, or turned into
             # another result at a near-tie choice rounding moved (named) — never by its size alone
-            moved = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in
-                        zip(alone[i][1], together[i], strict=True))
             control = self.noise_measured
             out |= {"moved": moved, "control": control, "bound": NOISE_FACTOR * control}
             if moved > NOISE_FACTOR * control:

@@ -211,7 +211,7 @@ class Wire:
                            reason=f"{flips} (a gate: {POLICY['tokens']})")
             else:
                 res.update(status=NUMERICS, where="tokens", phase="tokens", cause=cause,
-                           reason=f"{flips}: numerics, {describe_requantization(cause)}")
+                           reason=f"{flips}: numerics, {describe_cause(cause)}")
         return res
 
     def _explain(self, stages, steps, full: Trace, first: Trace, workers: list[Target]) -> dict[str, Any] | None:
@@ -317,7 +317,7 @@ class Wire:
                 "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}
 
 
-def describe_requantization(x: dict[str, Any]) -> str:
+def describe_cause(x: dict[str, Any]) -> str:
     if x["kind"] == "near-tie":
         return (f"the unsplit margin at the flip ({x['margin']:.2g}) is within twice what the f16 rounding moves the "
                 f"logits of the rows whose choice it keeps ({x['moved']:.2g}): a near-tie the rounding crossed")

@@ -107,21 +107,19 @@ def tree_digest(files: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def sync_tree(src: Path, dst: Path, *, compiled: dict[str, str] | None = None, newer_than: int = 0) -> int:
-    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ from dst's or (`compiled`:
-    path → sha256 of what the build last compiled) from what was compiled; a file rewritten gets a modification time
-    of now and after `newer_than` (ns), so the build recompiles what depends on it — never the source's own time.
-    Unchanged files keep theirs: another patch series on the same tree costs a few objects. Returns how many files
-    were written or removed."""
+def sync_tree(src: Path, dst: Path, *, stale: set[str] = frozenset(), newer_than: int = 0) -> int:
+    """Make `dst` hold exactly `src`'s files, rewriting only those whose bytes differ from dst's or that are `stale`
+    (relative paths whose content differs from what the build last compiled); a file rewritten gets a modification
+    time of now and after `newer_than` (ns), so the build recompiles what depends on it — never the source's own
+    time. Unchanged files keep theirs: another patch series on the same tree costs a few objects. Returns how many
+    files were written or removed."""
     changed = 0
     want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() or p.is_symlink()}
     for rel in sorted(want):
         a, b = src / rel, dst / rel
-        if b.is_file() and not b.is_symlink() and not a.is_symlink():
-            data = a.read_bytes()
-            if data == b.read_bytes() and (compiled is None or not tracked(rel.as_posix())
-                                           or compiled.get(rel.as_posix()) == hashlib.sha256(data).hexdigest()):
-                continue
+        if b.is_file() and not b.is_symlink() and not a.is_symlink() and rel.as_posix() not in stale \
+                and a.read_bytes() == b.read_bytes():
+            continue
         b.parent.mkdir(parents=True, exist_ok=True)
         if b.is_symlink() or b.exists():
             b.unlink()
@@ -170,7 +168,8 @@ def built(src: Path, work: Path, label: str) -> Iterator[tuple[Path, str]]:
         record = work / BUILT_FROM
         stamp = record.stat().st_mtime_ns if record.is_file() else 0
         want = file_digests(src)
-        changed = sync_tree(src, work / "src", compiled=compiled, newer_than=stamp)
+        stale = set() if compiled is None else {rel for rel, h in want.items() if compiled.get(rel) != h}
+        changed = sync_tree(src, work / "src", stale=stale, newer_than=stamp)
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         forget_other_options(build)
         fresh = not (build / "CMakeCache.txt").is_file()
