@@ -26,6 +26,8 @@ from fuzz.contract import CRASH, matches
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
+from fuzz.memory import MemoryConfig
+from fuzz.oracles import ORACLES as ORACLES_BY_NAME
 from fuzz.oracles import get_oracle
 from fuzz.progress import Progress
 from fuzz.radix import LANE_PLANS, RadixConfig
@@ -38,7 +40,7 @@ from synth.strategies import random_spec
 
 STATE = "campaign.json"
 REPROS = Path(__file__).resolve().parent.parent / "corpora" / "repros"
-ORACLES = ("sweep", "handoff", "isolation", "determinism", "wire", "radix")
+ORACLES = ("sweep", "handoff", "isolation", "determinism", "wire", "radix", "memory")
 MAX_LAYERS = 8
 
 
@@ -81,6 +83,9 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
         plans = LANE_PLANS.split(";")
         return RadixConfig(plan=pick(*plans), limit=3, budget=30.0, tokens=4, kv_unified=pick(False, True),
                            target=target if target.startswith("mutant:radix") else "llama-server", seed=seed)
+    if oracle == "memory":  # a few drawn programs, in the layout drawn
+        return MemoryConfig(programs=2, steps=int(rng.integers(8, 25)), n_seq=int(rng.integers(2, 5)),
+                            kv_unified=(pick(False, True),), target=target, seed=seed)
     raise UserError(f"--oracle {oracle!r}: campaigns run {', '.join(ORACLES)}")
 
 
@@ -130,12 +135,19 @@ def layout_of(config: Any) -> str | None:
 def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | None = None) -> str | None:
     """The committed upstream repro a campaign finding is, matched by what the finding is rather than by the
     configuration the repro was shrunk under: an abort by the family and the check it names — whichever oracle, cut
-    or stage reached it — in the same KV layout where both name one (flash attention on or off alike); anything else
-    by the family, the oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
+    or stage reached it — in the same KV layout where both name one (flash attention on or off alike); a finding of an
+    oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
+    family; anything else by the family, the oracle, the status, the layout and the rest of its fingerprint. None if
+    it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
+    shared = get_oracle(fp["oracle"]).known_key if fp.get("oracle") in ORACLES_BY_NAME else ()
     for x in sorted(known, key=lambda x: x["key"].get("oracle") != fp.get("oracle")):  # its own oracle's first
         k = x["key"]
+        if shared and k.get("oracle") == fp.get("oracle") and not x["abort"]:  # a bug every family shares
+            if all(k.get(n) == fp.get(n) for n in shared):
+                return x["repro"]
+            continue
         if x["family"] != family or k.get("status") != fp.get("status"):
             continue
         a, b = x.get("layout"), layout_family(fp.get("phase")) or layout

@@ -36,6 +36,7 @@ from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PAS
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
+from fuzz.memory import MemoryConfig
 from fuzz.oracles import ORACLES
 from fuzz.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.prefix_cache import PrefixCacheConfig
@@ -290,6 +291,34 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
     return LaneResult(row.key, "isolation", rep.status, detail, reports=[rep], cases=[case])
 
 
+def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts). A finding that is a committed
+    upstream repro (corpora/repros, matched by its check, operation and cause whatever the family) is known; any
+    other fails the lane."""
+    from fuzz.campaign import known_repro, known_upstream
+
+    rep, case = oracle_run("memory", path, MemoryConfig(target=target_spec))
+    known = known_upstream()
+    family = str(row.recipe.get("family", row.key))
+    repros = {id(f): known_repro(known, family, f) for f in rep.findings}
+    new = [f for f in rep.findings if repros[id(f)] is None]
+    runs = rep.results
+    did = (f"{len(runs)} programs, {sum(r['steps'] for r in runs)} operations, "
+           f"{sum(r['checks'] for r in runs)} logits checks (worst max |Δlogit| "
+           f"{max((r['max_abs_dlogit'] for r in runs), default=0.0):.1e})")
+    if new:
+        f = new[0]
+        cause = f"; cause: {f.cause['kind']}" if f.cause else ""
+        return LaneResult(row.key, "memory", f.status, f"{len(new)} findings; first: {f.message} after "
+                          f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}",
+                          reports=[rep], cases=[case])
+    names = sorted({r for r in repros.values() if r})
+    if names:
+        return LaneResult(row.key, "memory", KNOWN, f"{did}; only upstream's known memory bugs: {', '.join(names)}",
+                          reports=[rep], cases=[case])
+    return LaneResult(row.key, "memory", rep.status, did, reports=[rep], cases=[case])
+
+
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
     plan's interleavings), in both KV layouts llama-server has: one cache per slot (-np given) and one for all
@@ -461,6 +490,8 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
         return lane_wire(row, path, target_spec)
     if lane == "isolation":
         return lane_isolation(row, path, target_spec)
+    if lane == "memory":
+        return lane_memory(row, path, target_spec)
     if lane == "prefix-cache":
         return lane_prefix_cache(row, path, target_spec)
     if lane == "handoff":
@@ -956,6 +987,8 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "radix-replace-live-borrower": ("llama", "prefix-cache"),
     "radix-restore-reuses-nothing": ("llama", "prefix-cache"),
     "wire-f16-truncated": ("qwen3next", "wire"),
+    "seq-rm-leaves-one-cell": ("llama", "memory"),  # no other lane removes a range that starts past 0
+    "seq-keep-keeps-neighbour": ("llama", "memory"),  # no other lane calls seq_keep
 }
 
 

@@ -13,6 +13,7 @@ from fuzz import bundle as bd
 from fuzz import determinism as det
 from fuzz import handoff as ho
 from fuzz import isolation as iso
+from fuzz import memory as mem
 from fuzz import prefix_cache as pc
 from fuzz import radix as rx
 from fuzz.contract import describe
@@ -320,6 +321,40 @@ def isolation_cmd(
                               noise_factor=noise_factor, flash_attn=flash_attn_list(flash_attn), target=target,
                               timeout=timeout, seed=seed)
     return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches))
+
+
+@app.command("memory")
+def memory_cmd(
+    fixture: FixtureArg,
+    programs: Annotated[int, Opt(help="programs drawn per KV layout")] = 4,
+    steps: Annotated[int, Opt(help="operations per program (the last decodes every live sequence)")] = 16,
+    n_seq: Annotated[int, Opt(help="sequences in the context")] = 3,
+    n_rs_seq: Annotated[int, Opt(help="recurrent-state snapshots per sequence (rollback), where the arch has "
+                                      "them")] = 4,
+    tol: Annotated[float, Opt(help="max |Δlogit| against each sequence's history recomputed alone")] = 0.1,
+    program: Annotated[Path | None, Opt(help="run this program (a JSON list of operations, as a report's "
+                                             "finding records it) instead of drawing")] = None,
+    target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
+) -> int:
+    """Seeded programs of memory operations (mixed decodes, seq_rm/cp/keep/add/div, state export and import into
+    the same or a fresh context, a refused import) over several sequences: after each, every sequence's positions
+    as the model says, and every decoded sequence's logits as its own history recomputed alone."""
+    given = None
+    if program is not None:
+        try:
+            given = json.loads(program.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
+                            "report's finding records it (detail.program)") from None
+    cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol, program=given,
+                           target=target, timeout=timeout, seed=seed)
+    return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 
 @app.command("prefix-cache")

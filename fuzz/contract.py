@@ -207,6 +207,9 @@ class Oracle:
     replay_of: Callable[[dict[str, Any], Finding], dict[str, Any]] | None = None
     reduce: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     case_fields: tuple[str, ...] = ()  # config fields a bundle records (the rest come from the bundle or defaults)
+    # fingerprint fields that name an upstream bug whatever the family: an oracle over llama.cpp code every family
+    # shares (its memory operations) matches a committed repro by these alone (fuzz.campaign.known_repro)
+    known_key: tuple[str, ...] = ()
 
     def case_config(self, cfg: Any) -> dict[str, Any]:
         """The config fields a bundle replays, JSON-ready."""

@@ -3,12 +3,12 @@ lanes, repro bundles, `fuzz replay` and the shrinker look oracles up here and no
 
 from __future__ import annotations
 
-from fuzz import determinism, handoff, isolation, prefix_cache, radix, skippy, sweep, wire
+from fuzz import determinism, handoff, isolation, memory, prefix_cache, radix, skippy, sweep, wire
 from fuzz.contract import Oracle
 from synth.errors import UserError
 
-ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE
-                              for m in (sweep, handoff, determinism, isolation, prefix_cache, radix, wire, skippy)}
+ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE for m in (sweep, handoff, determinism, isolation, memory,
+                                                                prefix_cache, radix, wire, skippy)}
 
 
 def get_oracle(name: str) -> Oracle:

@@ -51,7 +51,15 @@ FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "des
                               "seq": {"type": "integer"},
                               "cut_kinds": {"type": "array", "items": {"enum": ["A", "R", "B", "M"]}},
                               "layer_kind": {"enum": ["A", "R", "B", "M"]},
-                              "cause": {"type": "string", "description": "the cause analysis' verdict"}},
+                              "cause": {"type": "string", "description": "the cause analysis' verdict"},
+                              "op": {"type": "string", "description": "memory: the operation whose check failed"},
+                              "ops": {"type": "array", "items": {"type": "string"},
+                                      "description": "memory: the kinds of operation its shortest program needs"},
+                              "memory": {"type": ["string", "null"],
+                                         "description": "memory: the memory llama.cpp built (kv, recurrent, hybrid; "
+                                                        "-swa, +rollback)"},
+                              "cause_op": {"type": "string",
+                                           "description": "memory: the operation the cause names (deferred work)"}},
                "additionalProperties": False}
 
 FINDING = {"type": "object", "required": ["oracle", "status", "message"], "additionalProperties": False,

@@ -35,7 +35,7 @@ def build_commit() -> str | None:
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
-            "capture": True, "trace": False}
+            "capture": True, "trace": False, "n_rs_seq": 0}
 
 
 class RequestError(Exception):
@@ -166,6 +166,7 @@ class LlamaWorker:
         cp.n_batch = params["n_batch"]
         cp.n_ubatch = params["n_ubatch"]
         cp.n_seq_max = params["n_seq_max"]
+        cp.n_rs_seq = params["n_rs_seq"]  # recurrent-state snapshots per sequence for rollback (archs that have it)
         cp.n_threads = params["n_threads"]
         cp.n_threads_batch = params["n_threads"]
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
@@ -201,6 +202,8 @@ class LlamaWorker:
                 "n_vocab": L.llama_vocab_n_tokens(L.llama_model_get_vocab(m)),
                 "is_recurrent": bool(L.llama_model_is_recurrent(m)), "is_hybrid": bool(L.llama_model_is_hybrid(m)),
                 "rope_type": L.llama_model_rope_type(m), "params": self.params,
+                "can_shift": bool(L.llama_memory_can_shift(L.llama_get_memory(self.ctx))) if self.ctx else None,
+                "n_rs_seq": int(L.llama_n_rs_seq(self.ctx)) if self.ctx else None,
                 "llama_cpp_commit": build_commit()}
 
     def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
@@ -441,6 +444,42 @@ class LlamaWorker:
         L, ctx = self.L, self._need_ctx()
         return {"pos_max": int(L.llama_memory_seq_pos_max(L.llama_get_memory(ctx), int(req.get("seq", 0))))}
 
+    def op_seq_pos(self, req: dict) -> dict:
+        """Every asked sequence's [pos_min, pos_max] as the memory reports them ([-1, -1] when empty)."""
+        L, ctx = self.L, self._need_ctx()
+        mem = L.llama_get_memory(ctx)
+        return {"pos": {str(s): [int(L.llama_memory_seq_pos_min(mem, s)), int(L.llama_memory_seq_pos_max(mem, s))]
+                        for s in (int(x) for x in req.get("seqs", [0]))}}
+
+    def op_seq_cp(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        src, dst = self._seq(req, "src"), self._seq(req, "dst")
+        L.llama_memory_seq_cp(L.llama_get_memory(ctx), src, dst, int(req.get("p0", -1)), int(req.get("p1", -1)))
+        return {}
+
+    def op_seq_keep(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        L.llama_memory_seq_keep(L.llama_get_memory(ctx), self._seq(req, "seq"))
+        return {}
+
+    def op_seq_add(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        mem = L.llama_get_memory(ctx)
+        if not L.llama_memory_can_shift(mem):  # llama.cpp asserts in the next decode otherwise
+            raise RequestError("bad_request", "seq_add: this memory cannot shift positions (can_shift false)")
+        L.llama_memory_seq_add(mem, self._seq(req, "seq"), int(req.get("p0", -1)), int(req.get("p1", -1)),
+                               int(req["delta"]))
+        return {}
+
+    def op_seq_div(self, req: dict) -> dict:
+        L, ctx = self.L, self._need_ctx()
+        mem = L.llama_get_memory(ctx)
+        if not L.llama_memory_can_shift(mem) or int(req["d"]) < 1:
+            raise RequestError("bad_request", "seq_div: needs a memory that can shift and d >= 1")
+        L.llama_memory_seq_div(mem, self._seq(req, "seq"), int(req.get("p0", -1)), int(req.get("p1", -1)),
+                               int(req["d"]))
+        return {}
+
     def op_reset(self, _req: dict) -> dict:
         L, ctx = self.L, self._need_ctx()
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
@@ -462,6 +501,14 @@ class LlamaWorker:
     def _need_ctx(self):
         self._need_model()
         return self.ctx
+
+    def _seq(self, req: dict, key: str) -> int:
+        """A sequence id the context holds (llama.cpp asserts on one past n_seq_max in several memory calls)."""
+        s = int(req[key])
+        if not 0 <= s < self.params["n_seq_max"]:
+            raise RequestError("bad_request",
+                               f"{key} {s}: the context holds sequences 0..{self.params['n_seq_max'] - 1}")
+        return s
 
     def _unload(self, *, keep_model: bool = False) -> None:
         if self.ctx:

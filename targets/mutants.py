@@ -27,6 +27,13 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   rollback-zeroed        A rollback that restores the positions but not the values: a partial (recurrent) state
                          imports with its data zeroed, so a stage rolled back to an offset goes on from an empty
                          recurrent state — silently wrong (a KvRecurrent restore whose payload never lands).
+  seq-rm-leaves-one-cell A sequence removal whose range starts one position late: seq_rm(seq, p0, p1) with p0 > 0
+                         removes [p0 + 1, p1), so a rollback leaves the cell at p0 behind — a runtime's off-by-one
+                         between "keep n tokens" and "remove from position n". No oracle's script removes a range
+                         that starts past 0 and then reads the positions back; only `fuzz memory` draws one.
+  seq-keep-keeps-neighbour  A seq_keep that keeps one cell of a neighbour: in a unified cache, the last cell of the
+                         first other live sequence stays, attached to the kept one (a keep that walks the cells and
+                         keeps the one it stops on). No oracle's script calls seq_keep; only `fuzz memory` draws it.
   wire-f16-truncated     A split runtime's f16 wire that truncates (rounds toward zero) instead of rounding to
                          nearest: within f16's precision, yet not what f16 is — every stage after a boundary drifts.
   import-clears-context  A sequence-state import that makes room by clearing the whole context first
@@ -393,6 +400,25 @@ class SeqLeak(Mutant):
         return out
 
 
+class SeqRmLeavesOneCell(Mutant):
+    def op_seq_rm(self, req: dict) -> dict:
+        p0 = int(req.get("p0", -1))
+        return super().op_seq_rm({**req, "p0": p0 + 1} if p0 > 0 else req)
+
+
+class SeqKeepKeepsNeighbour(Mutant):
+    def op_seq_keep(self, req: dict) -> dict:
+        s = int(req["seq"])
+        mem = self.L.llama_get_memory(self._need_ctx())
+        if self.kv_unified:  # one cache: the neighbour's last cell is a cell the keep walks past
+            for other in range(self.params["n_seq_max"]):
+                last = self.L.llama_memory_seq_pos_max(mem, other) if other != s else -1
+                if last >= 0:
+                    self.L.llama_memory_seq_cp(mem, other, s, last, last + 1)
+                    break
+        return super().op_seq_keep(req)
+
+
 class ServerDuplicateLeak(ServerMutant):
     """H1 (a radix insert racing an identical insert leaks its record): when one concurrent batch holds the same
     prompt twice, one more request for it is started and never finishes (the server runs with context shift,
@@ -489,6 +515,8 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "stage-q4k-mins-dropped": StageQ4kMinsDropped,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
+                           "seq-rm-leaves-one-cell": SeqRmLeavesOneCell,
+                           "seq-keep-keeps-neighbour": SeqKeepKeepsNeighbour,
                            "server-dup-leak": ServerDuplicateLeak, "radix-dup-leak": RadixDuplicateLeak,
                            "radix-replace-live-borrower": RadixReplaceLiveBorrower,
                            "radix-restore-reuses-nothing": RadixRestoreReusesNothing}

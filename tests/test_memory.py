@@ -1,0 +1,271 @@
+"""`fuzz memory`: drawn programs of memory operations over several sequences, each sequence checked against its own
+history recomputed alone. The model and the drawer are pure (tested here without llama.cpp); against the pinned
+llama.cpp, clean attention and recurrent models pass, every finding on a clean build is one of the committed
+upstream repros (by its cause), and the two mutants no other lane sees are caught and shortened to 2 operations."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fuzz.campaign import known_repro, known_upstream
+from fuzz.certify import lane_memory
+from fuzz.contract import KNOWN, PASS
+from fuzz.fixtures import fixture_path
+from fuzz.memory import (
+    Memory,
+    MemoryConfig,
+    Model,
+    check_positions,
+    check_program,
+    compare_logits,
+    draw_op,
+    final_decode,
+    format_step,
+    reduce_config,
+    report,
+)
+from fuzz.oracles import get_oracle
+from synth.errors import UserError
+from synth.manifest import load_manifest
+
+from conftest import ROOT, run_cli
+
+KV = Memory(n_vocab=64, recurrent=False, swa=0, can_shift=True, n_rs_seq=0)
+RECURRENT = Memory(n_vocab=64, recurrent=True, swa=0, can_shift=True, n_rs_seq=4, kind="hybrid")
+SWA = Memory(n_vocab=64, recurrent=False, swa=4, can_shift=True, n_rs_seq=0)
+REPROS = ROOT / "corpora" / "repros"
+
+
+# ---- the model (pure) ------------------------------------------------------------------------------------------
+def test_a_truncation_of_decodes_is_the_shorter_decodes():
+    m = Model(2)
+    m.decode(0, [5, 6, 7])
+    m.decode(0, [8, 9])
+    m.rm(0, 3, -1)  # a rollback: the kept tokens, recomputed
+    assert m.cells[0] == [0, 1, 2]
+    assert m.log[0] == [["d", [[0, 5], [1, 6], [2, 7]]]]
+    m.rm(0, 1, 2)  # a middle removal: replayed as it was done (the cells after it saw the removed one)
+    assert m.cells[0] == [0, 2]
+    assert m.log[0][-1] == ["rm", 1, 2]
+    assert m.next_pos(0) == 3
+    m.rm(0, -1, -1)
+    assert m.cells[0] == [] and m.log[0] == [] and m.span(0) == (-1, -1)
+
+
+def test_fork_keep_shift_and_reload():
+    m = Model(3)
+    m.decode(0, [1, 2, 3, 4])
+    m.cp(0, 1, 1, 3, shared=True)  # [1, 3): the log keeps what happened, then drops the rest
+    assert m.cells[1] == [1, 2]
+    assert m.log[1] == [["d", [[0, 1], [1, 2], [2, 3], [3, 4]]], ["rm", 0, 1], ["rm", 3, -1]]
+    assert m.shares[0] == {1} and m.shares[1] == {0}
+    m.add(0, 2, -1, -3)  # positions below 0 are dropped, as llama.cpp does
+    assert sorted(m.cells[0]) == [0, 0, 1]
+    m.div(0, -1, -1, 2)
+    assert sorted(m.cells[0]) == [0, 0, 0]
+    m.keep(1)
+    assert m.live() == [1] and m.shares[1] == set()
+    m.permute([2, 0, 1])
+    assert m.live() == [0] and m.cells[0] == [1, 2]
+
+
+def test_positions_as_each_memory_reports_them():
+    m = Model(2)
+    m.decode(0, [1, 2, 3])
+    assert check_positions(m, KV, {"0": [0, 2], "1": [-1, -1]}) is None
+    bad = check_positions(m, KV, {"0": [0, 2], "1": [0, 0]})
+    assert bad["seq"] == 1 and "the model holds none" in bad["message"]
+    assert check_positions(m, KV, {"0": [1, 2], "1": [-1, -1]})["seq"] == 0  # a plain cache keeps every cell
+    assert check_positions(m, SWA, {"0": [1, 2], "1": [-1, -1]}) is None  # a window may have dropped the first
+    assert check_positions(m, RECURRENT, {"0": [2, 2], "1": [-1, -1]}) is None  # one state cell: both its position
+    assert check_positions(m, RECURRENT, {"0": [0, 2], "1": [-1, -1]})["seq"] == 0
+
+
+def test_logits_within_the_tolerance():
+    a = np.zeros(8, np.float32)
+    assert compare_logits(a + 0.05, a, 0.1) == (pytest.approx(0.05), True)
+    assert compare_logits(a + 0.5, a, 0.1)[1] is False
+
+
+# ---- drawing programs (pure) -----------------------------------------------------------------------------------
+def draw(mem: Memory, kv_unified: bool, seed: int, n: int = 300) -> list[dict]:
+    rng, m, cfg, ops = np.random.default_rng(seed), Model(3), MemoryConfig(), []
+    for _ in range(n):
+        op = draw_op(rng, m, mem, cfg, kv_unified)
+        ops.append(op)
+        if op["op"] == "decode":  # follow the program as the memory would accept it
+            for s, toks in op["parts"]:
+                m.decode(s, toks)
+        elif op["op"] == "rm":
+            m.rm(op["seq"], op["p0"], op["p1"])
+        elif op["op"] == "cp":
+            m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=kv_unified or mem.recurrent)
+        elif op["op"] == "keep":
+            m.keep(op["seq"])
+        elif op["op"] == "add":
+            m.add(op["seq"], op["p0"], op["p1"], op["delta"])
+        elif op["op"] == "div":
+            m.div(op["seq"], op["p0"], op["p1"], op["d"])
+        elif op["op"] in ("copy_state",):
+            m.copy(op["src"], op["dst"])
+        elif op["op"] == "reload":
+            m.permute(op["perm"])
+    return ops
+
+
+def test_drawing_is_seeded_and_covers_every_operation():
+    assert draw(KV, True, 3) == draw(KV, True, 3)
+    assert draw(KV, True, 3) != draw(KV, True, 4)
+    kinds = {op["op"] for seed in range(3) for op in draw(KV, True, seed)}
+    assert kinds == {"decode", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload"}
+    decodes = [op for op in draw(KV, True, 0) if op["op"] == "decode"]
+    assert any(len(op["parts"]) > 1 for op in decodes)  # several sequences per batch
+    assert all(0 <= t < 64 for op in decodes for _, toks in op["parts"] for t in toks)
+
+
+def test_drawing_keeps_to_the_apis_preconditions():
+    # a fork across a per-sequence cache's streams copies whole sequences only (llama.cpp asserts otherwise)
+    assert all(op["p0"] == op["p1"] == -1 for op in draw(KV, False, 1) if op["op"] == "cp")
+    assert any(op["p0"] != -1 for op in draw(KV, True, 1) if op["op"] == "cp")
+    # positions are shifted in an attention cache only, and not under a sliding window
+    for mem in (RECURRENT, SWA):
+        assert not {"add", "div"} & {op["op"] for seed in range(3) for op in draw(mem, True, seed)}
+    assert all(op["p0"] == op["p1"] == -1 for op in draw(RECURRENT, True, 2) if op["op"] == "cp")
+
+
+def test_a_recorded_program_is_checked_and_reduced():
+    with pytest.raises(UserError, match="step 1"):
+        check_program([{"op": "decode", "parts": [[0, [1]]]}, {"op": "explode"}], 3)
+    with pytest.raises(UserError, match="sequence id"):
+        check_program([{"op": "keep", "seq": 7}], 3)
+    with pytest.raises(UserError, match="non-empty list"):
+        check_program([], 3)
+    prog = [{"op": "decode", "parts": [[0, [1, 2]]]}, {"op": "keep", "seq": 0},
+            {"op": "decode", "parts": [[0, [3]]]}]
+    assert [len(c["program"]) for c in reduce_config({"program": prog})] == [2, 2]  # the last (failing) one stays
+    assert format_step(prog[0]) == "decode s0×2" and format_step(prog[1]) == "seq_keep s0"
+    assert final_decode(np.random.default_rng(0), Model(2), KV)["parts"][0][0] == 0
+
+
+def test_memory_findings_match_repros_by_cause_whatever_the_family():
+    known = known_upstream()
+    memory_repros = {x["repro"] for x in known if x["key"]["oracle"] == "memory"}
+    assert memory_repros == {"llama-memory-seq-keep-per-stream", "llama-memory-div-lost-by-export",
+                             "llama-memory-add-lost-by-export", "llama-memory-stream-copy-lost-by-export",
+                             "lfm2-memory-rollback-stale-snapshot-26695", "lfm2-memory-rollback-moves-fork"}
+    assert get_oracle("memory").known_key == ("status", "where", "op", "cause", "cause_op")
+
+    class F:
+        status = "finding"
+        message = ""
+
+        def __init__(self, **fp):
+            self.fingerprint = {"oracle": "memory", "status": "finding", "phase": "unified-kv", **fp}
+
+    keep = F(where="pos", op="keep", cause="layout", memory="kv-swa", ops=["decode", "keep"])
+    assert known_repro(known, "gemma3", keep) == "llama-memory-seq-keep-per-stream"
+    assert known_repro(known, "qwen35", F(where="logits", op="decode", cause="rollback")) == \
+        "lfm2-memory-rollback-stale-snapshot-26695"
+    # the same check and operation with no cause named (a mutant's, a new bug's) is no known one
+    assert known_repro(known, "llama", F(where="pos", op="keep")) is None
+    assert known_repro(known, "llama", F(where="logits", op="decode", cause="deferred", cause_op="cp")) == \
+        "llama-memory-stream-copy-lost-by-export"
+    assert known_repro(known, "llama", F(where="logits", op="decode", cause="deferred", cause_op="keep")) is None
+
+
+# ---- against the pinned llama.cpp ------------------------------------------------------------------------------
+@pytest.mark.llama
+@pytest.mark.parametrize("family,knobs", [("mamba2", {"layers": 3}), ("rwkv6", {"layers": 3})])
+def test_clean_recurrent_memory_passes(fixtures, family, knobs):
+    rep = report(fixtures(family, **knobs), MemoryConfig(programs=6))
+    assert rep.status == PASS, [f.message for f in rep.findings]
+    assert len(rep.results) == 12 and sum(r["checks"] for r in rep.results) > 100
+    assert max(r["max_abs_dlogit"] for r in rep.results) < 1e-3
+    assert sum(r["refused"].get("rm", 0) for r in rep.results) > 0  # rollbacks it cannot do, refused: checked
+
+
+@pytest.mark.llama
+def test_every_finding_on_clean_llama_cpp_is_a_known_upstream_one(fixtures):
+    """llama, lfm2 (hybrid with rollback snapshots) and gemma3 (sliding window): each finding the drawn programs
+    meet is shortened, explained by a control and one of the committed repros."""
+    known = known_upstream()
+    for family, knobs in (("llama", {"layers": 4}), ("lfm2", {"layers": 4}), ("gemma3", {"layers": 4})):
+        rep = report(fixtures(family, **knobs), MemoryConfig(programs=8))
+        assert rep.findings, family  # the upstream bugs are there on every one of these
+        for f in rep.findings:
+            assert f.reproduced and f.cause, (family, f.message)
+            assert len(f.detail["program"]) <= 6, (family, f.detail["program"])
+            assert known_repro(known, family, f), (family, f.fingerprint)
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("mutant,op", [("seq-rm-leaves-one-cell", "rm"), ("seq-keep-keeps-neighbour", "keep")])
+def test_mutants_are_caught_and_shortened(fixtures, mutant, op):
+    rep = report(fixtures("llama", layers=2), MemoryConfig(programs=8, target=f"mutant:{mutant}",
+                                                           kv_unified=(True,)))
+    mine = [f for f in rep.findings if f.detail["op"] == op]
+    assert mine and all(f.cause is None and f.reproduced for f in mine)  # no control explains it away
+    assert min(len(f.detail["program"]) for f in mine) == 2  # a decode, then the operation
+    assert all(len(f.detail["program"]) <= 6 for f in mine)
+    assert not any(known_repro(known_upstream(), "llama", f) for f in mine)
+
+
+@pytest.mark.llama
+def test_the_repro_programs_name_their_causes(fixtures):
+    causes = {}
+    for name in ("llama-memory-seq-keep-per-stream", "llama-memory-div-lost-by-export",
+                 "lfm2-memory-rollback-stale-snapshot-26695"):
+        b = json.loads((REPROS / name / "bundle.json").read_text())
+        cfg = MemoryConfig(**{**b["config"], "kv_unified": tuple(b["config"]["kv_unified"])})
+        rep = report(REPROS / name / "fixture.gguf", cfg)
+        causes[name] = [(f.cause["kind"], f.cause.get("op")) for f in rep.findings]
+    assert causes == {"llama-memory-seq-keep-per-stream": [("layout", None)],
+                      "llama-memory-div-lost-by-export": [("deferred", "div")],
+                      "lfm2-memory-rollback-stale-snapshot-26695": [("rollback", None)]}
+
+
+@pytest.mark.llama
+def test_the_lane_reports_known_upstream_bugs_as_known(tmp_path):
+    m = load_manifest()
+    for key, want in (("llama", KNOWN), ("mamba", PASS)):
+        res = lane_memory(m.row(key), fixture_path(key, tmp_path), "llama-cpp")
+        assert res.status == want, res.detail
+    assert "llama-memory-seq-keep-per-stream" in lane_memory(
+        m.row("llama"), fixture_path("llama", tmp_path), "llama-cpp").detail
+
+
+@pytest.mark.llama
+def test_the_cli_runs_a_given_program_and_refuses_a_broken_one(tmp_path):
+    prog = tmp_path / "p.json"
+    prog.write_text(json.dumps([{"op": "decode", "parts": [[0, [1, 2]], [1, [3]]]}, {"op": "keep", "seq": 1},
+                                {"op": "decode", "parts": [[1, [4]]]}]))
+    ok = run_cli("fuzz", "memory", "llama", "--program", str(prog), "--report", str(tmp_path / "r.json"))
+    assert ok.returncode == 1  # per-seq-kv: the other stream's sequence stays (the upstream seq_keep bug)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert [r["status"] for r in rep["results"]] == ["pass", "finding"]
+    prog.write_text("[{]")
+    bad = run_cli("fuzz", "memory", "llama", "--program", str(prog))
+    assert bad.returncode == 2 and "--program" in bad.stderr
+
+
+@pytest.mark.llama
+def test_the_workers_memory_operations(fixtures):
+    from targets import open_target
+
+    with open_target("llama-cpp") as t:
+        info = t.load(str(fixtures("llama", layers=2)), n_seq_max=3, kv_unified=True, n_ctx=768).data
+        assert info["can_shift"] is True and info["n_rs_seq"] == 0  # llama has no rollback snapshots: clamped
+        assert t.call("decode", tokens=[1, 2, 3], seq=[0, 0, 1], logits="none").ok
+        assert t.call("seq_pos", seqs=[0, 1, 2]).data["pos"] == {"0": [0, 1], "1": [0, 0], "2": [-1, -1]}
+        assert t.call("seq_cp", src=0, dst=2, p0=1, p1=-1).ok
+        assert t.call("seq_add", seq=2, p0=-1, p1=-1, delta=5).ok
+        assert t.call("seq_pos", seqs=[2]).data["pos"] == {"2": [6, 6]}
+        assert t.call("seq_div", seq=2, p0=-1, p1=-1, d=2).ok
+        assert t.call("seq_keep", seq=2).ok
+        assert t.call("seq_pos", seqs=[0, 1, 2]).data["pos"] == {"0": [-1, -1], "1": [-1, -1], "2": [3, 3]}
+        for op, args in (("seq_keep", {"seq": 3}), ("seq_cp", {"src": 0, "dst": 9}),
+                         ("seq_div", {"seq": 0, "d": 0})):
+            r = t.call(op, **args)
+            assert not r.ok and r.failure.error_kind == "bad_request", op  # refused, not an abort
+        assert t.call("seq_pos", seqs=[2]).ok  # and the worker goes on
