@@ -326,7 +326,7 @@ def isolation_cmd(
 @app.command("memory")
 def memory_cmd(
     fixture: FixtureArg,
-    programs: Annotated[int, Opt(help="programs drawn per KV layout")] = 4,
+    programs: Annotated[int, Opt(help="programs drawn per KV layout")] = 8,
     steps: Annotated[int, Opt(help="operations per program (the last decodes every live sequence)")] = 16,
     n_seq: Annotated[int, Opt(help="sequences in the context")] = 3,
     n_rs_seq: Annotated[int, Opt(help="recurrent-state snapshots per sequence (rollback), where the arch has "
@@ -334,6 +334,8 @@ def memory_cmd(
     tol: Annotated[float, Opt(help="max |Δlogit| against each sequence's history recomputed alone")] = 0.1,
     program: Annotated[Path | None, Opt(help="run this program (a JSON list of operations, as a report's "
                                              "finding records it) instead of drawing")] = None,
+    engine: Annotated[str, Opt(help="seeded: --programs drawn from --seed; hypothesis: a Hypothesis state machine "
+                                    "of up to --programs examples, shrunk by Hypothesis")] = "seeded",
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -353,7 +355,7 @@ def memory_cmd(
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
     cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol, program=given,
-                           target=target, timeout=timeout, seed=seed)
+                           engine=engine, target=target, timeout=timeout, seed=seed)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 

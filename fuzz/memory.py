@@ -31,6 +31,7 @@ import base64
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ MINIMIZE_RUNS = 150  # programs tried while shortening one finding (each from a 
 
 @dataclass
 class MemoryConfig:
-    programs: int = 4  # programs drawn per KV layout
+    programs: int = 8  # programs drawn per KV layout
     steps: int = 16  # operations per drawn program (its last: a decode of every live sequence)
     n_seq: int = 3
     max_len: int = 40  # positions a sequence holds at most (cells well inside every layout's context)
@@ -60,6 +61,7 @@ class MemoryConfig:
     kv_unified: tuple[bool, ...] = (True, False)
     tol: float = 0.1  # max |Δlogit| against the recompute (batch-shape numerics stay ~1e-2 on every fixture)
     program: list | None = None  # a recorded program: run exactly it (bundles, shrinking) instead of drawing
+    engine: str = "seeded"  # seeded: `programs` drawn from the seed; hypothesis: a state machine, `programs` examples
     seed: int = 0
     target: str = "llama-cpp"
     timeout: float = 120.0
@@ -203,76 +205,115 @@ def compare_logits(got: np.ndarray, want: np.ndarray, tol: float) -> tuple[float
 
 
 # ---- drawing programs ------------------------------------------------------------------------------------------
-def draw_op(rng: np.random.Generator, model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool
-            ) -> dict[str, Any]:
-    """One operation a runtime could issue now (seeded): valid for the model's state and within the API's stated
-    preconditions (a fork across the streams of a per-sequence cache copies whole sequences only: llama.cpp asserts
-    `seq_cp() is only supported for full KV buffers` otherwise), not necessarily accepted."""
-    live = model.live()
-    n = len(model.cells)
-    room = [s for s in model.cells if model.next_pos(s) + 6 <= cfg.max_len]
+class SeededDraws:
+    """A drawn program's choices from a seeded generator (the lanes, campaigns, `fuzz memory`)."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def int(self, lo: int, hi: int) -> int:  # lo <= x < hi
+        return int(self.rng.integers(lo, hi))
+
+    def pick(self, xs: Sequence[Any]) -> Any:
+        return xs[self.int(0, len(xs))]
+
+    def kind(self, weights: dict[str, float]) -> str:
+        kinds = [k for k, w in weights.items() if w > 0]
+        w = np.array([weights[k] for k in kinds])
+        return kinds[int(self.rng.choice(len(kinds), p=w / w.sum()))]
+
+    def subset(self, xs: list[int]) -> list[int]:  # non-empty
+        return sorted(self.rng.choice(xs, size=self.int(1, len(xs) + 1), replace=False).tolist())
+
+    def perm(self, n: int) -> list[int]:
+        return self.rng.permutation(n).tolist()
+
+
+class HypothesisDraws(SeededDraws):
+    """The same choices drawn by Hypothesis (`--engine hypothesis`): it shrinks each one toward its simplest value
+    (the first kind, the lowest position, one sequence) as well as deleting whole operations."""
+
+    def __init__(self, data: Any):
+        from hypothesis import strategies as st
+
+        self.data, self.st = data, st
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.data.draw(self.st.integers(lo, hi - 1))
+
+    def kind(self, weights: dict[str, float]) -> str:
+        return self.data.draw(self.st.sampled_from([k for k, w in weights.items() if w > 0]))
+
+    def subset(self, xs: list[int]) -> list[int]:
+        return sorted(self.data.draw(self.st.lists(self.st.sampled_from(xs), min_size=1, max_size=len(xs),
+                                                   unique=True)))
+
+    def perm(self, n: int) -> list[int]:
+        return list(self.data.draw(self.st.permutations(range(n))))
+
+
+def op_weights(model: Model, mem: Memory, cfg: MemoryConfig) -> dict[str, float]:
+    """How often each operation is drawn now (0: not valid in this state or for this memory)."""
+    if not model.live():
+        return {"decode": 1.0}
+    room = any(model.next_pos(s) + 6 <= cfg.max_len for s in model.cells)
     # positions are shifted in an attention cache, on a sequence that shares no cells: a recurrent state holds one
     # position (its last token's), a sliding window would un-mask cells a fresh context never pruned, and a cell
     # shared since a fork moves for both sequences
-    movable = [s for s in model.live() if not model.shares[s]]
-    shifts = bool(movable) and mem.can_shift and not mem.swa and not mem.recurrent
-    weights = {"decode": 5.0 if room else 0.0, "rm": 2.5, "cp": 1.5, "keep": 0.4, "copy_state": 1.0,
-               "refused_import": 0.4, "reload": 0.4,
-               "add": 1.0 if shifts else 0.0, "div": 0.3 if shifts else 0.0}
-    if not live:
-        weights = {"decode": 1.0}
-    kinds = list(weights)
-    w = np.array([weights[k] for k in kinds])
-    kind = kinds[int(rng.choice(len(kinds), p=w / w.sum()))]
-    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    shifts = any(not model.shares[s] for s in model.live()) and mem.can_shift and not mem.swa and not mem.recurrent
+    return {"decode": 5.0 if room else 0.0, "rm": 2.5, "cp": 1.5, "keep": 0.8, "copy_state": 1.0,
+            "refused_import": 0.5, "reload": 0.6, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0}
+
+
+def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool,
+            kind: str | None = None) -> dict[str, Any]:
+    """One operation a runtime could issue now (of `kind`, or one drawn by op_weights): valid for the model's state
+    and within the API's stated preconditions (a fork across the streams of a per-sequence cache copies whole
+    sequences only: llama.cpp asserts `seq_cp() is only supported for full KV buffers` otherwise), not necessarily
+    accepted."""
+    kind = kind or draw.kind(op_weights(model, mem, cfg))
+    n = len(model.cells)
     if kind == "decode":
-        k = int(rng.integers(1, len(room) + 1))
-        seqs = sorted(rng.choice(room, size=k, replace=False).tolist())
-        return {"op": "decode", "parts": [[s, rng.integers(0, mem.n_vocab, int(rng.integers(1, 7))).tolist()]
-                                          for s in seqs]}
-    s = pick(live)
+        room = [s for s in model.cells if model.next_pos(s) + 6 <= cfg.max_len]
+        return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab) for _ in range(draw.int(1, 7))]]
+                                          for s in draw.subset(room)]}
+    live = model.live()
+    s = draw.pick([q for q in live if not model.shares[q]] if kind in ("add", "div") else live)
     lo, hi = model.span(s)
     other = [q for q in range(n) if q != s]
     if kind == "rm":
-        form = pick(("tail", "rollback", "rollback", "middle", "head", "whole", "all-seqs"))
+        form = draw.pick(("tail", "rollback", "middle", "head", "whole", "all-seqs"))
         if form == "tail":
-            return {"op": "rm", "seq": s, "p0": int(rng.integers(lo, hi + 2)), "p1": -1}
+            return {"op": "rm", "seq": s, "p0": draw.int(lo, hi + 2), "p1": -1}
         if form == "rollback":  # the last few tokens, as a speculative decode or a split runtime rolls back
-            return {"op": "rm", "seq": s, "p0": max(lo, hi + 1 - int(rng.integers(1, max(2, mem.n_rs_seq + 2)))),
-                    "p1": -1}
+            return {"op": "rm", "seq": s, "p0": max(lo, hi + 1 - draw.int(1, max(2, mem.n_rs_seq + 2))), "p1": -1}
         if form in ("middle", "head"):
-            a = lo if form == "head" else int(rng.integers(lo, hi + 1))
-            return {"op": "rm", "seq": s, "p0": a, "p1": int(rng.integers(a + 1, hi + 2))}
+            a = lo if form == "head" else draw.int(lo, hi + 1)
+            return {"op": "rm", "seq": s, "p0": a, "p1": draw.int(a + 1, hi + 2)}
         if form == "whole":
             return {"op": "rm", "seq": s, "p0": -1, "p1": -1}
-        a = int(rng.integers(0, hi + 1))
-        return {"op": "rm", "seq": -1, "p0": a, "p1": -1}
+        return {"op": "rm", "seq": -1, "p0": draw.int(0, hi + 1), "p1": -1}
     if kind == "cp":  # a fork; a recurrent state is copied whole whatever the range, so only whole forks there
-        if mem.recurrent or not kv_unified or rng.random() < 0.5:
-            p0, p1 = -1, -1
-        else:
-            p0 = int(rng.integers(lo, hi + 1))
-            p1 = pick((-1, int(rng.integers(p0 + 1, hi + 2))))
-        return {"op": "cp", "src": s, "dst": pick(other), "p0": p0, "p1": p1}
+        p0 = p1 = -1
+        if not mem.recurrent and kv_unified and draw.pick((False, True)):
+            p0 = draw.int(lo, hi + 1)
+            p1 = draw.pick((-1, draw.int(p0 + 1, hi + 2)))
+        return {"op": "cp", "src": s, "dst": draw.pick(other), "p0": p0, "p1": p1}
     if kind == "keep":
         return {"op": "keep", "seq": s}
-    if kind in ("add", "div"):
-        s = pick(movable)
-        lo, hi = model.span(s)
     if kind == "add":
-        p0 = int(rng.integers(lo, hi + 1))
-        return {"op": "add", "seq": s, "p0": p0, "p1": -1, "delta": int(rng.integers(-min(p0, 8), 9))}
+        p0 = draw.int(lo, hi + 1)
+        return {"op": "add", "seq": s, "p0": p0, "p1": -1, "delta": draw.int(-min(p0, 8), 9)}
     if kind == "div":
-        return {"op": "div", "seq": s, "p0": int(rng.integers(lo, hi + 1)), "p1": -1, "d": int(rng.integers(2, 4))}
+        return {"op": "div", "seq": s, "p0": draw.int(lo, hi + 1), "p1": -1, "d": draw.int(2, 4)}
     if kind == "reload":
-        return {"op": "reload", "perm": rng.permutation(n).tolist()}
-    return {"op": kind, "src": s, "dst": pick(other)}
+        return {"op": "reload", "perm": draw.perm(n)}
+    return {"op": kind, "src": s, "dst": draw.pick(other)}
 
 
-def final_decode(rng: np.random.Generator, model: Model, mem: Memory) -> dict[str, Any]:
+def final_decode(draw: SeededDraws, model: Model, mem: Memory) -> dict[str, Any]:
     """Every live sequence one token further, in one batch (sequence 0 alone when none is live)."""
-    seqs = model.live() or [0]
-    return {"op": "decode", "parts": [[s, [int(rng.integers(0, mem.n_vocab))]] for s in seqs]}
+    return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab)]] for s in model.live() or [0]]}
 
 
 def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
@@ -547,9 +588,9 @@ def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, r
         if program is not None:
             op = program[i]
         elif i == n - 1:
-            op = final_decode(rng, mach.model, mach.mem)
+            op = final_decode(SeededDraws(rng), mach.model, mach.mem)
         else:
-            op = draw_op(rng, mach.model, mach.mem, cfg, kv_unified)
+            op = draw_op(SeededDraws(rng), mach.model, mach.mem, cfg, kv_unified)
         done.append(op)
         problem = mach.apply(op)
         if problem:
@@ -560,6 +601,59 @@ def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, r
             except Crashed as c:
                 return done, {**c.problem, "step": i, "op": "settle"}, mach
     return done, None, mach
+
+
+def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute
+                       ) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    """Hypothesis' RuleBasedStateMachine over the same machine: one rule per operation (its precondition: the
+    operation is valid now), the same drawer choosing its arguments through Hypothesis, the checks as the
+    invariant. At most `cfg.programs` examples of up to `cfg.steps` rules, derandomized (the same programs every
+    run); Hypothesis shrinks a failure to its shortest sequence of rules. Returns that program (None: every example
+    passed) and what the examples did (a results row)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+    runs: list[Machine] = []
+    programs: list[list[dict[str, Any]]] = []
+
+    class MemoryMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mach = Machine(t, fixture, cfg, kv_unified, recompute)
+            self.mach.start()
+            self.done: list[dict[str, Any]] = []
+            runs.append(self.mach)
+            programs.append(self.done)
+
+        def run(self, data: Any, kind: str) -> None:
+            op = draw_op(HypothesisDraws(data), self.mach.model, self.mach.mem, cfg, kv_unified, kind)
+            self.done.append(op)
+            problem = self.mach.apply(op)
+            assert problem is None, problem["message"]
+
+    def make(kind: str) -> Any:
+        @precondition(lambda self: op_weights(self.mach.model, self.mach.mem, cfg).get(kind, 0) > 0)
+        @rule(data=st.data())
+        def op(self: Any, data: Any) -> None:
+            self.run(data, kind)
+        op.__name__ = kind
+        return op
+
+    for kind in OPS:
+        setattr(MemoryMachine, kind, make(kind))
+    try:
+        run_state_machine_as_test(MemoryMachine, settings=settings(
+            max_examples=cfg.programs, stateful_step_count=cfg.steps, deadline=None, database=None,
+            derandomize=True, suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+            print_blob=False))
+    except (AssertionError, Crashed):
+        return programs[-1], {}  # Hypothesis ends by running the shortest failing example once more
+    return None, {"kv_unified": kv_unified, "program": None, "examples": len(runs), "status": PASS,
+                  "steps": sum(map(len, programs)), "checks": sum(m.checks for m in runs),
+                  "max_abs_dlogit": max((m.worst for m in runs), default=0.0),
+                  "ops": dict(Counter(op["op"] for p in programs for op in p)),
+                  "refused": dict(sum((m.refused for m in runs), Counter()))}
 
 
 def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
@@ -655,6 +749,8 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     check_config(cfg)
     if cfg.n_seq < 2:
         raise UserError("--n-seq must be at least 2 (the operations move cells between sequences)")
+    if cfg.engine not in ("seeded", "hypothesis"):
+        raise UserError(f"--engine {cfg.engine!r}: seeded or hypothesis")
     program = check_program(cfg.program, cfg.n_seq) if cfg.program is not None else None
     info = inspect_file(str(fixture))
     t0 = time.perf_counter()
@@ -664,9 +760,15 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
             open_target(cfg.target, timeout=cfg.timeout) as tr:
         for kvu in cfg.kv_unified:
             recompute = Recompute(tr, fixture, context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq))
-            for k in range(1 if program is not None else cfg.programs):
+            given = program
+            if program is None and cfg.engine == "hypothesis":
+                given, row = hypothesis_program(t, fixture, cfg, kvu, recompute)
+                if given is None:
+                    results.append(row)
+                    continue
+            for k in range(1 if given is not None else cfg.programs):
                 rng = np.random.default_rng([cfg.seed, k, int(kvu)])
-                done, problem, mach = run_program(t, fixture, cfg, kvu, recompute, program, rng)
+                done, problem, mach = run_program(t, fixture, cfg, kvu, recompute, given, rng)
                 commit = mach.commit
                 row = {"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
                        "max_abs_dlogit": mach.worst, "ops": dict(Counter(op["op"] for op in done)),
@@ -735,6 +837,8 @@ def format_report(rep: dict[str, Any]) -> str:
     cfg = rep["config"]
     lines = [f"memory {rep['fixture']}: arch {rep['arch']}, {cfg['n_seq']} sequences, "
              + (f"the given program of {len(cfg['program'])} operations" if cfg["program"] else
+                f"a Hypothesis state machine, up to {cfg['programs']} examples of {cfg['steps']} operations per KV "
+                "layout" if cfg.get("engine") == "hypothesis" else
                 f"{cfg['programs']} programs × {cfg['steps']} operations per KV layout")
              + f", tolerance {cfg['tol']:g}"]
     for kvu in cfg["kv_unified"]:
@@ -744,7 +848,8 @@ def format_report(rep: dict[str, Any]) -> str:
         ops = sum((Counter(r["ops"]) for r in rows), Counter())
         refused = sum((Counter(r["refused"]) for r in rows), Counter())
         bad = [r for r in rows if r["status"] != PASS]
-        lines.append(f"  {layout(kvu):<10} {len(rows)} programs, {sum(r['steps'] for r in rows)} operations "
+        lines.append(f"  {layout(kvu):<10} {sum(r.get('examples', 1) for r in rows)} programs, "
+                     f"{sum(r['steps'] for r in rows)} operations "
                      f"({', '.join(f'{k} {v}' for k, v in sorted(ops.items()))}), "
                      f"{sum(r['checks'] for r in rows)} logits checks, worst max|Δlogit| "
                      f"{max(r['max_abs_dlogit'] for r in rows):.2e}"
@@ -774,6 +879,6 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "n_rs_seq", "kv_unified", "tol", "program",
-                             "seed"),
+                             "engine", "seed"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op"))

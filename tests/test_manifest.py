@@ -37,8 +37,8 @@ def test_every_seed_row_is_present():
 
 def test_tier_defaults_and_hybrid_sweeps():
     m = load_manifest(ROOT / "family_tiers.toml")
-    assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "wire", "isolation", "memory", "handoff",
-                                        "determinism", "prefix-cache"]
+    assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "wire", "isolation", "memory",
+                                        "handoff", "determinism", "prefix-cache"]
     assert m.row("qwen3next").dtypes == ["f16", "bf16", "q8_0", "q4_0", "mxfp4", "q4_k", "q6_k", "iq2_xxs"]
     assert m.row("qwen3next").wires == ["f16", "bf16", "q8_0"]
     assert m.row("gemma3").dtypes == [] and m.row("gemma3").wires == []

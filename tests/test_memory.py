@@ -16,6 +16,7 @@ from fuzz.memory import (
     Memory,
     MemoryConfig,
     Model,
+    SeededDraws,
     check_positions,
     check_program,
     compare_logits,
@@ -90,7 +91,7 @@ def test_logits_within_the_tolerance():
 
 # ---- drawing programs (pure) -----------------------------------------------------------------------------------
 def draw(mem: Memory, kv_unified: bool, seed: int, n: int = 300) -> list[dict]:
-    rng, m, cfg, ops = np.random.default_rng(seed), Model(3), MemoryConfig(), []
+    rng, m, cfg, ops = SeededDraws(np.random.default_rng(seed)), Model(3), MemoryConfig(), []
     for _ in range(n):
         op = draw_op(rng, m, mem, cfg, kv_unified)
         ops.append(op)
@@ -145,7 +146,7 @@ def test_a_recorded_program_is_checked_and_reduced():
             {"op": "decode", "parts": [[0, [3]]]}]
     assert [len(c["program"]) for c in reduce_config({"program": prog})] == [2, 2]  # the last (failing) one stays
     assert format_step(prog[0]) == "decode s0×2" and format_step(prog[1]) == "seq_keep s0"
-    assert final_decode(np.random.default_rng(0), Model(2), KV)["parts"][0][0] == 0
+    assert final_decode(SeededDraws(np.random.default_rng(0)), Model(2), KV)["parts"][0][0] == 0
 
 
 def test_memory_findings_match_repros_by_cause_whatever_the_family():
@@ -269,3 +270,15 @@ def test_the_workers_memory_operations(fixtures):
             r = t.call(op, **args)
             assert not r.ok and r.failure.error_kind == "bad_request", op  # refused, not an abort
         assert t.call("seq_pos", seqs=[2]).ok  # and the worker goes on
+
+
+@pytest.mark.llama
+def test_the_hypothesis_engine_shrinks_a_mutant_to_its_two_operations(fixtures):
+    """The same rules as a Hypothesis RuleBasedStateMachine: it finds the off-by-one removal and shrinks it to a
+    decode and the removal; on a clean recurrent model every example passes."""
+    rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
+                                                           target="mutant:seq-rm-leaves-one-cell"))
+    (f,) = rep.findings
+    assert [op["op"] for op in f.detail["program"]] == ["decode", "rm"] and f.where == "pos" and f.cause is None
+    clean = report(fixtures("mamba2", layers=2), MemoryConfig(engine="hypothesis", programs=20, kv_unified=(True,)))
+    assert clean.status == PASS and clean.results[0]["examples"] >= 20 and clean.results[0]["checks"] > 50
