@@ -27,6 +27,10 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   rollback-zeroed        A rollback that restores the positions but not the values: a partial (recurrent) state
                          imports with its data zeroed, so a stage rolled back to an offset goes on from an empty
                          recurrent state — silently wrong (a KvRecurrent restore whose payload never lands).
+  token-ids-16-bit       A split runtime that carries token ids to its first stage in 16 bits (a uint16 field in
+                         its wire format): every id past 65535 arrives as another token. Exact on every vocabulary
+                         of at most 65536 tokens; only a fixture with a wider one (llama-wide-vocab: Llama-3's 128256)
+                         shows it.
   seq-rm-leaves-one-cell A sequence removal whose range starts one position late: seq_rm(seq, p0, p1) with p0 > 0
                          removes [p0 + 1, p1), so a rollback leaves the cell at p0 behind — a runtime's off-by-one
                          between "keep n tokens" and "remove from position n". No oracle's script removes a range
@@ -313,6 +317,21 @@ class StageQ4kMinsDropped(Mutant):
         return super().op_load({**req, "path": repacked} if repacked else req)
 
 
+class TokenIds16Bit(Mutant):
+    def op_load(self, req: dict) -> dict:
+        out = super().op_load(req)
+        from synth.gguf_io import GGUFFile
+        from synth.spec import STAGE_KEYS
+
+        self.stage = any(k.startswith(STAGE_KEYS) for k in GGUFFile(req["path"]).kv)
+        return out
+
+    def op_decode(self, req: dict) -> dict:
+        if getattr(self, "stage", False) and "tokens" in req:  # what crosses to a stage: ids in 16 bits
+            req = {**req, "tokens": [int(t) & 0xFFFF for t in req["tokens"]]}
+        return super().op_decode(req)
+
+
 class Perturb2Threads(Mutant):
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
@@ -515,6 +534,7 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "stage-q4k-mins-dropped": StageQ4kMinsDropped,
                            "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
+                           "token-ids-16-bit": TokenIds16Bit,
                            "seq-rm-leaves-one-cell": SeqRmLeavesOneCell,
                            "seq-keep-keeps-neighbour": SeqKeepKeepsNeighbour,
                            "server-dup-leak": ServerDuplicateLeak, "radix-dup-leak": RadixDuplicateLeak,

@@ -29,7 +29,7 @@ def test_every_seed_row_is_present():
     assert [names[n].tier for n in SEED_T3] == [3] * len(SEED_T3)
     covered = {r.seed_row or r.name for r in m.rows.values() if r.tier == 2}
     assert set(SEED_T2_ROWS) <= covered
-    assert len(m.rows) == 70 and all(r.runnable for r in m.rows.values())
+    assert len(m.rows) == 71 and all(r.runnable for r in m.rows.values())
     # the seed's own words, not invented ones
     assert names["Kimi Linear"].size == "12.1 GB" and "B1 canonical case" in names["Kimi Linear"].why
     assert names["Gemma4 A4B"].size == "22.6 GB" and names["Gemma4 A4B"].artifact == "Q6_K"

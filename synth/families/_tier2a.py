@@ -7,24 +7,8 @@ from __future__ import annotations
 
 from synth.errors import UserError
 from synth.families import blocks
-from synth.families.base import KA, OUTPUT_GAIN, Builder, Family, T
+from synth.families.base import KA, Builder, Family
 from synth.spec import ModelSpec
-from synth.weights import Init
-
-# A tied head (output = token_embd) makes a random model echo its input token. Keep token_embd small so the
-# residual stream is dominated by the layers, and put the logit gain into output_norm instead.
-TIED_EMBD_STD = 0.05
-
-
-def tied_embeddings(b: Builder, spec: ModelSpec) -> None:
-    """token_embd + output_norm only, for archs whose head is always token_embd (gemma2).
-
-    The output_norm gain makes the logits' std ≈ OUTPUT_GAIN although token_embd is small.
-    """
-    E, V = spec.n_embd, spec.n_vocab
-    b.t(T.TOKEN_EMBD, (E, V), Init.std(TIED_EMBD_STD))
-    gain = OUTPUT_GAIN / (TIED_EMBD_STD * E**0.5)
-    b.t(T.OUTPUT_NORM, (E,), Init.around(gain, 0.1 * gain))
 
 
 def mrope_sections(head_dim: int) -> list[int]:

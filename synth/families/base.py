@@ -17,7 +17,7 @@ from synth.dtype import check_dtype, check_rows, convert
 from synth.errors import UserError
 from synth.gguf_io import KV, VT
 from synth.spec import ATTN, BOTH, FLAG, REC, SPEC_KEY, Knobs, ModelSpec, parse_pattern, periodic_pattern
-from synth.tokenizer import tokenizer_kv
+from synth.tokenizer import WIDE_VOCAB, tokenizer_kv
 from synth.weights import Init, make_tensor
 
 K = gguf.Keys.LLM
@@ -244,9 +244,17 @@ class Family:
         self.build(spec, b)
         b.kv.update(tokenizer_kv(spec.n_vocab))
         b.kv[SPEC_KEY] = KV(spec.to_json(), VT.STRING)
-        tensors = [(name, convert(name, make_tensor(spec.seed, name, ne, init), spec.dtype, spec.seed))
+        tensors = [(name, convert(name, make_tensor(spec.seed, name, ne, init), table_dtype(name, spec), spec.seed))
                    for name, ne, init in b.tensors]
         return b.kv, tensors
+
+
+def table_dtype(name: str, spec: ModelSpec) -> str:
+    """The weight type a tensor is written in: the spec's, but a vocabulary past 16 bits keeps its embedding table
+    in f16 (n_vocab rows: the table is most of the file)."""
+    if spec.n_vocab > WIDE_VOCAB and spec.dtype == "f32" and name == f"{gguf.TENSOR_NAMES[T.TOKEN_EMBD]}.weight":
+        return "f16"
+    return spec.dtype
 
 
 class Builder:

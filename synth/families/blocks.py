@@ -4,19 +4,40 @@ from __future__ import annotations
 
 from synth.families.base import OUTPUT_GAIN, Builder, T
 from synth.spec import ModelSpec
+from synth.tokenizer import WIDE_VOCAB
 from synth.weights import Init
 
 NORM = Init.around(1.0, 0.1)
 BIAS = Init.std(0.05)
 
 
+# A tied head (output = token_embd) makes a random model echo its input token. Keep token_embd small so the
+# residual stream is dominated by the layers, and put the logit gain into output_norm instead.
+TIED_EMBD_STD = 0.05
+
+
+def tied_embeddings(b: Builder, spec: ModelSpec) -> None:
+    """token_embd + output_norm only, for archs whose head is always token_embd (gemma2) and for a vocabulary past
+    16 bits (one table of n_vocab rows, not two).
+
+    The output_norm gain makes the logits' std ≈ OUTPUT_GAIN although token_embd is small.
+    """
+    E, V = spec.n_embd, spec.n_vocab
+    b.t(T.TOKEN_EMBD, (E, V), Init.std(TIED_EMBD_STD))
+    gain = OUTPUT_GAIN / (TIED_EMBD_STD * E**0.5)
+    b.t(T.OUTPUT_NORM, (E,), Init.around(gain, 0.1 * gain))
+
+
 def embeddings(b: Builder, spec: ModelSpec, *, output_norm: bool = True) -> None:
-    """token_embd, output_norm and an untied output head.
+    """token_embd, output_norm and an untied output head (tied for a vocabulary past 16 bits: tokenizer.WIDE_VOCAB).
 
     output.weight is optional for most archs (tied to token_embd), but a tied head makes random models
     repeat their input token; an untied one gives varied greedy continuations with clear margins.
     """
     E, V = spec.n_embd, spec.n_vocab
+    if V > WIDE_VOCAB and output_norm:
+        tied_embeddings(b, spec)
+        return
     b.t(T.TOKEN_EMBD, (E, V), Init.std(1.0))
     if output_norm:
         b.t(T.OUTPUT_NORM, (E,), NORM)

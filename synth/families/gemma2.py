@@ -42,7 +42,7 @@ class Gemma2(Family):
         b.u32(KA.SLIDING_WINDOW, SLIDING_WINDOW)
         b.f32(K.ATTN_LOGIT_SOFTCAPPING, 50.0)
         b.f32(K.FINAL_LOGIT_SOFTCAPPING, 30.0)
-        _tier2a.tied_embeddings(b, spec)
+        blocks.tied_embeddings(b, spec)
         for i in range(spec.n_layer):
             b.t(T.ATTN_NORM, (E,), blocks.NORM, bid=i)
             blocks.attention(b, spec, i)
