@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, PASS, Finding, Oracle, Report, fingerprint, make_report
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, fingerprint, make_report
 from fuzz.parity import context_params
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
@@ -371,6 +371,7 @@ class Machine:
                  *, recompute_rollbacks: bool = False):
         self.t, self.fixture, self.cfg, self.kv_unified, self.recompute = t, fixture, cfg, kv_unified, recompute
         self.recompute_rollbacks = recompute_rollbacks  # the rollback control (explain): see apply
+        self.rows: dict[int, np.ndarray] = {}  # the last decode's logits, per sequence
         self.scratch = cfg.n_seq  # one more sequence id, never in a program: the settle control decodes there
         self.model = Model(cfg.n_seq)
         self.mem: Memory | None = None
@@ -493,6 +494,7 @@ class Machine:
             return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
                                 f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
         rows = np.frombuffer(base64.b64decode(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
+        self.rows = {s: row for (s, _), row in zip(parts, rows, strict=True)}
         for s, toks in parts:
             m.decode(s, toks)
         got_pos = self._positions()
@@ -656,8 +658,54 @@ def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: 
                   "refused": dict(sum((m.refused for m in runs), Counter()))}
 
 
+def lineage(program: list[dict[str, Any]], seq: int, n_seq: int) -> set[tuple[int, int]]:
+    """The (step, part) decodes whose tokens may be in `seq`'s history at the program's end (pure; forks, state
+    copies and reloads carry them from sequence to sequence; an over-approximation where removals are partial)."""
+    own: dict[int, set[tuple[int, int]]] = {s: set() for s in range(n_seq)}
+    for i, op in enumerate(program):
+        k = op["op"]
+        if k == "decode":
+            for j, (s, _) in enumerate(op["parts"]):
+                own[s].add((i, j))
+        elif k in ("cp", "copy_state"):
+            own[op["dst"]] = set(own[op["src"]])
+        elif k == "reload":
+            own = {op["perm"][s]: v for s, v in own.items()}
+        elif k == "keep":
+            own = {s: (v if s == op["seq"] else set()) for s, v in own.items()}
+        elif k == "rm" and op["p0"] <= 0 and op["p1"] < 0:
+            for s in (own if op["seq"] < 0 else [op["seq"]]):
+                own[s] = set()
+    return own[seq]
+
+
+def other_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]], n_vocab: int
+                     ) -> list[dict[str, Any]]:
+    """The program with every decoded token outside `keep` replaced by another (same lengths, same batches)."""
+    out = []
+    for i, op in enumerate(program):
+        if op["op"] == "decode":
+            op = {**op, "parts": [[s, t if (i, j) in keep else [(x + 1 + n_vocab // 2) % n_vocab for x in t]]
+                                  for j, (s, t) in enumerate(op["parts"])]}
+        out.append(op)
+    return out
+
+
+def without_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]]) -> list[dict[str, Any]]:
+    """The program with every decode outside `keep` left out (a decode left empty: dropped)."""
+    out = []
+    for i, op in enumerate(program):
+        if op["op"] == "decode":
+            parts = [p for j, p in enumerate(op["parts"]) if (i, j) in keep]
+            if not parts:
+                continue
+            op = {**op, "parts": parts}
+        out.append(op)
+    return out
+
+
 def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
-            program: list[dict[str, Any]], recurrent: bool) -> dict[str, Any] | None:
+            program: list[dict[str, Any]], problem: dict[str, Any], mem: Memory) -> dict[str, Any] | None:
     """What the shortest program's failure needs, by controls that each change one thing and must make it pass:
     rollback — every partial seq_rm of a recurrent state done as a recompute instead (the rolled-back state is not
     the state of the tokens kept); deferred — a settle (a decode elsewhere) after one operation (llama.cpp defers that
@@ -666,12 +714,33 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     stream per sequence). None when no control explains it."""
     def passes(**control: Any) -> bool:
         layout_ = control.pop("kv_unified", kv_unified)
-        return run_program(t, fixture, cfg, layout_, recompute, program, None, **control)[1] is None
+        prog = control.pop("program", program)
+        return run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)[1] is None
 
-    if recurrent and any(op["op"] == "rm" for op in program) and passes(recompute_rollbacks=True):
+    if mem.recurrent and any(op["op"] == "rm" for op in program) and passes(recompute_rollbacks=True):
         return {"kind": "rollback", "detail": "the same program passes with each partial seq_rm of the recurrent "
                 "state done as a recompute of the tokens kept: the rolled-back state is not theirs"}
     gaps = [i for i, op in enumerate(program[:-1]) if op["op"] != "decode"]
+    seq = problem.get("seq")
+    own = lineage(program, seq, cfg.n_seq) if seq is not None else set()
+    others = any((i, j) not in own for i, op in enumerate(program) if op["op"] == "decode"
+                 for j in range(len(op["parts"])))
+    if problem["check"] == "logits" and others and passes(program=without_neighbours(program, own)):
+        # without the other sequences' tokens it passes: do their data reach it, or only where they put it (the
+        # batches' shape, its cells' placement)? Other tokens for them, same lengths, must leave it bit for bit
+        got = run_program(t, fixture, cfg, kv_unified, recompute, program, None)[2].rows.get(seq)
+        other = other_neighbours(program, own, mem.n_vocab)
+        moved = run_program(t, fixture, cfg, kv_unified, recompute, other, None)[2].rows.get(seq)
+        if got is not None and moved is not None and np.array_equal(got, moved):
+            return {"kind": "neighbour-numerics", "numerics": True,
+                    "detail": f"without the other sequences' tokens it passes, and other tokens for them leave "
+                              f"sequence {seq}'s logits bit for bit: where they put it (the batches' shape, its "
+                              f"cells' placement) moves its numerics (max|Δlogit| "
+                              f"{problem.get('max_abs_dlogit', 0):.3g}"
+                              ": a MoE routing or top-k near-tie makes a rounding a whole-logit move); none of their "
+                              "data reaches it"}
+        return {"kind": "neighbours", "detail": "without the other sequences' tokens it passes, and other tokens for "
+                f"them change sequence {seq}'s logits: their data reaches it"}
     if gaps and passes(settle=frozenset(gaps)):
         i = next((i for i in gaps if passes(settle=frozenset([i]))), gaps[0])
         return {"kind": "deferred", "op": program[i]["op"], "step": i,
@@ -754,7 +823,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     program = check_program(cfg.program, cfg.n_seq) if cfg.program is not None else None
     info = inspect_file(str(fixture))
     t0 = time.perf_counter()
-    results, findings = [], []
+    results, findings, numerics = [], [], []
     commit = None
     with open_target(cfg.target, timeout=cfg.timeout) as t, \
             open_target(cfg.target, timeout=cfg.timeout) as tr:
@@ -780,19 +849,22 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                         again, problem) and program is None else done
                     final = run_program(t, fixture, cfg, kvu, recompute, short, None)[1] or problem
                     row["status"] = CRASH if problem["check"] == "crash" else FINDING
-                    cause = explain(t, fixture, cfg, kvu, recompute, short, mach.mem.recurrent) \
+                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem) \
                         if mach.mem and problem["check"] != "crash" else None
-                    findings.append({**final, "kv_unified": kvu, "program": k, "status": row["status"],
-                                     "memory": mach.mem.name if mach.mem else None, "cause": cause,
-                                     "reproduced": same_problem(again, problem), "steps": short,
-                                     "drawn_steps": len(done)})
+                    if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
+                        row["status"] = NUMERICS
+                    (numerics if row["status"] == NUMERICS else findings).append({
+                        **final, "kv_unified": kvu, "program": k, "status": row["status"],
+                        "memory": mach.mem.name if mach.mem else None, "cause": cause,
+                        "reproduced": same_problem(again, problem), "steps": short, "drawn_steps": len(done)})
                 results.append(row)
                 if problem and problem["op"] == "load":  # no context in this layout: nothing more to run
                     break
     return {"fixture": str(fixture), "arch": info.arch, "n_layer": info.n_layer, "llama_cpp_commit": commit,
             "target": cfg.target,
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
-            "results": results, "findings": findings, "timing": {"seconds": round(time.perf_counter() - t0, 3)}}
+            "results": results, "findings": findings, "numerics": numerics,
+            "timing": {"seconds": round(time.perf_counter() - t0, 3)}}
 
 
 def finding_of(f: dict[str, Any]) -> Finding:
@@ -813,7 +885,8 @@ def finding_of(f: dict[str, Any]) -> Finding:
 def report(fixture: Path, cfg: MemoryConfig) -> Report:
     data = run(Path(fixture), cfg)
     return make_report("memory", fixture, data, results=data["results"],
-                       findings=[finding_of(f) for f in data["findings"]])
+                       findings=[finding_of(f) for f in data["findings"]],
+                       numerics=[finding_of(f) for f in data["numerics"]])
 
 
 def format_step(op: dict[str, Any]) -> str:
@@ -855,6 +928,9 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"{max(r['max_abs_dlogit'] for r in rows):.2e}"
                      + (f"; refused: {', '.join(f'{k} {v}' for k, v in sorted(refused.items()))}" if refused else "")
                      + (f" — {len(bad)} failing" if bad else ": pass"))
+    for f in rep.get("numerics", ()):
+        lines.append(f"  NUMERICS ({layout(f['kv_unified'])}): {f['message']} after {len(f['steps'])} operations: "
+                     f"{f['cause']['kind']}: {f['cause']['detail']}")
     for f in rep["findings"]:
         lines.append(f"  FINDING ({layout(f['kv_unified'])}, {f['check']}): {f['message']}; "
                      f"reproduced={f['reproduced']}; {len(f['steps'])} operations (drawn: {f['drawn_steps']}):")
