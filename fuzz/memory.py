@@ -20,9 +20,13 @@ elsewhere, and upstream promises no bits across batch shapes (the isolation lane
 sequence it cannot roll back, an import of a truncated blob) must change nothing but what it names: the other
 sequences are checked as before, and every program ends with a decode of every live sequence.
 
-A finding is run again from a fresh context (it must reproduce), then shortened: whole runs of operations are
-deleted while the same check still fails at the end (the program is its own smallest reproduction; a bundle
-replays it exactly).
+Programs come from a seed (`engine` seeded: the lanes, campaigns) or from Hypothesis (`engine` hypothesis: a
+RuleBasedStateMachine with one rule per operation, the same drawer choosing the arguments, Hypothesis shrinking).
+A finding is run again from a fresh context (it must reproduce), shortened (runs of operations deleted, decodes
+joined, sequences and tokens dropped while the same check still fails at the end: a bundle replays the program
+exactly) and explained by controls that each change one thing (explain): rollbacks done as recomputes, a decode
+elsewhere after one operation, the program without the other sequences and with other tokens for them, the other KV
+layout. A difference the other sequences' mere presence explains (their data provably not reaching it) is numerics.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from synth.inspect import inspect_file
 from targets import Target, open_target
 
 OPS = ("decode", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
-CHECKS = ("logits", "pos", "refusal", "crash")  # what a finding failed: its `where`
+# what a finding failed, its `where`: logits, pos (the positions a sequence reports), refusal (an operation refused,
+# or accepted, against the API), crash (the target aborted or hung)
 MINIMIZE_RUNS = 150  # programs tried while shortening one finding (each from a fresh context; recomputes cached)
 
 
