@@ -321,8 +321,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
-    plan's interleavings), in both KV layouts llama-server has: one cache per slot (-np given) and one for all
-    slots (its default without -np)."""
+    plan's interleavings) and on 8 schedules of prompt trees drawn per schedule, in both KV layouts llama-server
+    has: one cache per slot (-np given) and one for all slots (its default without -np)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
                           NO_SERVER)
@@ -331,7 +331,11 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     for unified in (False, True):
         for oracle, cfg in (("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                             ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=30.0, tokens=6, target=server,
-                                                  kv_unified=unified))):
+                                                  kv_unified=unified)),
+                            # prompt trees drawn per schedule: divergence points anywhere, at and just before a
+                            # prompt's end, around the sliding window; random clients, PCT interleavings
+                            ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=8,
+                                                  budget=60.0, tokens=6, target=server, kv_unified=unified))):
             rep, case = oracle_run(oracle, path, cfg)
             reps.append(rep)
             cases.append(case)
@@ -345,7 +349,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
         detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
                   f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
                   f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
-                  f"turns, host cache): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
+                  f"turns, host cache; {sum(r.extra['explored'] for r in scheds if r.config.get('tree') == 'drawn')} "
+                  f"on drawn prompt trees): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
                   f"reused (promised {sum(x['promised'] for r in scheds for x in r.results)})"
                   + (f"; one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
                      f"{noise['near_tie']:.1g} not judged" if noise and noise["placement"] is not None else "")

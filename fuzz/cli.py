@@ -403,6 +403,10 @@ def radix_cmd(
                                    "decides")] = 0,
     tokens: Annotated[int, Opt(help="greedy tokens per completion")] = 8,
     trunk: Annotated[int, Opt(help="tokens of the prompt tree's trunk")] = 24,
+    tree: Annotated[str, Opt(help="fixed: one prompt tree (T, B0, B1, L, U) from the trunk; drawn: a prompt tree "
+                                  "drawn per schedule (3-6 prompts, cut anywhere, at or just before a prompt's end, "
+                                  "around the sliding window)")] = "fixed",
+    schedules: Annotated[int, Opt(help="stop after this many schedules (0: when the budget is spent)")] = 0,
     target: Annotated[str, Opt(help="llama-server, or mutant:radix-dup-leak / mutant:radix-replace-live-borrower")]
         = "llama-server",
     kv_unified: KvUnifiedOpt = False,
@@ -418,8 +422,8 @@ def radix_cmd(
     within the budget. Answers equal the cold run, reuse what the schedule made reusable, slots free, /metrics
     consistent, context still usable; a finding is replayed twice more, then shrunk and bundled with its string."""
     cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
-                         tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, target=target,
-                         kv_unified=kv_unified, timeout=timeout, seed=seed)
+                         tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, tree=tree,
+                         schedules=schedules, target=target, kv_unified=kv_unified, timeout=timeout, seed=seed)
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 

@@ -16,7 +16,7 @@ C = TypeVar("C")
 LEAST: dict[str, float] = {"stages": 2, "tokens": 1, "prompt_len": 1, "chunk": 1, "n_seq": 1, "n_ubatch": 1,
                            "decode_offsets": 0, "seed": 0, "period": 1, "workers": 0, "slots": 1, "rounds": 1,
                            "n_ctx": 1, "cache_ram": 0, "repeats": 1, "tol": 0.0, "timeout": 1e-3, "clients": 1,
-                           "ops": 1, "budget": 0.0, "trunk": 4, "limit": 0, "programs": 1, "steps": 1,
+                           "ops": 1, "budget": 0.0, "trunk": 4, "limit": 0, "schedules": 0, "programs": 1, "steps": 1,
                            "max_len": 8, "n_rs_seq": 0}
 
 

@@ -51,11 +51,13 @@ from fuzz.prefix_cache import (
 )
 from fuzz.progress import Progress
 from synth.errors import UserError
+from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target
 from targets.llama_server_worker import NO_SERVER
 
 VERSION = "r1"
+DRAWN = "r2"  # a replay string whose fourth field is a drawn prompt tree (parse_tree) instead of the trunk
 PROMPTS = ("T", "B0", "B1", "L", "U")
 STREAMED = ("complete", "continue", "cancel")
 CODES = {"c": "complete", "k": "continue", "x": "cancel", "s": "save", "r": "restore", "e": "erase"}
@@ -115,12 +117,18 @@ class Schedule:
     trunk: int  # the trunk's length (branches add trunk // 3, the leaf trunk // 4 more; U is as long as T)
     clients: tuple[tuple[Op, ...], ...]
     script: tuple[Step, ...]
+    tree: str = ""  # a drawn prompt tree (draw_tree; prompts named 0, 1, ...); "" the fixed one from `trunk`
 
     @property
     def replay(self) -> str:
         ops = "/".join(",".join(o.code for o in c) for c in self.clients)
-        return ":".join([VERSION, str(self.seed), str(self.tokens), str(self.trunk), ops,
-                         ".".join(s.code for s in self.script)])
+        return ":".join([DRAWN if self.tree else VERSION, str(self.seed), str(self.tokens),
+                         self.tree or str(self.trunk), ops, ".".join(s.code for s in self.script)])
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        """The names of the schedule's prompts: T, B0, B1, L, U, or a drawn tree's 0, 1, ..."""
+        return tree_names(self.tree)
 
     @property
     def n_ops(self) -> int:
@@ -133,15 +141,21 @@ class Schedule:
             return UserError(f"replay string {text!r}: {why}; write it as {VERSION}:SEED:TOKENS:TRUNK:OPS/OPS:SCRIPT "
                              "(e.g. r1:0:8:24:cT,s/cT:A.Bap.A)")
         parts = text.strip().split(":")
-        if len(parts) != 6 or parts[0] != VERSION:
-            raise bad("not six ':'-separated fields starting with " + VERSION)
+        if len(parts) != 6 or parts[0] not in (VERSION, DRAWN):
+            raise bad(f"not six ':'-separated fields starting with {VERSION} (or {DRAWN}: a drawn tree)")
+        tree = parts[3] if parts[0] == DRAWN else ""
         try:
-            seed, tokens, trunk = (int(x) for x in parts[1:4])
+            seed, tokens = (int(x) for x in parts[1:3])
+            trunk = 0 if tree else int(parts[3])
         except ValueError:
             raise bad("SEED, TOKENS and TRUNK must be integers") from None
-        if tokens < 1 or trunk < 4:
+        if tokens < 1 or (not tree and trunk < 4):
             raise bad("TOKENS must be at least 1 and TRUNK at least 4")
-        clients = parse_clients(parts[4], bad)
+        try:
+            names = tree_names(tree)
+        except ValueError as e:
+            raise bad(f"TREE {tree!r}: {e}") from None
+        clients = parse_clients(parts[4], bad, names)
         steps = []
         for code in filter(None, parts[5].split(".")):
             m = re.fullmatch(r"([A-Z])((?:[a-z][pd])*)", code)
@@ -150,7 +164,7 @@ class Schedule:
             waits = tuple((ord(w[0]) - ord("a"), "prompt" if w[1] == "p" else "done")
                           for w in re.findall(r"[a-z][pd]", m.group(2)))
             steps.append(Step(ord(m.group(1)) - ord("A"), waits))
-        sched = cls(seed, tokens, trunk, tuple(clients), tuple(steps))
+        sched = cls(seed, tokens, trunk, tuple(clients), tuple(steps), tree)
         why = sched.problem()
         if why:
             raise bad(why)
@@ -190,17 +204,18 @@ class Schedule:
         return None
 
 
-def parse_clients(text: str, bad: Any) -> tuple[tuple[Op, ...], ...]:
-    """OPS/OPS/...: each client's operations, comma-separated; `bad(why)` makes the error."""
+def parse_clients(text: str, bad: Any, names: tuple[str, ...] = PROMPTS) -> tuple[tuple[Op, ...], ...]:
+    """OPS/OPS/...: each client's operations, comma-separated, naming the tree's prompts; `bad(why)` makes the
+    error."""
     clients = []
     for ops in text.split("/"):
         row = []
         for code in filter(None, ops.split(",")):
             kind = CODES.get(code[:1])
             prompt = code[1:] or None
-            if kind is None or (kind in ("complete", "cancel")) != (prompt in PROMPTS) or \
+            if kind is None or (kind in ("complete", "cancel")) != (prompt in names) or \
                     (kind not in ("complete", "cancel") and prompt):
-                raise bad(f"operation {code!r} is not one of cP, xP (P in {', '.join(PROMPTS)}), k, s, r, e")
+                raise bad(f"operation {code!r} is not one of cP, xP (P in {', '.join(names)}), k, s, r, e")
             row.append(Op(kind, prompt))
         clients.append(tuple(row))
     return tuple(clients)
@@ -296,9 +311,10 @@ def pct_events(clients: tuple[tuple[Op, ...], ...], rng: np.random.Generator, de
     return events
 
 
-def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int) -> tuple[tuple[Op, ...], ...]:
-    """Seeded operations per client; client B's first operation completes client A's first prompt (the H1 pair:
-    two slots inserting one prefix) half of the time."""
+def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int, prompts: tuple[str, ...] = PROMPTS
+                   ) -> tuple[tuple[Op, ...], ...]:
+    """Seeded operations per client on these prompts; client B's first operation completes client A's first prompt
+    (the H1 pair: two slots inserting one prefix) half of the time."""
     clients = []
     for c in range(n_clients):
         ops: list[Op] = []
@@ -308,7 +324,7 @@ def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int) -> tupl
             choices = ["complete"] * 4 + ["cancel"] + (["continue", "continue", "save"] if done else []) \
                 + (["restore", "restore", "erase"] if saved else [])
             kind = choices[int(rng.integers(len(choices)))] if j else "complete"
-            prompt = PROMPTS[int(rng.integers(len(PROMPTS)))] if kind in ("complete", "cancel") else None
+            prompt = prompts[int(rng.integers(len(prompts)))] if kind in ("complete", "cancel") else None
             if c > 0 and j == 0 and clients[0][0].prompt and rng.random() < 0.5:
                 prompt = clients[0][0].prompt
             ops.append(Op(kind, prompt))
@@ -317,6 +333,66 @@ def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int) -> tupl
 
 
 # ---- the prompt tree and the cold reference ------------------------------------------------------------
+def parse_tree(tree: str) -> list[tuple[int | None, int | None, int]]:
+    """A drawn tree's prompts, in order: `N` a root of N tokens; `J+N` prompt J's tokens then N more; `J@C+N` its
+    first C tokens then N more (J an earlier prompt). As (parent, cut, fresh); ValueError naming what is wrong."""
+    out: list[tuple[int | None, int | None, int]] = []
+    for item in tree.split("_"):
+        m = re.fullmatch(r"(\d+)|(\d+)(?:@(\d+))?\+(\d+)", item)
+        if not m:
+            raise ValueError(f"{item!r} is not N, J+N or J@C+N")
+        if m.group(1):
+            out.append((None, None, int(m.group(1))))
+            continue
+        j, cut, n = int(m.group(2)), m.group(3), int(m.group(4))
+        if j >= len(out):
+            raise ValueError(f"{item!r} extends prompt {j}, which is not an earlier one")
+        out.append((j, None if cut is None else int(cut), n))
+    if not out or len(out) > 10 or any(n < 1 and p is None for p, _, n in out):
+        raise ValueError("1 to 10 prompts, each root at least 1 token")
+    return out
+
+
+def tree_names(tree: str) -> tuple[str, ...]:
+    """The prompts' names: a drawn tree's 0, 1, ...; the fixed tree's T, B0, B1, L, U ("")."""
+    return tuple(str(i) for i in range(len(parse_tree(tree)))) if tree else PROMPTS
+
+
+def tree_prompts(n_vocab: int, seed: int, tree: str) -> dict[str, list[int]]:
+    """A drawn tree's prompts (named 0, 1, ...) and the `tail` a continue adds, from the seed."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    out: dict[str, list[int]] = {}
+    for i, (parent, cut, n) in enumerate(parse_tree(tree)):
+        head = [] if parent is None else out[str(parent)][:cut]
+        out[str(i)] = head + [int(x) for x in rng.integers(0, n_vocab, n)]
+    out["tail"] = [int(x) for x in rng.integers(0, n_vocab, TAIL)]
+    return out
+
+
+def draw_tree(rng: np.random.Generator, window: int = 0, longest: int = 80) -> str:
+    """A prompt tree for one schedule (parse_tree's form): 3 to 6 prompts, each a new root now and then, else an
+    earlier prompt cut anywhere, at its end, just before its end (what a checkpoint taken at the end of that prompt
+    must roll back across) or around the sliding window (`window`: cells a server's SWA cache may have dropped),
+    then new tokens."""
+    lengths: list[int] = []
+    items: list[str] = []
+    for i in range(int(rng.integers(3, 7))):
+        if i == 0 or rng.random() < 0.15:
+            n = int(rng.integers(6, 29))
+            items.append(str(n))
+            lengths.append(n)
+            continue
+        j = int(rng.integers(0, i))
+        size = lengths[j]
+        points = [size, size - 1, size - 2, int(rng.integers(1, size))] + \
+            [w for w in (window - 1, window, window + 1, 2 * window) if window and 0 < w < size]
+        cut = min(max(1, points[int(rng.integers(len(points)))]), size)
+        n = min(int(rng.integers(1, 13)), max(1, longest - cut))
+        items.append(f"{j}+{n}" if cut == size else f"{j}@{cut}+{n}")
+        lengths.append(cut + n)
+    return "_".join(items)
+
+
 def prompt_tree(n_vocab: int, seed: int, trunk: int) -> dict[str, list[int]]:
     rng = np.random.Generator(np.random.PCG64(seed))
 
@@ -344,6 +420,8 @@ class RadixConfig:
     limit: int = 0  # schedules per plan (a seeded sample of its interleavings); 0: as many as the budget allows
     cache_ram: int = 64
     kv_unified: bool = False  # one KV cache shared by the slots (--kv-unified), as llama-server has without -np
+    tree: str = "fixed"  # fixed: T, B0, B1, L, U from the trunk; drawn: a prompt tree drawn per schedule (draw_tree)
+    schedules: int = 0  # stop after this many schedules (0: when the budget is spent)
     seed: int = 0
     target: str = "llama-server"
     timeout: float = 60.0
@@ -376,12 +454,15 @@ class Radix:
             raise UserError(f"--mode {cfg.mode!r}: use exhaustive or pct")
         if cfg.plan:
             parse_plans(cfg.plan)
+        if cfg.tree not in ("fixed", "drawn") or (cfg.tree == "drawn" and cfg.plan):
+            raise UserError(f"--tree {cfg.tree!r}: fixed or drawn (a plan names the fixed tree's prompts)")
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.info = inspect_file(str(self.fixture))
         self.fixed = Schedule.parse(cfg.replay) if cfg.replay else None
         kinds = {x.kind for x in self.info.layers}
         self.swa = any(x.swa for x in self.info.layers)
+        self.window = int(GGUFFile(str(self.fixture)).get("attention.sliding_window", 0) or 0) if self.swa else 0
         self.full_attention_only = not self.swa and kinds <= {"attention", "mlp"}
         self.refs: dict[tuple[int, int, int], dict[str, Any]] = {}  # (seed, tokens, trunk) → cold answers
         self.ref_t: Target | None = None
@@ -421,7 +502,7 @@ class Radix:
                                       "again": [a.findings for a in again]})
                     else:
                         runs.append(got)
-                    if self.fixed or time.perf_counter() - t0 > cfg.budget:
+                    if self.fixed or time.perf_counter() - t0 > cfg.budget or explored == cfg.schedules:
                         break
         finally:
             close_all([self.ref_t, self.srv])
@@ -439,9 +520,11 @@ class Radix:
             return
         rng = np.random.Generator(np.random.PCG64(cfg.seed))
         seen: set[str] = set()
-        plans = iter(parse_plans(cfg.plan)) if cfg.plan else \
-            (random_clients(rng, cfg.clients, cfg.ops) for _ in range(10_000))
-        for clients in plans:
+        drawn = cfg.tree == "drawn"
+        trees = (draw_tree(rng, self.window) if drawn else "" for _ in range(10_000))
+        plans = ((t, c) for t, c in zip(trees, parse_plans(cfg.plan), strict=False)) if cfg.plan else \
+            ((t, random_clients(rng, cfg.clients, cfg.ops, tree_names(t))) for t in trees)
+        for tree, clients in plans:
             if cfg.mode == "pct":
                 scripts: Iterator[tuple[Step, ...]] = (script_of(clients, pct_events(clients, rng))
                                                        for _ in range(cfg.limit or 8))
@@ -451,7 +534,7 @@ class Radix:
             else:
                 scripts = interleavings(clients)
             for script in scripts:
-                s = Schedule(cfg.seed, cfg.tokens, cfg.trunk, clients, script)
+                s = Schedule(cfg.seed, cfg.tokens, 0 if tree else cfg.trunk, clients, script, tree)
                 if s.replay not in seen:
                     seen.add(s.replay)
                     yield s
@@ -460,12 +543,13 @@ class Radix:
     def reference(self, sched: Schedule) -> dict[str, Any]:
         """The cold answers of the schedule's prompts, on a one-slot server with the cache off (continues are
         added as they are needed: `grow`)."""
-        key = (sched.seed, sched.tokens, sched.trunk)
+        key = (sched.seed, sched.tokens, sched.trunk, sched.tree)
         if key not in self.refs:
-            tree = prompt_tree(self.info.n_vocab, sched.seed, sched.trunk)
+            tree = tree_prompts(self.info.n_vocab, sched.seed, sched.tree) if sched.tree else \
+                prompt_tree(self.info.n_vocab, sched.seed, sched.trunk)
             if not self.refs:
                 self._load(self.ref_t, slots=1, cache_ram=0)
-            prompts = {n: tree[n] for n in PROMPTS}
+            prompts = {n: tree[n] for n in sched.prompts}
             answers = cold_answers(self.ref_t, self.fixture, prompts, sched.tokens)
             self.refs[key] = {"prompts": prompts, "answers": answers, "tail": tree["tail"], "tokens": sched.tokens}
             if self.cfg.kv_unified and self.noise is None:  # (on the server each schedule reloads anyway)
@@ -707,7 +791,7 @@ def smaller(sched: Schedule) -> Iterator[Schedule]:
         out = replace(sched, clients=tuple(clients), script=tuple(_fix_waits(tuple(clients), script)))
         return out if out.clients and out.problem() is None else None
 
-    if sched.trunk > 4:
+    if sched.trunk > 4 and not sched.tree:
         yield replace(sched, trunk=max(4, sched.trunk // 2))
     if sched.tokens > CANCEL_AFTER + 1:
         yield replace(sched, tokens=max(CANCEL_AFTER + 1, sched.tokens // 2))
@@ -738,8 +822,8 @@ def _fix_waits(clients: tuple[tuple[Op, ...], ...], script: list[Step]) -> list[
 def config_for(config: dict[str, Any], sched: Schedule) -> dict[str, Any]:
     """A case config that runs exactly this schedule, its other fields saying the same as the string."""
     return {**config, "replay": sched.replay, "clients": len(sched.clients),
-            "ops": max(len(c) for c in sched.clients), "tokens": sched.tokens, "trunk": sched.trunk,
-            "seed": sched.seed, "plan": "", "limit": 0}
+            "ops": max(len(c) for c in sched.clients), "tokens": sched.tokens, "trunk": sched.trunk or 24,
+            "seed": sched.seed, "plan": "", "limit": 0, "tree": "drawn" if sched.tree else "fixed", "schedules": 0}
 
 
 def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -798,4 +882,4 @@ def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 ORACLE = Oracle(name="radix", config=RadixConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("clients", "ops", "mode", "budget", "tokens", "trunk", "replay", "plan", "limit",
-                             "cache_ram", "kv_unified", "seed"))
+                             "cache_ram", "kv_unified", "tree", "schedules", "seed"))

@@ -21,6 +21,7 @@ from fuzz.radix import (
     RadixConfig,
     Schedule,
     cleared,
+    draw_tree,
     interleavings,
     parse_plans,
     pct_events,
@@ -28,6 +29,8 @@ from fuzz.radix import (
     reduce_config,
     script_of,
     smaller,
+    tree_names,
+    tree_prompts,
 )
 from fuzz.schemas import validate
 from synth.errors import UserError
@@ -139,6 +142,46 @@ def binary():
     path = server_binary()
     assert path is not None, "llama-server is not built: `make server` builds it (scripts/build_llama_server.sh)"
     return path
+
+
+def test_drawn_prompt_trees_are_seeded_and_replay_from_their_strings():
+    """A drawn tree in the replay string (r2): prompts named 0, 1, ...; each a root, or an earlier prompt cut
+    anywhere, at or just before its end, or around the sliding window, then fresh tokens."""
+    tree = "20_0+1_0@16+7_1@7+7_3+5_25"
+    p = tree_prompts(64, 0, tree)
+    assert [len(p[n]) for n in tree_names(tree)] == [20, 21, 23, 14, 19, 25]
+    assert p["1"][:20] == p["0"] and p["2"][:16] == p["0"][:16] and p["3"][:7] == p["1"][:7] \
+        and p["4"][:14] == p["3"]
+    assert p["5"][:1] != p["0"][:1] or p["5"][:2] != p["0"][:2]  # a root of its own
+    assert tree_prompts(64, 0, tree) == p and tree_prompts(64, 1, tree) != p
+    s = Schedule.parse("r2:0:8:20_0+1_0@16+7_1@7+7_3+5_25:c4/c1,c3:A.Bad.B")
+    assert s.prompts == ("0", "1", "2", "3", "4", "5") and Schedule.parse(s.replay) == s
+    for bad in ("r2:0:8:20_7+1:c0:A", "r2:0:8:20_x:c0:A", "r2:0:8:20:cT:A", "r2:0:8:20_0+1:c2:A"):
+        with pytest.raises(UserError, match="replay string"):
+            Schedule.parse(bad)
+    rng = np.random.default_rng(0)
+    trees = [draw_tree(rng, window=8) for _ in range(200)]
+    assert draw_tree(np.random.default_rng(0), window=8) == trees[0]
+    for t in trees:
+        names = tree_names(t)
+        assert 3 <= len(names) <= 6 and all(len(v) <= 80 for v in tree_prompts(64, 0, t).values())
+    cuts = [int(x.split("@")[1].split("+")[0]) for t in trees for x in t.split("_") if "@" in x]
+    assert {7, 8, 9} <= set(cuts)  # around the window
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_clean_upstream_passes_drawn_prompt_trees(binary, fixtures):
+    """The prefix-cache lane's drawn surface on a dense, a hybrid and a sliding-window fixture, both KV layouts: 8
+    schedules each (counted, not timed), clean."""
+    for family, knobs in (("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}),
+                          ("gemma2", {"layers": 4})):
+        for unified in (False, True):
+            rep = Radix(fixtures(family, **knobs), RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2,
+                                                               schedules=8, budget=600.0, tokens=6,
+                                                               kv_unified=unified)).run()
+            assert rep["status"] == "pass" and rep["explored"] == 8, (family, unified, rep["finding"])
+            assert all(r["replay"].startswith("r2:") for r in rep["runs"])
 
 
 @pytest.mark.parametrize("family,knobs", FAMILIES, ids=[f for f, _ in FAMILIES])
