@@ -107,9 +107,13 @@ class Model:
             tail = not any(x >= hi for x in self.cells[q])
             if not self.cells[q]:
                 self.clear(q)
-            elif tail and all(e[0] == "d" for e in self.log[q]):  # a truncation: the kept tokens, recomputed
-                entries = [["d", [pt for pt in e[1] if pt[0] < lo]] for e in self.log[q]]
-                self.log[q] = [e for e in entries if e[1]]
+            elif tail and all(e[0] in ("d", "rm") for e in self.log[q]):
+                # a truncation: the kept tokens recomputed (removals between them replayed where they were). With
+                # positions never shifted, every dropped token was decoded after the cells kept at lower positions,
+                # which never saw it; and a fresh context replaying the dropped tokens could lose a window cell the
+                # kept ones need (its sliding-window cache reuses cells masked for the newer positions)
+                entries = [["d", [pt for pt in e[1] if pt[0] < lo]] if e[0] == "d" else e for e in self.log[q]]
+                self.log[q] = [e for e in entries if e[0] != "d" or e[1]]
             else:
                 self.log[q].append(["rm", p0, p1])
 
@@ -436,6 +440,8 @@ class Machine:
                     self._window_lost()
                 else:  # refused: nothing may have changed (the checks below and every later decode)
                     self.refused["rm"] += 1
+            elif kind == "cp" and not self.kv_unified and (op["p0"] > 0 or op["p1"] >= 0):
+                self.refused["cp-partial"] += 1  # (a program drawn for one cache: across streams llama.cpp asserts)
             elif kind == "cp":
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
                 self.call("seq_cp", src=op["src"], dst=op["dst"], p0=op["p0"], p1=op["p1"])
@@ -718,9 +724,12 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     after it saw the cache without it); layout — the other KV layout (the operation means something else with one
     stream per sequence). None when no control explains it."""
     def passes(**control: Any) -> bool:
+        """The program with one thing changed runs through, every operation as asked (a partial fork the other
+        layout cannot do is not a pass)."""
         layout_ = control.pop("kv_unified", kv_unified)
         prog = control.pop("program", program)
-        return run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)[1] is None
+        _, problem, mach = run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)
+        return problem is None and not mach.refused.get("cp-partial")
 
     if mem.recurrent and any(op["op"] == "rm" for op in program) and passes(recompute_rollbacks=True):
         return {"kind": "rollback", "detail": "the same program passes with each partial seq_rm of the recurrent "

@@ -57,12 +57,28 @@ def test_a_truncation_of_decodes_is_the_shorter_decodes():
     assert m.cells[0] == [] and m.log[0] == [] and m.span(0) == (-1, -1)
 
 
+def test_a_truncation_keeps_the_removals_between_the_kept_tokens():
+    """laguna (window 4), one cache: decode 0..4, fork [1, -1) into another sequence, decode 5..9 there, roll every
+    sequence back to 2. The fork keeps cell 1, computed beside position 0 and then head-removed; its recompute is
+    0..1 decoded, 0 removed — not 5..9 decoded too, after which a fresh context's window cache has reused cell 1."""
+    m = Model(3)
+    m.decode(2, [3, 45, 13, 40, 2])
+    m.cp(2, 0, 1, -1, shared=True)
+    m.decode(0, [2, 61, 50, 47, 39])
+    m.rm(-1, 2, -1)
+    assert m.cells[0] == [1] and m.log[0] == [["d", [[0, 3], [1, 45]]], ["rm", 0, 1]]
+    assert m.cells[2] == [0, 1] and m.log[2] == [["d", [[0, 3], [1, 45]]]]
+    m.add(2, 1, -1, 3)  # shifted positions: a later truncation is replayed as the removal it is
+    m.rm(2, 4, -1)
+    assert m.log[2][-2:] == [["add", 1, -1, 3], ["rm", 4, -1]]
+
+
 def test_fork_keep_shift_and_reload():
     m = Model(3)
     m.decode(0, [1, 2, 3, 4])
     m.cp(0, 1, 1, 3, shared=True)  # [1, 3): the log keeps what happened, then drops the rest
     assert m.cells[1] == [1, 2]
-    assert m.log[1] == [["d", [[0, 1], [1, 2], [2, 3], [3, 4]]], ["rm", 0, 1], ["rm", 3, -1]]
+    assert m.log[1] == [["d", [[0, 1], [1, 2], [2, 3]]], ["rm", 0, 1]]  # the tail cut off: not decoded at all
     assert m.shares[0] == {1} and m.shares[1] == {0}
     m.add(0, 2, -1, -3)  # positions below 0 are dropped, as llama.cpp does
     assert sorted(m.cells[0]) == [0, 0, 1]
