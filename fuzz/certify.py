@@ -292,31 +292,37 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts). A finding that is a committed
-    upstream repro (corpora/repros, matched by its check, operation and cause whatever the family) is known; any
-    other fails the lane."""
+    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts) on the model, and on its second
+    half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on attention). A finding that is a
+    committed upstream repro (corpora/repros, matched by its check, operation and cause whatever the family) is
+    known; any other fails the lane."""
     from fuzz.campaign import known_repro, known_upstream
 
-    rep, case = oracle_run("memory", path, MemoryConfig(target=target_spec))
+    n = row.spec().n_layer
+    runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec))]
+    if n > 1:
+        runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4,
+                                                               stage=f"{n // 2}:{n}")))
+    reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     known = known_upstream()
     family = str(row.recipe.get("family", row.key))
-    repros = {id(f): known_repro(known, family, f) for f in rep.findings}
-    new = [f for f in rep.findings if repros[id(f)] is None]
-    runs = rep.results
-    did = (f"{len(runs)} programs, {sum(r['steps'] for r in runs)} operations, "
-           f"{sum(r['checks'] for r in runs)} logits checks (worst max |Δlogit| "
-           f"{max((r['max_abs_dlogit'] for r in runs), default=0.0):.1e})")
+    found = [f for rep in reps for f in rep.findings]
+    repros = {id(f): known_repro(known, family, f) for f in found}
+    new = [f for f in found if repros[id(f)] is None]
+    runs = [r for rep in reps for r in rep.results]
+    did = (f"{len(runs)} programs (model and stage {n // 2}:{n}), {sum(r['steps'] for r in runs)} operations, "
+           f"{sum(r['checks'] for r in runs)} logits checks")
     if new:
         f = new[0]
         cause = f"; cause: {f.cause['kind']}" if f.cause else ""
         return LaneResult(row.key, "memory", f.status, f"{len(new)} findings; first: {f.message} after "
                           f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}",
-                          reports=[rep], cases=[case])
+                          reports=reps, cases=cases)
     names = sorted({r for r in repros.values() if r})
     if names:
         return LaneResult(row.key, "memory", KNOWN, f"{did}; only upstream's known memory bugs: {', '.join(names)}",
-                          reports=[rep], cases=[case])
-    return LaneResult(row.key, "memory", rep.status, did, reports=[rep], cases=[case])
+                          reports=reps, cases=cases)
+    return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:

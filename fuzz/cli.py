@@ -336,6 +336,8 @@ def memory_cmd(
                                              "finding records it) instead of drawing")] = None,
     engine: Annotated[str, Opt(help="seeded: --programs drawn from --seed; hypothesis: a Hypothesis state machine "
                                     "of up to --programs examples, shrunk by Hypothesis")] = "seeded",
+    stage: Annotated[str, Opt(help="A:B: a stage's context (layers [A, B), sliced from the model) instead of the "
+                                   "model's; past the first stage its decodes feed rows, not token ids")] = "",
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -355,7 +357,7 @@ def memory_cmd(
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
     cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol, program=given,
-                           engine=engine, target=target, timeout=timeout, seed=seed)
+                           engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches))
 
 

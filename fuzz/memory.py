@@ -32,7 +32,10 @@ layout. A difference the other sequences' mere presence explains (their data pro
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -43,11 +46,13 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, fingerprint, make_report
-from fuzz.parity import context_params
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, UNSUPPORTED, Finding, Oracle, Report, fingerprint, make_report
+from fuzz.parity import context_params, pos_per_token
+from fuzz.stages import FixtureStages
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
+from synth.stage import Unsupported
 from targets import Target, open_target
 
 OPS = ("decode", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
@@ -67,6 +72,7 @@ class MemoryConfig:
     tol: float = 0.1  # max |Δlogit| against the recompute (batch-shape numerics stay ~1e-2 on every fixture)
     program: list | None = None  # a recorded program: run exactly it (bundles, shrinking) instead of drawing
     engine: str = "seeded"  # seeded: `programs` drawn from the seed; hypothesis: a state machine, `programs` examples
+    stage: str = ""  # A:B: the stage of layers [A, B) instead of the model (past the first, fed rows, not ids)
     seed: int = 0
     target: str = "llama-cpp"
     timeout: float = 120.0
@@ -339,11 +345,32 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
 
 
 # ---- running a program ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def row_of(token: int, width: int) -> bytes:
+    """The residual-stream row a stage past the first receives for a drawn id: seeded by the id, so the machine and
+    its recompute give a context the same rows."""
+    return np.random.default_rng([token, width]).standard_normal(width).astype("<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a decode gives the context: token ids (a model, a first stage), or rows (a stage past the first)."""
+
+    width: int = 0  # n_embd_inp of a stage fed rows; 0: token ids
+    n_pos: int = 1  # positions per token (4 for M-RoPE archs fed rows)
+
+    def args(self, tokens: list[int]) -> dict[str, Any]:
+        if not self.width:
+            return {"tokens": tokens}
+        rows = b"".join(row_of(int(t), self.width) for t in tokens)
+        return {"embd": base64.b64encode(rows).decode(), "n_pos_per_token": self.n_pos}
+
+
 class Recompute:
     """A sequence's log replayed alone in a fresh context: the logits its last decode gives (cached by log)."""
 
-    def __init__(self, t: Target, fixture: Path, params: dict[str, Any]):
-        self.t, self.fixture, self.params = t, fixture, params
+    def __init__(self, t: Target, fixture: Path, params: dict[str, Any], feed: Feed = Feed()):
+        self.t, self.fixture, self.params, self.feed = t, fixture, params, feed
         self.memo: dict[str, np.ndarray | str] = {}
         self.runs = 0
 
@@ -354,8 +381,8 @@ class Recompute:
             reqs: list[tuple[str, dict[str, Any]]] = [("load", {"path": str(self.fixture), **self.params})]
             for e in log:
                 if e[0] == "d":
-                    reqs.append(("decode", {"tokens": [t for _, t in e[1]], "pos": [p for p, _ in e[1]], "seq": 0,
-                                            "logits": "last"}))
+                    reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
+                                            "seq": 0, "logits": "last"}))
                 elif e[0] == "rm":
                     reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
                 elif e[0] == "add":
@@ -500,7 +527,7 @@ class Machine:
             seqs += [s] * len(toks)
             pos += list(range(p, p + len(toks)))
             out += [False] * (len(toks) - 1) + [True]
-        r = self.call("decode", tokens=tokens, seq=seqs, pos=pos, logits=out)
+        r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out)
         if not r.ok:
             return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
                                 f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
@@ -527,7 +554,7 @@ class Machine:
     def settle(self) -> None:
         """One token decoded on the scratch sequence, then dropped: llama.cpp does the work it defers to the next
         decode (a shift's key rotation, a copy between streams) without touching any sequence of the program."""
-        self.call("decode", tokens=[0], seq=self.scratch, pos=[0], logits="none")
+        self.call("decode", **self.recompute.feed.args([0]), seq=self.scratch, pos=[0], logits="none")
         self.call("seq_rm", seq=self.scratch, p0=-1, p1=-1)
 
     def _recompute_instead(self, op: dict[str, Any]) -> dict[str, Any] | None:
@@ -545,7 +572,8 @@ class Machine:
             return None
         self.call("seq_rm", seq=s, p0=-1, p1=-1)
         for e in m.log[s]:
-            r = self.call("decode", tokens=[t for _, t in e[1]], seq=s, pos=[p for p, _ in e[1]], logits="none")
+            r = self.call("decode", **self.recompute.feed.args([t for _, t in e[1]]), seq=s,
+                          pos=[p for p, _ in e[1]], logits="none")
             if not r.ok:
                 return self.problem("refusal", f"re-decoding sequence {s}'s kept tokens failed: "
                                     f"{r.failure.message if r.failure else r.data}")
@@ -828,6 +856,30 @@ def layout(kv_unified: bool) -> str:
     return "unified-kv" if kv_unified else "per-seq-kv"
 
 
+def stage_of(stack: contextlib.ExitStack, fixture: Path, stage: str, n_layer: int, t: Target,
+             params: dict[str, Any]) -> tuple[Path, Feed, str | None]:
+    """The file the machine runs (the model, or the stage A:B sliced from it for the run), what its decodes feed it,
+    and why a stage cannot be expressed (None when it can)."""
+    if not stage:
+        return fixture, Feed(), None
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", stage)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)) <= n_layer:
+        raise UserError(f"--stage {stage!r}: write it as A:B with 0 <= A < B <= {n_layer} (layers [A, B))")
+    a, b = int(m.group(1)), int(m.group(2))
+    fs = FixtureStages(fixture)
+    stack.enter_context(fs.workspace(None))
+    st = fs.stage(a, b)
+    if isinstance(st, Unsupported):
+        return fixture, Feed(), f"stage {a}:{b}: {st}"
+    path = st[0]
+    if a == 0:
+        return path, Feed(), None
+    r = t.load(str(path), **params)
+    if not r.ok:
+        raise UserError(f"{fixture}: stage {a}:{b} does not load: {r.failure.message if r.failure else r.data}")
+    return path, Feed(width=int(r.data["n_embd_inp"]), n_pos=pos_per_token(r.data)), None
+
+
 def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     check_config(cfg)
     if cfg.n_seq < 2:
@@ -839,10 +891,17 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     results, findings, numerics = [], [], []
     commit = None
-    with open_target(cfg.target, timeout=cfg.timeout) as t, \
-            open_target(cfg.target, timeout=cfg.timeout) as tr:
-        for kvu in cfg.kv_unified:
-            recompute = Recompute(tr, fixture, context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq))
+    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq)
+    source = Path(fixture)
+    with contextlib.ExitStack() as stack:
+        t = stack.enter_context(open_target(cfg.target, timeout=cfg.timeout))
+        tr = stack.enter_context(open_target(cfg.target, timeout=cfg.timeout))
+        fixture, feed, why = stage_of(stack, Path(fixture), cfg.stage, info.n_layer, tr, ref_params)
+        if why:
+            results.append({"status": UNSUPPORTED, "reason": why, "kv_unified": None, "program": None, "steps": 0,
+                            "checks": 0, "max_abs_dlogit": 0.0, "ops": {}, "refused": {}})
+        for kvu in cfg.kv_unified if not why else ():
+            recompute = Recompute(tr, fixture, ref_params, feed)
             given = program
             if program is None and cfg.engine == "hypothesis":
                 given, row = hypothesis_program(t, fixture, cfg, kvu, recompute)
@@ -874,7 +933,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 results.append(row)
                 if problem and problem["op"] == "load":  # no context in this layout: nothing more to run
                     break
-    return {"fixture": str(fixture), "arch": info.arch, "n_layer": info.n_layer, "llama_cpp_commit": commit,
+    return {"fixture": str(source), "arch": info.arch, "n_layer": info.n_layer, "llama_cpp_commit": commit,
             "target": cfg.target,
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
             "results": results, "findings": findings, "numerics": numerics,
@@ -927,7 +986,8 @@ def format_report(rep: dict[str, Any]) -> str:
                 f"a Hypothesis state machine, up to {cfg['programs']} examples of {cfg['steps']} operations per KV "
                 "layout" if cfg.get("engine") == "hypothesis" else
                 f"{cfg['programs']} programs × {cfg['steps']} operations per KV layout")
-             + f", tolerance {cfg['tol']:g}"]
+             + (f", stage {cfg['stage']}" if cfg.get("stage") else "") + f", tolerance {cfg['tol']:g}"]
+    lines += [f"  unsupported: {r['reason']}" for r in rep["results"] if r["status"] == UNSUPPORTED]
     for kvu in cfg["kv_unified"]:
         rows = [r for r in rep["results"] if r["kv_unified"] == kvu]
         if not rows:
@@ -969,6 +1029,6 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "n_rs_seq", "kv_unified", "tol", "program",
-                             "engine", "seed"),
+                             "engine", "stage", "seed"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op"))

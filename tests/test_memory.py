@@ -332,3 +332,23 @@ def test_where_the_neighbours_put_a_sequence_is_numerics_not_a_finding(tmp_path)
     assert not rep.findings and rep.status == PASS
     (n,) = rep.numerics
     assert n.cause["kind"] == "neighbour-numerics" and n.detail["max_abs_dlogit"] > 1.0
+
+
+@pytest.mark.llama
+def test_a_stage_past_the_first_is_fed_rows_and_b1_is_caught_there(tmp_path):
+    """--stage 4:8 of jamba (rrrr|arrr: the stage starts on its attention layer) runs the machine on the stage's own
+    context, fed seeded rows: clean upstream shows only the known memory bugs; the B1 mutant (a stage whose first
+    layer is attention exports no recurrent state) is caught by a state move and shortened to a decode, the move
+    and a decode."""
+    path = fixture_path("jamba", tmp_path)
+    known = known_upstream()
+    clean = report(path, MemoryConfig(programs=6, stage="4:8"))
+    assert clean.config["stage"] == "4:8" and sum(r["checks"] for r in clean.results) > 50
+    assert all(known_repro(known, "jamba", f) for f in clean.findings)
+    b1 = report(path, MemoryConfig(programs=6, stage="4:8", kv_unified=(True,),
+                                   target="mutant:b1-first-layer-probe"))
+    mine = [f for f in b1.findings if f.cause is None]
+    assert mine and min(len(f.detail["program"]) for f in mine) == 3
+    assert {op["op"] for f in mine for op in f.detail["program"]} & {"copy_state", "reload"}
+    with pytest.raises(UserError, match="--stage"):
+        report(path, MemoryConfig(stage="5:3"))
