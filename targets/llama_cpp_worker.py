@@ -463,21 +463,21 @@ class LlamaWorker:
         return {}
 
     def op_seq_add(self, req: dict) -> dict:
-        L, ctx = self.L, self._need_ctx()
-        mem = L.llama_get_memory(ctx)
-        if not L.llama_memory_can_shift(mem):  # llama.cpp asserts in the next decode otherwise
-            raise RequestError("bad_request", "seq_add: this memory cannot shift positions (can_shift false)")
-        L.llama_memory_seq_add(mem, self._seq(req, "seq"), int(req.get("p0", -1)), int(req.get("p1", -1)),
-                               int(req["delta"]))
-        return {}
+        return self._shift(req, "seq_add", self.L.llama_memory_seq_add, int(req["delta"]))
 
     def op_seq_div(self, req: dict) -> dict:
+        if int(req["d"]) < 1:
+            raise RequestError("bad_request", "seq_div: d must be at least 1")
+        return self._shift(req, "seq_div", self.L.llama_memory_seq_div, int(req["d"]))
+
+    def _shift(self, req: dict, name: str, call: Any, arg: int) -> dict:
+        """seq_add / seq_div, refused where the memory cannot shift positions (llama.cpp asserts in the next decode
+        otherwise)."""
         L, ctx = self.L, self._need_ctx()
         mem = L.llama_get_memory(ctx)
-        if not L.llama_memory_can_shift(mem) or int(req["d"]) < 1:
-            raise RequestError("bad_request", "seq_div: needs a memory that can shift and d >= 1")
-        L.llama_memory_seq_div(mem, self._seq(req, "seq"), int(req.get("p0", -1)), int(req.get("p1", -1)),
-                               int(req["d"]))
+        if not L.llama_memory_can_shift(mem):
+            raise RequestError("bad_request", f"{name}: this memory cannot shift positions (can_shift false)")
+        call(mem, self._seq(req, "seq"), int(req.get("p0", -1)), int(req.get("p1", -1)), arg)
         return {}
 
     def op_reset(self, _req: dict) -> dict:
