@@ -55,7 +55,7 @@ from synth.inspect import inspect_file
 from synth.stage import Unsupported
 from targets import Target, open_target
 
-OPS = ("decode", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
+OPS = ("decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
 # what a finding failed, its `where`: logits, pos (the positions a sequence reports), refusal (an operation refused,
 # or accepted, against the API), crash (the target aborted or hung)
 MINIMIZE_RUNS = 150  # programs tried while shortening one finding (each from a fresh context; recomputes cached)
@@ -88,6 +88,7 @@ class Model:
         # the sequences each one may share cells with since a fork (a unified cache's seq_cp tags the same cells
         # with both ids; a recurrent fork shares the state cell): a shift or division of one moves the other's too
         self.shares: dict[int, set[int]] = {s: set() for s in range(n_seq)}
+        self.reported: dict[str, list[int]] = {}  # [pos_min, pos_max] per sequence as the memory last reported
 
     def live(self) -> list[int]:
         return [s for s, c in self.cells.items() if c]
@@ -105,6 +106,15 @@ class Model:
         self.cells[s] += pos
         self.log[s].append(["d", [[q, t] for q, t in zip(pos, tokens, strict=True)]])
         return pos
+
+    def coupled(self, seqs: list[int], tokens: list[int], *, shared: bool) -> None:
+        """The same tokens decoded once into several sequences at one position (a shared prefix): each holds them."""
+        for s in seqs:
+            self.decode(s, tokens)
+        if shared:
+            group = set(seqs).union(*(self.shares[s] for s in seqs))
+            for q in group:
+                self.shares[q] = group - {q}
 
     def rm(self, s: int, p0: int, p1: int) -> None:
         for q in (self.live() if s < 0 else [s]):
@@ -170,6 +180,7 @@ class Model:
         self.cells = {perm[s]: c for s, c in self.cells.items()}
         self.log = {perm[s]: g for s, g in self.log.items()}
         self.shares = {s: set() for s in self.cells}
+        self.reported = {}
 
 
 @dataclass(frozen=True)
@@ -267,16 +278,68 @@ class HypothesisDraws(SeededDraws):
         return list(self.data.draw(self.st.permutations(range(n))))
 
 
-def op_weights(model: Model, mem: Memory, cfg: MemoryConfig) -> dict[str, float]:
-    """How often each operation is drawn now (0: not valid in this state or for this memory)."""
+def coupled_groups(model: Model, cfg: MemoryConfig) -> list[list[int]]:
+    """Sequences that could take one coupled decode now: two or more with the same history (a shared prefix: all
+    empty, or forks and copies not yet apart), with room. A coupled token is computed once, so its sequences must
+    not have diverged; llama.cpp checks only that their positions agree, and refuses a decode where they do not."""
+    by: dict[str, list[int]] = {}
+    for s in model.cells:
+        if model.next_pos(s) + 6 <= cfg.max_len:
+            # (and the positions the memory reports: a window cache may have pruned one of two equal histories
+            # more than the other, and llama.cpp's check for divergence compares the reported positions)
+            key = [sorted(model.cells[s]), model.log[s], model.reported.get(str(s))]
+            by.setdefault(json.dumps(key), []).append(s)
+    return [g for g in by.values() if len(g) > 1]
+
+
+def precondition_problem(program: list[dict[str, Any]], mem: Memory, cfg: MemoryConfig, kv_unified: bool
+                         ) -> str | None:
+    """Why a given program (a bundle's, a shortened one, a hand-written one) leaves the API's stated preconditions
+    the drawer keeps (a shift of cells shared since a fork, a coupled decode of sequences that have diverged), or
+    None. Walks the model as if every operation were accepted."""
+    m = Model(cfg.n_seq)
+    shared = kv_unified or mem.recurrent
+    for i, op in enumerate(program):
+        k = op["op"]
+        if k in ("add", "div") and m.shares[op["seq"]]:
+            return f"step {i} ({format_step(op)}) shifts cells sequence {op['seq']} shares since a fork"
+        if k == "coupled" and len({json.dumps([sorted(m.cells[q]), m.log[q]]) for q in op["seqs"]}) > 1:
+            return f"step {i} ({format_step(op)}) couples sequences whose histories differ"
+        if k == "decode":
+            for q, toks in op["parts"]:
+                m.decode(q, toks)
+        elif k == "coupled":
+            m.coupled(op["seqs"], op["tokens"], shared=shared)
+        elif k == "rm":
+            m.rm(op["seq"], op["p0"], op["p1"])
+        elif k == "cp":
+            m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=shared)
+        elif k == "keep":
+            m.keep(op["seq"])
+        elif k in ("add", "div"):
+            (m.add if k == "add" else m.div)(op["seq"], op["p0"], op["p1"], op["delta" if k == "add" else "d"])
+        elif k == "copy_state":
+            m.copy(op["src"], op["dst"])
+        elif k == "refused_import":
+            m.clear(op["dst"])
+        elif k == "reload":
+            m.permute(op["perm"])
+    return None
+
+
+def op_weights(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool = True) -> dict[str, float]:
+    """How often each operation is drawn now (0: not valid in this state or for this memory). A coupled decode (one
+    token in several sequences) needs one unified cache and a memory with cells to share: llama.cpp refuses it
+    otherwise (no memory slot), as it documents."""
+    coupled = 1.0 if kv_unified and mem.kind != "recurrent" and coupled_groups(model, cfg) else 0.0
     if not model.live():
-        return {"decode": 1.0}
+        return {"decode": 1.0, "coupled": coupled}
     room = any(model.next_pos(s) + 6 <= cfg.max_len for s in model.cells)
     # positions are shifted in an attention cache, on a sequence that shares no cells: a recurrent state holds one
     # position (its last token's), a sliding window would un-mask cells a fresh context never pruned, and a cell
     # shared since a fork moves for both sequences
     shifts = any(not model.shares[s] for s in model.live()) and mem.can_shift and not mem.swa and not mem.recurrent
-    return {"decode": 5.0 if room else 0.0, "rm": 2.5, "cp": 1.5, "keep": 0.8, "copy_state": 1.0,
+    return {"decode": 5.0 if room else 0.0, "coupled": coupled, "rm": 2.5, "cp": 1.5, "keep": 0.8, "copy_state": 1.0,
             "refused_import": 0.5, "reload": 0.6, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0}
 
 
@@ -286,8 +349,13 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
     and within the API's stated preconditions (a fork across the streams of a per-sequence cache copies whole
     sequences only: llama.cpp asserts `seq_cp() is only supported for full KV buffers` otherwise), not necessarily
     accepted."""
-    kind = kind or draw.kind(op_weights(model, mem, cfg))
+    kind = kind or draw.kind(op_weights(model, mem, cfg, kv_unified))
     n = len(model.cells)
+    if kind == "coupled":  # a shared prefix: the same tokens into two or more sequences at one position
+        group = draw.pick(coupled_groups(model, cfg))
+        seqs = draw.subset(group)
+        seqs = seqs if len(seqs) > 1 else sorted({*seqs, *[q for q in group if q not in seqs][:1]})
+        return {"op": "coupled", "seqs": seqs, "tokens": [draw.int(0, mem.n_vocab) for _ in range(draw.int(1, 7))]}
     if kind == "decode":
         room = [s for s in model.cells if model.next_pos(s) + 6 <= cfg.max_len]
         return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab) for _ in range(draw.int(1, 7))]]
@@ -338,7 +406,8 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
     for i, op in enumerate(program):
         if not isinstance(op, dict) or op.get("op") not in OPS:
             raise UserError(f"program step {i}: {op!r} is not one of the operations {', '.join(OPS)}")
-        ids = [op[k] for k in ("seq", "src", "dst") if k in op] + [p[0] for p in op.get("parts", ())]
+        ids = [op[k] for k in ("seq", "src", "dst") if k in op] + [p[0] for p in op.get("parts", ())] + \
+            list(op.get("seqs", ()))
         if any(not isinstance(x, int) or not -1 <= x < n_seq for x in ids):
             raise UserError(f"program step {i}: a sequence id outside 0..{n_seq - 1}")
     return program
@@ -455,6 +524,8 @@ class Machine:
         try:
             if kind == "decode":
                 return self._decode(op["parts"])
+            if kind == "coupled":
+                return self._decode([[op["seqs"], op["tokens"]]])
             if kind == "rm" and self.recompute_rollbacks and self.mem.recurrent and op["seq"] >= 0 \
                     and 0 < op["p0"] <= m.span(op["seq"])[1]:
                 return self._recompute_instead(op)
@@ -516,13 +587,16 @@ class Machine:
         return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"]) if bad else None
 
     def _decode(self, parts: list[list[Any]]) -> dict[str, Any] | None:
+        """One llama_decode of the parts ([sequence, tokens]; a list of sequences: coupled, the tokens in each),
+        positions continuing each sequence; then the positions and every decoded sequence's logits checked."""
         m = self.model
-        parts = [[s, toks] for s, toks in parts if toks and m.next_pos(s) + len(toks) <= self.cfg.max_len + 8]
+        parts = [[s, toks] for s, toks in parts if toks and len({m.next_pos(q) for q in ids(s)}) == 1
+                 and m.next_pos(ids(s)[0]) + len(toks) <= self.cfg.max_len + 8]
         if not parts:
             return None
         tokens, seqs, pos, out = [], [], [], []
         for s, toks in parts:
-            p = m.next_pos(s)
+            p = m.next_pos(ids(s)[0])
             tokens += toks
             seqs += [s] * len(toks)
             pos += list(range(p, p + len(toks)))
@@ -532,23 +606,26 @@ class Machine:
             return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
                                 f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
         rows = np.frombuffer(base64.b64decode(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
-        self.rows = {s: row for (s, _), row in zip(parts, rows, strict=True)}
+        self.rows = {q: row for (s, _), row in zip(parts, rows, strict=True) for q in ids(s)}
         for s, toks in parts:
-            m.decode(s, toks)
+            if isinstance(s, list):
+                m.coupled(s, toks, shared=self.kv_unified)
+            else:
+                m.decode(s, toks)
         got_pos = self._positions()
         bad = check_positions(m, self.mem, got_pos)
         if bad:
             return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"])
-        for (s, _), row in zip(parts, rows, strict=True):
-            want = self.recompute.logits(m.log[s])
+        for q, row in self.rows.items():
+            want = self.recompute.logits(m.log[q])
             if isinstance(want, str):
-                return self.problem("crash", f"sequence {s}: {want}", seq=s)
+                return self.problem("crash", f"sequence {q}: {want}", seq=q)
             d, ok = compare_logits(row, want, self.cfg.tol)
             self.checks += 1
             self.worst = max(self.worst, d)
             if not ok:
-                return self.problem("logits", f"sequence {s}'s logits differ from its history recomputed alone "
-                                    f"(max|Δlogit| {d:.3g} > {self.cfg.tol:g})", seq=s, max_abs_dlogit=d)
+                return self.problem("logits", f"sequence {q}'s logits differ from its history recomputed alone "
+                                    f"(max|Δlogit| {d:.3g} > {self.cfg.tol:g})", seq=q, max_abs_dlogit=d)
         return None
 
     def settle(self) -> None:
@@ -581,6 +658,7 @@ class Machine:
 
     def _positions(self) -> dict[str, list[int]]:
         r = self.call("seq_pos", seqs=list(self.model.cells))
+        self.model.reported = r.data["pos"]
         return r.data["pos"]
 
     def _export(self, s: int) -> str:
@@ -605,6 +683,11 @@ class Machine:
                 self.refused["window"] += 1
 
 
+def ids(s: int | list[int]) -> list[int]:
+    """A decode part's sequences: one, or a coupled decode's several."""
+    return s if isinstance(s, list) else [s]
+
+
 class Crashed(Exception):
     def __init__(self, problem: dict[str, Any]):
         super().__init__(problem["message"])
@@ -623,6 +706,9 @@ def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, r
         mach.start()
     except Crashed as c:
         return [], {**c.problem, "step": -1, "op": "load"}, mach
+    why = precondition_problem(program, mach.mem, cfg, kv_unified) if program is not None else None
+    if why:
+        raise UserError(f"program: {why}; llama.cpp does not promise what it does then")
     done: list[dict[str, Any]] = []
     n = len(program) if program is not None else cfg.steps
     for i in range(n):
@@ -674,7 +760,7 @@ def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: 
             assert problem is None, problem["message"]
 
     def make(kind: str) -> Any:
-        @precondition(lambda self: op_weights(self.mach.model, self.mach.mem, cfg).get(kind, 0) > 0)
+        @precondition(lambda self: op_weights(self.mach.model, self.mach.mem, cfg, kv_unified).get(kind, 0) > 0)
         @rule(data=st.data())
         def op(self: Any, data: Any) -> None:
             self.run(data, kind)
@@ -706,6 +792,9 @@ def lineage(program: list[dict[str, Any]], seq: int, n_seq: int) -> set[tuple[in
         if k == "decode":
             for j, (s, _) in enumerate(op["parts"]):
                 own[s].add((i, j))
+        elif k == "coupled":
+            for s in op["seqs"]:
+                own[s].add((i, 0))
         elif k in ("cp", "copy_state"):
             own[op["dst"]] = set(own[op["src"]])
         elif k == "reload":
@@ -726,6 +815,8 @@ def other_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]], 
         if op["op"] == "decode":
             op = {**op, "parts": [[s, t if (i, j) in keep else [(x + 1 + n_vocab // 2) % n_vocab for x in t]]
                                   for j, (s, t) in enumerate(op["parts"])]}
+        elif op["op"] == "coupled" and (i, 0) not in keep:
+            op = {**op, "tokens": [(x + 1 + n_vocab // 2) % n_vocab for x in op["tokens"]]}
         out.append(op)
     return out
 
@@ -739,6 +830,8 @@ def without_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]]
             if not parts:
                 continue
             op = {**op, "parts": parts}
+        elif op["op"] == "coupled" and (i, 0) not in keep:
+            continue
         out.append(op)
     return out
 
@@ -756,7 +849,10 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
         layout cannot do is not a pass)."""
         layout_ = control.pop("kv_unified", kv_unified)
         prog = control.pop("program", program)
-        _, problem, mach = run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)
+        try:
+            _, problem, mach = run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)
+        except UserError:  # the control left the preconditions (a coupled decode without its neighbours)
+            return False
         return problem is None and not mach.refused.get("cp-partial")
 
     if mem.recurrent and any(op["op"] == "rm" for op in program) and passes(recompute_rollbacks=True):
@@ -765,15 +861,20 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     gaps = [i for i, op in enumerate(program[:-1]) if op["op"] != "decode"]
     seq = problem.get("seq")
     own = lineage(program, seq, cfg.n_seq) if seq is not None else set()
-    others = any((i, j) not in own for i, op in enumerate(program) if op["op"] == "decode"
-                 for j in range(len(op["parts"])))
+    others = any((i, j) not in own for i, op in enumerate(program) if op["op"] in ("decode", "coupled")
+                 for j in range(len(op.get("parts", [None]))))
     if problem["check"] == "logits" and others and passes(program=without_neighbours(program, own)):
         # without the other sequences' tokens it passes: do their data reach it, or only where they put it (the
         # batches' shape, its cells' placement)? Other tokens for them, same lengths, must leave it bit for bit
         got = run_program(t, fixture, cfg, kv_unified, recompute, program, None)[2].rows.get(seq)
-        other = other_neighbours(program, own, mem.n_vocab)
-        moved = run_program(t, fixture, cfg, kv_unified, recompute, other, None)[2].rows.get(seq)
-        if got is not None and moved is not None and np.array_equal(got, moved):
+        try:
+            moved = run_program(t, fixture, cfg, kv_unified, recompute, other_neighbours(program, own, mem.n_vocab),
+                                None)[2].rows.get(seq)
+        except UserError:  # other tokens for them would leave the preconditions: this control cannot tell
+            moved = got = None
+        if got is None:
+            pass
+        elif moved is not None and np.array_equal(got, moved):
             return {"kind": "neighbour-numerics", "numerics": True,
                     "detail": f"without the other sequences' tokens it passes, and other tokens for them leave "
                               f"sequence {seq}'s logits bit for bit: where they put it (the batches' shape, its "
@@ -781,8 +882,9 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
                               f"{problem.get('max_abs_dlogit', 0):.3g}"
                               ": a MoE routing or top-k near-tie makes a rounding a whole-logit move); none of their "
                               "data reaches it"}
-        return {"kind": "neighbours", "detail": "without the other sequences' tokens it passes, and other tokens for "
-                f"them change sequence {seq}'s logits: their data reaches it"}
+        else:
+            return {"kind": "neighbours", "detail": "without the other sequences' tokens it passes, and other tokens "
+                    f"for them change sequence {seq}'s logits: their data reaches it"}
     if gaps and passes(settle=frozenset(gaps)):
         i = next((i for i in gaps if passes(settle=frozenset([i]))), gaps[0])
         return {"kind": "deferred", "op": program[i]["op"], "step": i,
@@ -811,7 +913,10 @@ def minimize(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, reco
         if runs >= MINIMIZE_RUNS:
             return False
         runs += 1
-        done, got, _ = run_program(t, fixture, cfg, kv_unified, recompute, cand, None)
+        try:
+            done, got, _ = run_program(t, fixture, cfg, kv_unified, recompute, cand, None)
+        except UserError:  # a shorter program outside the preconditions is no reproduction
+            return False
         if same_problem(got, problem) and (len(done) < len(program) or done == cand):
             program, problem = done, got
             return True
@@ -967,6 +1072,8 @@ def format_step(op: dict[str, Any]) -> str:
     k = op["op"]
     if k == "decode":
         return "decode " + " + ".join(f"s{s}×{len(t)}" for s, t in op["parts"])
+    if k == "coupled":
+        return "decode " + "+".join(f"s{s}" for s in op["seqs"]) + f"×{len(op['tokens'])} (one token in each)"
     if k in ("rm", "add", "div"):
         extra = {"add": f" {op.get('delta', 0):+d}", "div": f" /{op.get('d')}"}.get(k, "")
         return f"seq_{k} s{op['seq']} [{op['p0']}, {op['p1']}){extra}"

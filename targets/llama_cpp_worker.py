@@ -238,7 +238,10 @@ class LlamaWorker:
             raise RequestError("bad_request", "decode: give 'tokens' or 'embd'")
         if n == 0 or n > self.params["n_batch"]:
             raise RequestError("bad_request", f"decode: {n} tokens; must be 1..n_batch ({self.params['n_batch']})")
-        seqs = _per_token(req.get("seq", 0), n, "seq")
+        seq_sets = _seq_sets(req.get("seq", 0), n)  # a token in several sequences: coupled (a shared prefix)
+        seqs = [ss[0] for ss in seq_sets]
+        if "pos" not in req and any(len(ss) > 1 for ss in seq_sets):
+            raise RequestError("bad_request", "decode: a token in several sequences needs its 'pos'")
         if "pos" in req:
             pos = _per_token(req["pos"], n, "pos")
         else:  # continue each sequence from where it is
@@ -285,7 +288,8 @@ class LlamaWorker:
             self.capturer.begin(wanted)
         captured: dict[int, tuple[bytes, int]] = {}
 
-        batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0, 1)
+        batch = L.llama_batch_init(n if n_pos == 1 else n * n_pos, info["n_embd_inp"] if embd is not None else 0,
+                                   max(len(ss) for ss in seq_sets))
         try:
             batch.n_tokens = n
             if embd is not None:
@@ -294,8 +298,9 @@ class LlamaWorker:
                 if tokens is not None:
                     batch.token[i] = tokens[i]
                 batch.pos[i] = pos[i]
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seqs[i]
+                batch.n_seq_id[i] = len(seq_sets[i])
+                for j, s in enumerate(seq_sets[i]):
+                    batch.seq_id[i][j] = s
                 batch.logits[i] = 1 if computed[i] else 0
             if n_pos > 1:  # M-RoPE: section-major p,p,p,0 (notes §2.5)
                 for j in range(1, n_pos):
@@ -541,6 +546,19 @@ def _per_token(v: Any, n: int, what: str) -> list[int]:
             raise RequestError("bad_request", f"'{what}' has {len(v)} entries for {n} tokens")
         return [int(x) for x in v]
     return [int(v)] * n
+
+
+def _seq_sets(v: Any, n: int) -> list[list[int]]:
+    """`seq` of a decode: one id for every token, or one entry per token — an id, or a list of ids (the token is in
+    each of those sequences)."""
+    if not isinstance(v, list):
+        return [[int(v)]] * n
+    if len(v) != n:
+        raise RequestError("bad_request", f"'seq' has {len(v)} entries for {n} tokens")
+    out = [[int(x) for x in s] if isinstance(s, list) else [int(s)] for s in v]
+    if any(not ss or len(set(ss)) != len(ss) for ss in out):
+        raise RequestError("bad_request", "decode: a token's sequence ids must be one or more distinct ids")
+    return out
 
 
 def _state_flags(req: dict) -> int:

@@ -25,6 +25,7 @@ from fuzz.memory import (
     format_step,
     lineage,
     other_neighbours,
+    precondition_problem,
     reduce_config,
     report,
     without_neighbours,
@@ -131,6 +132,8 @@ def draw(mem: Memory, kv_unified: bool, seed: int, n: int = 300) -> list[dict]:
             m.copy(op["src"], op["dst"])
         elif op["op"] == "reload":
             m.permute(op["perm"])
+        elif op["op"] == "coupled":
+            m.coupled(op["seqs"], op["tokens"], shared=kv_unified)
     return ops
 
 
@@ -138,7 +141,7 @@ def test_drawing_is_seeded_and_covers_every_operation():
     assert draw(KV, True, 3) == draw(KV, True, 3)
     assert draw(KV, True, 3) != draw(KV, True, 4)
     kinds = {op["op"] for seed in range(3) for op in draw(KV, True, seed)}
-    assert kinds == {"decode", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload"}
+    assert kinds == {"decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload"}
     decodes = [op for op in draw(KV, True, 0) if op["op"] == "decode"]
     assert any(len(op["parts"]) > 1 for op in decodes)  # several sequences per batch
     assert all(0 <= t < 64 for op in decodes for _, toks in op["parts"] for t in toks)
@@ -152,6 +155,25 @@ def test_drawing_keeps_to_the_apis_preconditions():
     for mem in (RECURRENT, SWA):
         assert not {"add", "div"} & {op["op"] for seed in range(3) for op in draw(mem, True, seed)}
     assert all(op["p0"] == op["p1"] == -1 for op in draw(RECURRENT, True, 2) if op["op"] == "cp")
+
+
+def test_coupled_decodes_and_the_preconditions_a_given_program_must_keep():
+    """A coupled decode (one token in several sequences: a shared prefix) is drawn only in one unified cache, for
+    sequences whose histories are the same; a given program that leaves the drawer's preconditions is refused."""
+    assert not any(op["op"] == "coupled" for op in draw(KV, False, 0))  # llama.cpp refuses it across streams
+    assert not any(op["op"] == "coupled" for seed in range(3)
+                   for op in draw(Memory(64, True, 0, True, 0, kind="recurrent"), True, seed))
+    m = Model(3)
+    m.coupled([0, 2], [5, 6], shared=True)
+    assert m.cells[0] == m.cells[2] == [0, 1] and m.shares[0] == {2} and m.log[0] == m.log[2]
+    cfg = MemoryConfig()
+    ok = [{"op": "coupled", "seqs": [0, 1], "tokens": [1, 2]}, {"op": "decode", "parts": [[2, [3]]]}]
+    assert precondition_problem(ok, KV, cfg, True) is None
+    diverged = ok + [{"op": "decode", "parts": [[0, [4]]]}, {"op": "decode", "parts": [[1, [5]]]},
+                     {"op": "coupled", "seqs": [0, 1], "tokens": [6]}]
+    assert "histories differ" in precondition_problem(diverged, KV, cfg, True)
+    shifted = ok + [{"op": "add", "seq": 0, "p0": -1, "p1": -1, "delta": 2}]
+    assert "shares since a fork" in precondition_problem(shifted, KV, cfg, True)
 
 
 def test_a_recorded_program_is_checked_and_reduced():
@@ -306,6 +328,11 @@ def test_the_workers_memory_operations(fixtures):
             r = t.call(op, **args)
             assert not r.ok and r.failure.error_kind == "bad_request", op  # refused, not an abort
         assert t.call("seq_pos", seqs=[2]).ok  # and the worker goes on
+        # a coupled decode: one token in sequences 0 and 1 (a shared prefix), positions given
+        assert t.call("decode", tokens=[4, 5], seq=[[0, 1], [0, 1]], pos=[0, 1], logits="last").ok
+        assert t.call("seq_pos", seqs=[0, 1]).data["pos"] == {"0": [0, 1], "1": [0, 1]}
+        bad = t.call("decode", tokens=[6], seq=[[0, 1]], logits="last")
+        assert not bad.ok and "needs its 'pos'" in bad.failure.message
 
 
 @pytest.mark.llama
