@@ -464,6 +464,9 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     if lane == "load" and row.expect.get("skippy", "").startswith("rejects"):
         return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
                                                       "that it does so cleanly")
+    if lane == "memory":
+        return LaneResult(row.key, lane, UNSUPPORTED, "the memory lane drives llama.cpp's memory API (seq_rm, seq_cp, "
+                                                      "state get/set per sequence); skippy's OpenAI API exposes none")
     cfg = lane_config(row, lane, target_spec)
     if cfg is None:
         return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not driven through skippy yet")

@@ -207,7 +207,7 @@ def test_save_restore_continue_equals_the_uninterrupted_run(binary, fixtures, fa
     assert rep["status"] == "pass", rep["finding"]
     ops = {o["code"]: o for o in rep["runs"][0]["ops"]}
     assert ops["s"]["n_tokens"] == ops["r"]["n_tokens"] == 24 + 7
-    assert ops["k"]["tokens"] == r.refs[(0, 8, 24)]["answers"]["T+"]["tokens"]
+    assert ops["k"]["tokens"] == r.refs[(0, 8, 24, "")]["answers"]["T+"]["tokens"]
     assert rep["runs"][0]["promised"] == (0 if family == "gemma3" else 24 + 7)
     if family != "gemma3":
         assert ops["k"]["cache_n"] == 24 + 7
