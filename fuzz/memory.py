@@ -524,6 +524,9 @@ class Machine:
         try:
             if kind == "decode":
                 return self._decode(op["parts"])
+            if kind == "coupled" and (not self.kv_unified or self.mem.kind == "recurrent"):
+                self.refused["skipped"] += 1  # (drawn for one unified cache with cells to share: llama.cpp refuses)
+                return None
             if kind == "coupled":
                 return self._decode([[op["seqs"], op["tokens"]]])
             if kind == "rm" and self.recompute_rollbacks and self.mem.recurrent and op["seq"] >= 0 \
@@ -539,7 +542,7 @@ class Machine:
                 else:  # refused: nothing may have changed (the checks below and every later decode)
                     self.refused["rm"] += 1
             elif kind == "cp" and not self.kv_unified and (op["p0"] > 0 or op["p1"] >= 0):
-                self.refused["cp-partial"] += 1  # (a program drawn for one cache: across streams llama.cpp asserts)
+                self.refused["skipped"] += 1  # (a program drawn for one cache: across streams llama.cpp asserts)
             elif kind == "cp":
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
                 self.call("seq_cp", src=op["src"], dst=op["dst"], p0=op["p0"], p1=op["p1"])
@@ -845,15 +848,15 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     after it saw the cache without it); layout — the other KV layout (the operation means something else with one
     stream per sequence). None when no control explains it."""
     def passes(**control: Any) -> bool:
-        """The program with one thing changed runs through, every operation as asked (a partial fork the other
-        layout cannot do is not a pass)."""
+        """The program with one thing changed runs through, every operation as asked (one the other layout cannot do,
+        skipped there — a partial fork, a coupled decode — is not a pass)."""
         layout_ = control.pop("kv_unified", kv_unified)
         prog = control.pop("program", program)
         try:
             _, problem, mach = run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)
         except UserError:  # the control left the preconditions (a coupled decode without its neighbours)
             return False
-        return problem is None and not mach.refused.get("cp-partial")
+        return problem is None and not mach.refused.get("skipped")
 
     if mem.recurrent and any(op["op"] == "rm" for op in program) and passes(recompute_rollbacks=True):
         return {"kind": "rollback", "detail": "the same program passes with each partial seq_rm of the recurrent "
@@ -1053,8 +1056,9 @@ def finding_of(f: dict[str, Any]) -> Finding:
                   where=f["check"], step=len(f["steps"]) - 1, reproduced=f["reproduced"], cause=f.get("cause"),
                   detail={"program": f["steps"], "seq": f.get("seq"), "op": f["op"], "drawn_steps": f["drawn_steps"],
                           **{k: f[k] for k in ("got", "want", "max_abs_dlogit", "failure") if k in f}})
-    out.fingerprint = {**fingerprint(out, ""), "op": f["op"], "ops": sorted({op["op"] for op in f["steps"]}),
-                       "memory": f.get("memory")}
+    # (a coupled decode is a decode: the check that failed is the same, one token in several sequences or not)
+    out.fingerprint = {**fingerprint(out, ""), "op": "decode" if f["op"] == "coupled" else f["op"],
+                       "ops": sorted({op["op"] for op in f["steps"]}), "memory": f.get("memory")}
     if f.get("cause") and f["cause"].get("op"):
         out.fingerprint["cause_op"] = f["cause"]["op"]
     return out
