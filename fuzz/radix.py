@@ -1,7 +1,9 @@
 """`fuzz radix`: llama-server's prompt cache under concurrent operation schedules, as data, explored systematically.
 
 A schedule is K clients, each a short list of operations on one seeded prompt tree — T (the trunk), B0 and B1
-(branches off T), L (a leaf off B0), U (unrelated to all of them) — and an interleaving. Client i always runs on
+(branches off T), L (a leaf off B0), U (unrelated to all of them), or a tree drawn for the schedule (draw_tree:
+prompts 0, 1, ... cut anywhere from each other, at or just before a prompt's end, around the sliding window) — and
+an interleaving. Client i always runs on
 slot i. Operations: `cP` complete prompt P with the cache on; `k` continue (the client's last completed prompt, its
 answer and two more tokens: a second turn; after a restore, the conversation as it was saved); `xP` stream P and
 disconnect after two tokens; `s`, `r`, `e` save, restore, erase the client's slot (llama-server's /slots actions).
