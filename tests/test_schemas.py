@@ -33,6 +33,7 @@ RUNS = [
     ("determinism", ["--threads", "1,2", "--ubatch", "64", "--chunks", "64", "--flash-attn", "off", "--repeats", "2",
                      "--tokens", "2"], "mutant:perturb-2-threads", 1),
     ("isolation", ["--n-seq", "2", "--prompt-len", "4", "--tokens", "2"], "mutant:seq-leak", 1),
+    ("memory", ["--programs", "3", "--steps", "8"], "mutant:seq-rm-leaves-one-cell", 1),
     ("prefix-cache", ["--slots", "2", "--rounds", "1", "--tokens", "2", "--n-ctx", "256"], "llama-server", 0),
 ]
 
