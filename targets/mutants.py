@@ -359,7 +359,8 @@ class BatchShapeNoise(Mutant):
         pattern = np.where(np.arange(rows.shape[1]) % 3 == 0, 1, -1).astype(np.float32)
         for k, row in enumerate(out["rows"]):
             rows[k] += (self.SHAPE if n > 1 else 0) * pattern
-            rows[k] += (self.CELLS if self.kv_unified and held - {int(seqs[row])} else 0) * pattern
+            own = {int(x) for x in seqs[row]} if isinstance(seqs[row], list) else {int(seqs[row])}  # (coupled)
+            rows[k] += (self.CELLS if self.kv_unified and held - own else 0) * pattern
         out["logits"] = f32_b64(rows)
         out["argmax"] = [int(np.argmax(r)) for r in rows]
         return out
@@ -411,8 +412,9 @@ class SeqLeak(Mutant):
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         seqs = req.get("seq", 0)
-        if self.kv_unified and isinstance(seqs, list) and len(set(seqs)) > 1:
-            first, *others = dict.fromkeys(int(x) for x in seqs)
+        ids = [int(y) for x in seqs for y in (x if isinstance(x, list) else [x])] if isinstance(seqs, list) else []
+        if self.kv_unified and len(set(ids)) > 1:
+            first, *others = dict.fromkeys(ids)
             mem = self.L.llama_get_memory(self.ctx)
             for s in others:
                 self.L.llama_memory_seq_cp(mem, first, s, -1, -1)
