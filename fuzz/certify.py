@@ -461,6 +461,9 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     lanes; the dtype lane on the row's fixture made in each dtype."""
     from fuzz.skippy import lane_config, lane_detail
 
+    expect = row.expect.get("skippy", "")
+    if expect.startswith("unsupported:"):  # the row's fixture cannot reach skippy's surface (the manifest says why)
+        return LaneResult(row.key, lane, UNSUPPORTED, expect.removeprefix("unsupported:").strip())
     if lane == "load" and row.expect.get("skippy", "").startswith("rejects"):
         return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
                                                       "that it does so cleanly")

@@ -40,10 +40,18 @@ def bump(tmp_path, *args: str):
 
 
 def test_a_real_bump_to_the_previous_release(tmp_path):
+    """Back to 0.3.35: every lane unchanged but the memory lane, which meets two bugs 0.3.36 no longer has — a
+    recurrent memory accepting seq_rm of every sequence and leaving its tails dangling (the next decode asserts
+    `cell.has_seq_id(seq_id)`), and a K shift of the DSA cache after seq_div asserting `buffer`."""
     r, rep, cell, out = bump(tmp_path, "jamba", "deepseek3", "qwen3next", "--candidate", "pypi:0.3.35")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
     assert rep["candidate"]["llama_cpp_python"] == "0.3.35" and rep["base"]["llama_cpp_python"] == "0.3.36"
-    assert set(rep["totals"]) == {"unchanged"}
+    assert set(rep["totals"]) == {"unchanged", "broke"}
+    broke = {(x["row"], x["lane"]): x for x in rep["results"] if x["verdict"] == bp.BROKE}
+    assert set(broke) == {("jamba", "memory"), ("deepseek3", "memory"), ("qwen3next", "memory")}
+    assert all(x["base"] == "known" and x["candidate"] == "crash" for x in broke.values())
+    assert "GGML_ASSERT(cell.has_seq_id(seq_id))" in broke[("jamba", "memory")]["detail"]
+    assert "GGML_ASSERT(buffer)" in broke[("deepseek3", "memory")]["detail"]
     for row in ("jamba", "deepseek3"):
         assert cell[(row, bp.CROSS_LANE)]["bit_exact"] is True
     q = cell[("qwen3next", bp.CROSS_LANE)]
@@ -55,7 +63,7 @@ def test_a_real_bump_to_the_previous_release(tmp_path):
         assert set(chains) == {"base → candidate", "candidate → base"}, chains
         assert {c["status"] for c in chains.values()} <= {"crosses", "crosses (numerics)"}, chains
     assert {c["status"] for c in cell[("jamba", bp.CROSS_LANE)]["mixed_chains"]["chains"].values()} == {"crosses"}
-    assert "PASS — nothing broke" in (out / "summary.md").read_text()
+    assert "**jamba / memory** — broke" in (out / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("series", sorted(CAUGHT))

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 
 from fuzz.bundle import bundle_findings
+from fuzz.campaign import layout_family
 from fuzz.contract import Report
 from fuzz.handoff import HandoffConfig
 from fuzz.isolation import IsolationConfig
@@ -47,7 +48,7 @@ def known_upstream() -> set[tuple[str, str, str]]:
         data = json.loads(b.read_text())
         if data["oracle"] == "isolation" and data["target"] == "llama-cpp":
             out.add((kind_of(b.parent / data["fixture"]), data["fingerprint"]["status"],
-                     data["fingerprint"]["phase"]))
+                     layout_family(data["fingerprint"]["phase"])))
     return out
 
 
@@ -82,9 +83,10 @@ def check(spec: ModelSpec, tmp: Path) -> None:
     # bf16/q8_1 activation rounding, top-k) can turn that into more than the tolerance. What the oracle's cause
     # analysis shows to be numerics (the batch's shape, cells and shape together, a named routing flip) is reported
     # apart and is not a finding; nothing else is excused here but an upstream finding already bundled (same kind,
-    # status and KV layout) — and never a leak (cause "batch": the neighbours' data reaches it).
+    # status and KV layout, flash attention on or off alike) — and never a leak (cause "batch": the neighbours'
+    # data reaches it).
     new = [f for f in iso.findings if (f.cause or {}).get("kind") == "batch"
-           or (kind_of(path), f.status, f.phase) not in KNOWN_UPSTREAM]
+           or (kind_of(path), f.status, layout_family(f.phase)) not in KNOWN_UPSTREAM]
     if new:
         bundle_findings(replace(iso, findings=new), ORACLES["isolation"].case_config(IsolationConfig(tokens=3)),
                         FINDINGS / f"{spec.family}-{spec.seed}")

@@ -305,7 +305,7 @@ def test_tier_1_through_the_fake_passes(tmp_path):
                 "--require-lanes", cwd=ROOT, timeout=3600)
     assert r.returncode == 0, r.stdout[-3000:]
     got = lanes(out)
-    assert len({row for row, _ in got}) == 21
+    assert len({row for row, _ in got}) == 22
     assert {v["status"] for v in got.values()} <= {"pass", "unsupported"}
 
 
