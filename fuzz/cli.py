@@ -331,7 +331,10 @@ def memory_cmd(
     n_seq: Annotated[int, Opt(help="sequences in the context")] = 3,
     n_rs_seq: Annotated[int, Opt(help="recurrent-state snapshots per sequence (rollback), where the arch has "
                                       "them")] = 4,
-    tol: Annotated[float, Opt(help="max |Δlogit| against each sequence's history recomputed alone")] = 0.1,
+    tol: Annotated[float, Opt(help="the least tolerance: max |Δlogit| against each sequence's history recomputed "
+                                   "alone")] = 0.1,
+    noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape move, "
+                                            "measured once (0: --tol only)")] = 4.0,
     program: Annotated[Path | None, Opt(help="run this program (a JSON list of operations, as a report's "
                                              "finding records it) instead of drawing")] = None,
     engine: Annotated[str, Opt(help="seeded: --programs drawn from --seed; hypothesis: a Hypothesis state machine "
@@ -356,7 +359,8 @@ def memory_cmd(
         except (OSError, ValueError) as e:
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
-    cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol, program=given,
+    cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
+                           noise_factor=noise_factor, program=given,
                            engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches))
 
