@@ -183,6 +183,35 @@ class Model:
         self.shares = {s: set() for s in self.cells}
         self.reported = {}
 
+    def history(self, s: int) -> str:
+        """What a sequence holds, as one comparable key: its cells' positions and its log."""
+        return json.dumps([sorted(self.cells[s]), self.log[s]])
+
+    def apply(self, op: dict[str, Any], *, shared: bool) -> None:
+        """An operation as if the memory accepted it (`shared`: a fork or a coupled decode shares cells)."""
+        k = op["op"]
+        if k == "decode":
+            for q, toks in op["parts"]:
+                self.decode(q, toks)
+        elif k == "coupled":
+            self.coupled(op["seqs"], op["tokens"], shared=shared)
+        elif k == "rm":
+            self.rm(op["seq"], op["p0"], op["p1"])
+        elif k == "cp":
+            self.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=shared)
+        elif k == "keep":
+            self.keep(op["seq"])
+        elif k == "add":
+            self.add(op["seq"], op["p0"], op["p1"], op["delta"])
+        elif k == "div":
+            self.div(op["seq"], op["p0"], op["p1"], op["d"])
+        elif k == "copy_state":
+            self.copy(op["src"], op["dst"])
+        elif k == "refused_import":
+            self.clear(op["dst"])
+        elif k == "reload":
+            self.permute(op["perm"])
+
 
 @dataclass(frozen=True)
 class Memory:
@@ -288,8 +317,7 @@ def coupled_groups(model: Model, cfg: MemoryConfig) -> list[list[int]]:
         if model.next_pos(s) + 6 <= cfg.max_len:
             # (and the positions the memory reports: a window cache may have pruned one of two equal histories
             # more than the other, and llama.cpp's check for divergence compares the reported positions)
-            key = [sorted(model.cells[s]), model.log[s], model.reported.get(str(s))]
-            by.setdefault(json.dumps(key), []).append(s)
+            by.setdefault(json.dumps([model.history(s), model.reported.get(str(s))]), []).append(s)
     return [g for g in by.values() if len(g) > 1]
 
 
@@ -299,32 +327,13 @@ def precondition_problem(program: list[dict[str, Any]], mem: Memory, cfg: Memory
     the drawer keeps (a shift of cells shared since a fork, a coupled decode of sequences that have diverged), or
     None. Walks the model as if every operation were accepted."""
     m = Model(cfg.n_seq)
-    shared = kv_unified or mem.recurrent
     for i, op in enumerate(program):
         k = op["op"]
         if k in ("add", "div") and m.shares[op["seq"]]:
             return f"step {i} ({format_step(op)}) shifts cells sequence {op['seq']} shares since a fork"
-        if k == "coupled" and len({json.dumps([sorted(m.cells[q]), m.log[q]]) for q in op["seqs"]}) > 1:
+        if k == "coupled" and len({m.history(q) for q in op["seqs"]}) > 1:
             return f"step {i} ({format_step(op)}) couples sequences whose histories differ"
-        if k == "decode":
-            for q, toks in op["parts"]:
-                m.decode(q, toks)
-        elif k == "coupled":
-            m.coupled(op["seqs"], op["tokens"], shared=shared)
-        elif k == "rm":
-            m.rm(op["seq"], op["p0"], op["p1"])
-        elif k == "cp":
-            m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=shared)
-        elif k == "keep":
-            m.keep(op["seq"])
-        elif k in ("add", "div"):
-            (m.add if k == "add" else m.div)(op["seq"], op["p0"], op["p1"], op["delta" if k == "add" else "d"])
-        elif k == "copy_state":
-            m.copy(op["src"], op["dst"])
-        elif k == "refused_import":
-            m.clear(op["dst"])
-        elif k == "reload":
-            m.permute(op["perm"])
+        m.apply(op, shared=kv_unified or mem.recurrent)
     return None
 
 
@@ -482,6 +491,20 @@ class Recompute:
         return self.memo[key]
 
 
+def sliding_window(path: str) -> int:
+    """The model's sliding window (0: no sliding-window layer), read from the file once per version of it (a machine
+    starts per program, per control run and per candidate while shortening)."""
+    st = Path(path).stat()
+    return _sliding_window(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _sliding_window(path: str, _mtime_ns: int, _size: int) -> int:
+    if not any(x.swa for x in inspect_file(path).layers):
+        return 0
+    return int(GGUFFile(path).get("attention.sliding_window", 0) or 0)
+
+
 class Machine:
     """One context with several sequences, the model of what each holds, and the checks after every operation."""
 
@@ -514,10 +537,8 @@ class Machine:
                             f"{r.failure.message if r.failure else r.data}")
         d = r.data
         self.commit = d.get("llama_cpp_commit")
-        g = GGUFFile(str(self.fixture))
-        swa = int(g.get("attention.sliding_window", 0) or 0) if any(x.swa for x in inspect_file(
-            str(self.fixture)).layers) else 0
-        self.mem = Memory(n_vocab=d["n_vocab"], recurrent=bool(d["is_recurrent"] or d["is_hybrid"]), swa=swa,
+        self.mem = Memory(n_vocab=d["n_vocab"], recurrent=bool(d["is_recurrent"] or d["is_hybrid"]),
+                          swa=sliding_window(str(self.fixture)),
                           can_shift=bool(d.get("can_shift")), n_rs_seq=int(d.get("n_rs_seq") or 0),
                           kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv")
 

@@ -115,25 +115,7 @@ def draw(mem: Memory, kv_unified: bool, seed: int, n: int = 300) -> list[dict]:
     for _ in range(n):
         op = draw_op(rng, m, mem, cfg, kv_unified)
         ops.append(op)
-        if op["op"] == "decode":  # follow the program as the memory would accept it
-            for s, toks in op["parts"]:
-                m.decode(s, toks)
-        elif op["op"] == "rm":
-            m.rm(op["seq"], op["p0"], op["p1"])
-        elif op["op"] == "cp":
-            m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=kv_unified or mem.recurrent)
-        elif op["op"] == "keep":
-            m.keep(op["seq"])
-        elif op["op"] == "add":
-            m.add(op["seq"], op["p0"], op["p1"], op["delta"])
-        elif op["op"] == "div":
-            m.div(op["seq"], op["p0"], op["p1"], op["d"])
-        elif op["op"] in ("copy_state",):
-            m.copy(op["src"], op["dst"])
-        elif op["op"] == "reload":
-            m.permute(op["perm"])
-        elif op["op"] == "coupled":
-            m.coupled(op["seqs"], op["tokens"], shared=kv_unified)
+        m.apply(op, shared=kv_unified or mem.recurrent)  # follow the program as the memory would accept it
     return ops
 
 
