@@ -874,7 +874,8 @@ def without_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]]
 
 
 def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
-            program: list[dict[str, Any]], problem: dict[str, Any], mem: Memory) -> dict[str, Any] | None:
+            program: list[dict[str, Any]], problem: dict[str, Any], mem: Memory,
+            rows: dict[int, np.ndarray]) -> dict[str, Any] | None:
     """What the shortest program's failure needs, by controls that each change one thing and must make it pass:
     rollback — every partial seq_rm of a recurrent state done as a recompute instead (the rolled-back state is not
     the state of the tokens kept); deferred — a settle (a decode elsewhere) after one operation (llama.cpp defers that
@@ -903,7 +904,7 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     if problem["check"] == "logits" and others and passes(program=without_neighbours(program, own)):
         # without the other sequences' tokens it passes: do their data reach it, or only where they put it (the
         # batches' shape, its cells' placement)? Other tokens for them, same lengths, must leave it bit for bit
-        got = run_program(t, fixture, cfg, kv_unified, recompute, program, None)[2].rows.get(seq)
+        got = rows.get(seq)  # (the program's own run: its last decode's logits)
         try:
             moved = run_program(t, fixture, cfg, kv_unified, recompute, other_neighbours(program, own, mem.n_vocab),
                                 None)[2].rows.get(seq)
@@ -1067,9 +1068,10 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                     # a drawn program is shortened here; a given one (a bundle's) runs exactly as given
                     short = minimize(t, fixture, cfg, kvu, recompute, done, problem) if same_problem(
                         again, problem) and program is None else done
-                    final = run_program(t, fixture, cfg, kvu, recompute, short, None)[1] or problem
+                    _, last, ran = run_program(t, fixture, cfg, kvu, recompute, short, None)
+                    final = last or problem
                     row["status"] = CRASH if problem["check"] == "crash" else FINDING
-                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem) \
+                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows) \
                         if mach.mem and problem["check"] != "crash" else None
                     if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
                         row["status"] = NUMERICS
