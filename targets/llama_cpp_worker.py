@@ -13,7 +13,9 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -594,6 +596,18 @@ def serve(stdin, stdout, make_worker: Any = LlamaWorker) -> None:
         stdout.flush()
 
 
+def _exit_with_engine(engine: int) -> None:
+    """The engine that started this worker is gone (killed: the worker's stdin closes, but a request in progress —
+    an `await` with a long timeout, a slow load — would keep the worker and its llama-server alive until it ends):
+    exit now, with the process group the engine started it in (a llama-server runs in it; skippy's stages go by
+    their PR_SET_PDEATHSIG)."""
+    while os.getppid() == engine:
+        time.sleep(0.2)
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
 def main() -> None:
     main_with(LlamaWorker)
 
@@ -612,6 +626,7 @@ def main_with(worker_cls: Any) -> None:
         made.append(worker_cls())
         return made[-1]
 
+    threading.Thread(target=_exit_with_engine, args=(os.getppid(),), daemon=True).start()
     try:
         serve(sys.stdin, proto, make)
     finally:

@@ -54,7 +54,10 @@ def test_a_unified_layout_tells_where_a_sequence_sits_from_the_cache(fixtures):
     it is batched with move it (its indexer keeps tied keys by cell). That answer recurs in the same round with the
     prompt cache off, so it is numerics with that cause; an answer leaving the cold one before any cache-off answer
     does (here at step 0) stays a finding.
-    Where a restored sequence continues moves answers by a few 1e-3 (measured); picks below 4x that are not judged."""
+    The placement move is measured here too and picks below 4x it are not judged; its size is not pinned on this
+    fixture: where the co-batched filler's cells land depends on when the server batches it, and with tied indexer
+    keys that moves this fixture's answer anywhere from a few 1e-3 to ~0.8 (the llama fixture's bound is pinned in
+    test_radix.py)."""
     from fuzz.prefix_cache import ServerFinding
     from targets import close_all
 
@@ -75,7 +78,7 @@ def test_a_unified_layout_tells_where_a_sequence_sits_from_the_cache(fixtures):
     assert cold["leaf"]["tokens"] == [4, 38, 19, 4, 52, 55]
     assert moved.cause["kind"] == "shared KV cache, not the prompt cache", moved.cause
     assert made_up.cause is None
-    assert 1e-3 < pc.noise["placement"] < 2e-2 and pc.near_tie == pytest.approx(4 * pc.noise["placement"])
+    assert pc.noise["placement"] > 1e-3 and pc.near_tie == pytest.approx(4 * pc.noise["placement"])
 
 
 def test_a_duplicate_insert_that_leaks_is_caught(fixtures):

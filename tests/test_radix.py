@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -36,7 +37,7 @@ from fuzz.schemas import validate
 from synth.errors import UserError
 from targets.llama_server_worker import server_binary
 
-from conftest import BIN, run_cli
+from conftest import BIN, ROOT, run_cli
 
 T, U, SAVE = Op("complete", "T"), Op("complete", "U"), Op("save")
 
@@ -504,6 +505,41 @@ def test_no_llama_server_outlives_a_killed_engine(binary, fixtures, tmp_path):
     while servers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not servers(), "a llama-server outlived the engine"
+
+
+def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
+    """A killed engine closes its workers' stdin, but a worker in the middle of a request reads it only when the
+    request ends — here a load waiting up to 300 s for a server that never becomes healthy (a stand-in). The worker
+    notices its engine is gone and exits within a second, its server with it."""
+    marker = f"stand-in-server-{os.getpid()}"
+    sleeper = tmp_path / "llama-server"  # (answers --help at once; otherwise never listens)
+    sleeper.write_text(f'#!/bin/sh\ncase " $* " in *" --help "*) exit 0;; esac\n'
+                       f'exec "{sys.executable}" -c "import time; time.sleep(600)" {marker}\n')
+    sleeper.chmod(0o755)
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    engine = ("from targets import open_target\n"
+              "t = open_target('llama-server', timeout=600)\n"
+              f"t.call('load', path={str(tmp_path / 'x.gguf')!r}, start_timeout=300)\n")
+    p = subprocess.Popen([sys.executable, "-c", engine], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env={**os.environ, "FAMILY_CERTIFY_LLAMA_SERVER": str(sleeper)})
+
+    def servers() -> list[str]:
+        return subprocess.run(["pgrep", "-f", f"sleep.600. {marker}"], capture_output=True, text=True).stdout.split()
+
+    try:
+        deadline = time.monotonic() + 60
+        while not servers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servers(), "the worker never started the stand-in server"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 5
+        while servers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not servers(), "a worker busy in a load outlived its engine, and kept its server"
+    finally:
+        p.kill()
+        subprocess.run(["pkill", "-f", f"sleep.600. {marker}"])
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
