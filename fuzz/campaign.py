@@ -141,15 +141,16 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     configuration the repro was shrunk under: an abort by the family and the check it names — whichever oracle, cut
     or stage reached it — in the same KV layout where both name one (flash attention on or off alike); a finding of an
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
-    family; anything else by the family, the oracle, the status, the layout and the rest of its fingerprint. None if
-    it is none of them."""
+    family where they name a cause (in the repro's own family where none does); anything else by the family, the
+    oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
     shared = get_oracle(fp["oracle"]).known_key if fp.get("oracle") in ORACLES_BY_NAME else ()
     for x in sorted(known, key=lambda x: x["key"].get("oracle") != fp.get("oracle")):  # its own oracle's first
         k = x["key"]
         if shared and k.get("oracle") == fp.get("oracle") and not x["abort"]:  # a bug every family shares
-            if all(k.get(n) == fp.get(n) for n in shared):
+            # (by its cause; a finding no control explained is that repro only in the repro's own family)
+            if all(k.get(n) == fp.get(n) for n in shared) and (k.get("cause") or x["family"] == family):
                 return x["repro"]
             continue
         if x["family"] != family or k.get("status") != fp.get("status"):

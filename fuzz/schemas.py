@@ -15,6 +15,7 @@ from typing import Any
 
 from fuzz.bundle import SCHEMA as BUNDLE_SCHEMA
 from fuzz.contract import REPORT_SCHEMA, STATUSES
+from fuzz.corpus import CLASSES as CORPUS_CLASSES
 from fuzz.oracles import ORACLES
 from fuzz.outputs import RUN_SCHEMA
 
@@ -59,7 +60,10 @@ FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "des
                                          "description": "memory: the memory llama.cpp built (kv, recurrent, hybrid; "
                                                         "-swa, +rollback)"},
                               "cause_op": {"type": "string",
-                                           "description": "memory: the operation the cause names (deferred work)"}},
+                                           "description": "memory: the operation the cause names (deferred work)"},
+                              "cause_then": {"type": "string",
+                                             "description": "memory: what ran before that deferred work was done "
+                                                            "(export: any state read-out; else the operation)"}},
                "additionalProperties": False}
 
 FINDING = {"type": "object", "required": ["oracle", "status", "message"], "additionalProperties": False,
@@ -205,6 +209,45 @@ CAMPAIGN = {
         "shards": {"type": "array", "items": {"type": "string"}}}}
 
 
+CHECK = {"type": "object", "required": ["exit_code", "shows", "line"], "properties": {
+    "exit_code": {"type": "integer", "description": "the direct check's exit code (-1: no answer in time)"},
+    "shows": {"type": "boolean", "description": "exit 1: the check found the bug"},
+    "line": {"type": "string", "description": "its last output line"}}}
+CORPUS = {
+    "type": "object", "description": "family-certify corpus (--out DIR: DIR/report.json): the upstream bug corpus "
+    "through the per-bump gate",
+    "required": ["schema", "kind", "command", "gate", "pinned", "entries", "totals", "caught_share", "goal", "wall_s",
+                 "exit_code"],
+    "properties": {
+        "schema": {"const": 1}, "kind": {"const": "family-certify-corpus"}, "command": {"type": "string"},
+        "gate": {"type": "object", "required": ["tier", "rows", "partial", "description"], "properties": {
+            "tier": {"type": "integer"}, "rows": {"type": "array", "items": {"type": "string"}},
+            "partial": {"type": "boolean", "description": "only some rows (--row): not the gate as shipped"},
+            "description": {"type": "string"}}},
+        "pinned": {"type": "object", "required": ["passes", "failing", "totals"], "properties": {
+            "passes": {"type": "boolean", "description": "the pinned build passes the same gate"},
+            "failing": {"type": "array", "items": {"type": "string"}}, "totals": COUNTS}},
+        "entries": {"type": "array", "items": {
+            "type": "object", "required": ["entry", "upstream", "title", "class", "threads", "row", "caught", "by",
+                                           "verdicts", "check", "build_s", "seconds"],
+            "properties": {
+                "entry": {"type": "string", "description": "corpora/upstream/<entry>"},
+                "upstream": {"type": "integer"}, "title": {"type": "string"},
+                "class": {"enum": list(CORPUS_CLASSES)},
+                "threads": {"type": "array", "items": {"type": "string", "format": "uri"}, "minItems": 1},
+                "row": {"type": "string", "description": "the manifest row whose fixture shows it"},
+                "caught": {"type": "boolean"},
+                "by": {"type": "array", "items": {"type": "string"}, "description": "row/lane the gate failed"},
+                "verdicts": {"type": "object", "propertyNames": VERDICT, "additionalProperties": {"type": "integer"}},
+                "check": {**CHECK, "required": [*CHECK["required"], "on_pinned"],
+                          "properties": {**CHECK["properties"], "on_pinned": CHECK}},
+                "build_s": {"type": "number"}, "seconds": {"type": "number"}}}},
+        "totals": {"type": "object", "required": ["entries", "caught", "escaped", "classes"],
+                   "additionalProperties": {"type": "integer", "minimum": 0}},
+        "caught_share": {"type": "number", "minimum": 0, "maximum": 1}, "goal": {"type": "number"},
+        "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]}}}
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """file name → schema, each self-contained."""
     def doc(name: str, title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +261,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "bundle.schema.json": doc("bundle", f"family-certify repro bundle, schema {BUNDLE_SCHEMA}", BUNDLE, {}),
         "bump.schema.json": doc("bump", "family-certify bump, schema 1", BUMP, {}),
         "campaign.schema.json": doc("campaign", "family-certify fuzz campaign state, schema 1", CAMPAIGN, {}),
+        "corpus.schema.json": doc("corpus", "family-certify corpus, schema 1", CORPUS, {}),
     }
 
 
@@ -231,8 +275,8 @@ def write(out: Path = DIR) -> list[Path]:
 
 
 def validate(data: Any, name: str) -> None:
-    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump or
-    campaign)."""
+    """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump,
+    campaign or corpus)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

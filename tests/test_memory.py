@@ -195,7 +195,7 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
     assert memory_repros == {"llama-memory-seq-keep-per-stream", "llama-memory-div-lost-by-export",
                              "llama-memory-add-lost-by-export", "llama-memory-stream-copy-lost-by-export",
                              "lfm2-memory-rollback-stale-snapshot-26695", "lfm2-memory-rollback-moves-fork"}
-    assert get_oracle("memory").known_key == ("status", "where", "op", "cause", "cause_op")
+    assert get_oracle("memory").known_key == ("status", "where", "op", "cause", "cause_op", "cause_then")
 
     class F:
         status = "finding"
@@ -210,9 +210,19 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
         "lfm2-memory-rollback-stale-snapshot-26695"
     # the same check and operation with no cause named (a mutant's, a new bug's) is no known one
     assert known_repro(known, "llama", F(where="pos", op="keep")) is None
-    assert known_repro(known, "llama", F(where="logits", op="decode", cause="deferred", cause_op="cp")) == \
+    deferred = {"where": "logits", "op": "decode", "cause": "deferred"}
+    assert known_repro(known, "llama", F(**deferred, cause_op="cp", cause_then="export")) == \
         "llama-memory-stream-copy-lost-by-export"
-    assert known_repro(known, "llama", F(where="logits", op="decode", cause="deferred", cause_op="keep")) is None
+    assert known_repro(known, "llama", F(**deferred, cause_op="keep", cause_then="export")) is None
+    # deferred work another shift ran before (two shifts before a decode: ggml-org/llama.cpp#3825), not an export
+    assert known_repro(known, "qwen3", F(**deferred, cause_op="add", cause_then="export")) == \
+        "llama-memory-add-lost-by-export"
+    assert known_repro(known, "qwen3", F(**deferred, cause_op="add", cause_then="add")) is None
+    # no control explained it: that repro only in its own family
+    lfm2 = next(x for x in known if x["repro"] == "lfm2-memory-rollback-moves-fork")
+    bare = [{**lfm2, "key": {k: v for k, v in lfm2["key"].items() if k != "cause"}}]
+    f = F(**{k: v for k, v in lfm2["key"].items() if k not in ("cause", "oracle", "status", "phase")})
+    assert known_repro(bare, "lfm2", f) == "lfm2-memory-rollback-moves-fork" and known_repro(bare, "llama", f) is None
 
 
 # ---- against the pinned llama.cpp ------------------------------------------------------------------------------
@@ -366,3 +376,42 @@ def test_a_stage_past_the_first_is_fed_rows_and_b1_is_caught_there(tmp_path):
     assert {op["op"] for f in mine for op in f.detail["program"]} & {"copy_state", "reload"}
     with pytest.raises(UserError, match="--stage"):
         report(path, MemoryConfig(stage="5:3"))
+
+
+def test_a_whole_shift_is_recomputed_at_the_new_positions_where_the_model_shifts_faithfully():
+    """Two shifts before a decode (ggml-org/llama.cpp#3825 lost the first one's rotation): replaying the shifts in the
+    recompute would carry such a bug into it too, so a whole-sequence shift on a model whose own shift was measured
+    faithful is recomputed as the tokens decoded at their new positions; a partial shift, or any shift on a model
+    that is not faithful (absolute positions), is replayed."""
+    m = Model(2)
+    m.faithful_shifts = True
+    m.decode(0, [5, 9, 13])
+    m.add(0, 0, -1, 3)
+    m.add(0, 0, -1, 2)
+    assert m.cells[0] == [5, 6, 7] and m.log[0] == [["d", [[5, 5], [6, 9], [7, 13]]]]
+    m.add(0, 6, -1, 1)  # partial: the kept part's attention saw other distances
+    assert m.cells[0] == [5, 7, 8] and m.log[0][-1] == ["add", 6, -1, 1]
+    m.faithful_shifts = False
+    m.decode(1, [4])
+    m.add(1, 0, -1, 2)
+    assert m.log[1] == [["d", [[0, 4]]], ["add", 0, -1, 2]]
+
+
+def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
+    """Work llama.cpp defers to the next decode piles up only when two operations meet before it: the seeded drawer
+    follows a shift or a removal with the same operation on the same sequence about BURST of the time."""
+    import numpy as np
+
+    from fuzz.memory import BURST, burst
+
+    class Mach:
+        model = Model(3)
+        mem = KV
+
+    Mach.model.decode(1, [1, 2, 3, 4])
+    rng = np.random.default_rng(0)
+    last = [{"op": "add", "seq": 1, "p0": 0, "p1": -1, "delta": 2}]
+    got = [burst(rng, last, Mach, MemoryConfig(), True) for _ in range(400)]
+    assert {g for g in got} == {(None, None), ("add", 1)}
+    assert abs(got.count(("add", 1)) / 400 - BURST) < 0.06
+    assert burst(rng, [{"op": "decode", "parts": [[1, [5]]]}], Mach, MemoryConfig(), True) == (None, None)
