@@ -313,10 +313,12 @@ def pct_events(clients: tuple[tuple[Op, ...], ...], rng: np.random.Generator, de
     return events
 
 
-def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int, prompts: tuple[str, ...] = PROMPTS
-                   ) -> tuple[tuple[Op, ...], ...]:
+def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int, prompts: tuple[str, ...] = PROMPTS,
+                   children: dict[str, list[str]] | None = None) -> tuple[tuple[Op, ...], ...]:
     """Seeded operations per client on these prompts; client B's first operation completes client A's first prompt
-    (the H1 pair: two slots inserting one prefix) half of the time."""
+    (the H1 pair: two slots inserting one prefix) half of the time. With a drawn tree's `children`, a client whose
+    last prompt has some goes on to one of them half of the time (a conversation walking the tree on its slot, as
+    the server's checkpoints of the last prompt are there to serve)."""
     clients = []
     for c in range(n_clients):
         ops: list[Op] = []
@@ -329,6 +331,9 @@ def random_clients(rng: np.random.Generator, n_clients: int, n_ops: int, prompts
             prompt = prompts[int(rng.integers(len(prompts)))] if kind in ("complete", "cancel") else None
             if c > 0 and j == 0 and clients[0][0].prompt and rng.random() < 0.5:
                 prompt = clients[0][0].prompt
+            last = next((o.prompt for o in reversed(ops) if o.prompt), None)
+            if prompt and children and children.get(last) and rng.random() < 0.5:
+                prompt = children[last][int(rng.integers(len(children[last])))]
             ops.append(Op(kind, prompt))
         clients.append(tuple(ops))
     return tuple(clients)
@@ -360,6 +365,17 @@ def tree_names(tree: str) -> tuple[str, ...]:
     return tuple(str(i) for i in range(len(parse_tree(tree)))) if tree else PROMPTS
 
 
+def tree_children(tree: str) -> dict[str, list[str]] | None:
+    """A drawn tree's prompts by the prompt each extends (None for the fixed tree)."""
+    if not tree:
+        return None
+    out: dict[str, list[str]] = {}
+    for i, (parent, _, _) in enumerate(parse_tree(tree)):
+        if parent is not None:
+            out.setdefault(str(parent), []).append(str(i))
+    return out
+
+
 def tree_prompts(n_vocab: int, seed: int, tree: str) -> dict[str, list[int]]:
     """A drawn tree's prompts (named 0, 1, ...) and the `tail` a continue adds, from the seed."""
     rng = np.random.Generator(np.random.PCG64(seed))
@@ -371,11 +387,15 @@ def tree_prompts(n_vocab: int, seed: int, tree: str) -> dict[str, list[int]]:
     return out
 
 
+CHECKPOINT_OFFSET = 4  # llama-server takes a context checkpoint this many tokens before a prompt's end (PR 20288)
+
+
 def draw_tree(rng: np.random.Generator, window: int = 0, longest: int = 80) -> str:
     """A prompt tree for one schedule (parse_tree's form): 3 to 6 prompts, each a new root now and then, else an
     earlier prompt cut anywhere, at its end, just before its end (what a checkpoint taken at the end of that prompt
-    must roll back across) or around the sliding window (`window`: cells a server's SWA cache may have dropped),
-    then new tokens."""
+    must roll back across), at or around the checkpoint llama-server took CHECKPOINT_OFFSET tokens before its end,
+    or around the sliding window (`window`: cells a server's SWA cache may have dropped); then new tokens, or now and
+    then none (a retry, a regenerate, a scoring request: a prompt the cache may cover whole)."""
     lengths: list[int] = []
     items: list[str] = []
     for i in range(int(rng.integers(3, 7))):
@@ -386,10 +406,11 @@ def draw_tree(rng: np.random.Generator, window: int = 0, longest: int = 80) -> s
             continue
         j = int(rng.integers(0, i))
         size = lengths[j]
-        points = [size, size - 1, size - 2, int(rng.integers(1, size))] + \
+        k = CHECKPOINT_OFFSET
+        points = [size, size - 1, size - 2, size - k + 1, size - k, size - k - 1, int(rng.integers(1, size))] + \
             [w for w in (window - 1, window, window + 1, 2 * window) if window and 0 < w < size]
         cut = min(max(1, points[int(rng.integers(len(points)))]), size)
-        n = min(int(rng.integers(1, 13)), max(1, longest - cut))
+        n = 0 if rng.random() < 0.2 else min(int(rng.integers(1, 13)), max(1, longest - cut))
         items.append(f"{j}+{n}" if cut == size else f"{j}@{cut}+{n}")
         lengths.append(cut + n)
     return "_".join(items)
@@ -525,7 +546,7 @@ class Radix:
         drawn = cfg.tree == "drawn"
         trees = (draw_tree(rng, self.window) if drawn else "" for _ in range(10_000))
         plans = ((t, c) for t, c in zip(trees, parse_plans(cfg.plan), strict=False)) if cfg.plan else \
-            ((t, random_clients(rng, cfg.clients, cfg.ops, tree_names(t))) for t in trees)
+            ((t, random_clients(rng, cfg.clients, cfg.ops, tree_names(t), tree_children(t))) for t in trees)
         for tree, clients in plans:
             if cfg.mode == "pct":
                 scripts: Iterator[tuple[Step, ...]] = (script_of(clients, pct_events(clients, rng))
@@ -654,6 +675,13 @@ class Radix:
         held: dict[int, list[int] | None] = {}
         since: dict[int, dict[str, Any]] = {}  # the operation that put held[c] in client c's slot
         saved: dict[int, list[int] | None] = {}
+        died = [(name, o) for name, o in sorted(ops.items(), key=lambda kv: kv[1]["step"])
+                if o["result"].get("server_crash")]
+        if died:  # the server aborted: one crash, whichever way each operation in flight saw it go
+            name, o = died[0]
+            run.findings.append({"kind": "server-crash", "op": o["op"].kind, "client": o["client"],
+                                 "message": f"{name} ({o['op'].code}, slot {o['client']}): {o['result']['error']}"})
+            return
         for name, o in sorted(ops.items(), key=lambda kv: kv[1]["step"]):
             op, c, got = o["op"], o["client"], o["result"]
             where = f"{name} ({op.code}{'=' + o['prompt'] if op.kind == 'continue' else ''}, slot {c})"

@@ -276,6 +276,9 @@ class ServerWorker:
         except Exception as e:  # noqa: BLE001 - whatever happened is the operation's result, never the thread's end
             o.result = {"error": f"{type(e).__name__}: {e}"}
         finally:
+            broken = str(o.result.get("error", "")) and not str(o.result["error"]).startswith("HTTP ")
+            if (broken or o.result.get("unfinished")) and self._died():  # (an HTTP error: the server answered)
+                o.result = {**o.result, "error": "llama-server died: " + self._why(), "server_crash": True}
             o.mark("prompt")
             o.mark("done")
 
@@ -309,6 +312,8 @@ class ServerWorker:
         except urllib.error.HTTPError as e:
             return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}", "tokens": tokens}
         out = {"tokens": tokens, "top": top, "id_slot": int(last.get("id_slot", r.get("slot", -1)))}
+        if after is None and not last.get("stop"):
+            out["unfinished"] = True  # the stream ended without its last chunk (a server that went away mid-answer)
         if after is None:
             out["cache_n"] = int(last.get("timings", {}).get("cache_n", 0))
         return out
@@ -351,6 +356,17 @@ class ServerWorker:
             raise RequestError("bad_request", "no server running; send a 'load' request first")
         if self.proc.poll() is not None:
             raise RequestError("server_crash", "llama-server is not running: " + self._why())
+
+    def _died(self, grace: float = 2.0) -> bool:
+        """Whether the server exited: asked after an operation failed or its stream broke off, giving a server in the
+        middle of aborting the time to exit (it closes its connections before the process is gone)."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _why(self) -> str:
         rc = self.proc.poll() if self.proc is not None else None

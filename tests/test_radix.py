@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.radix import (
+    CHECKPOINT_OFFSET,
     LANE_PLANS,
     Op,
     Radix,
@@ -25,6 +26,7 @@ from fuzz.radix import (
     draw_tree,
     interleavings,
     parse_plans,
+    parse_tree,
     pct_events,
     random_clients,
     reduce_config,
@@ -168,6 +170,13 @@ def test_drawn_prompt_trees_are_seeded_and_replay_from_their_strings():
         assert 3 <= len(names) <= 6 and all(len(v) <= 80 for v in tree_prompts(64, 0, t).values())
     cuts = [int(x.split("@")[1].split("+")[0]) for t in trees for x in t.split("_") if "@" in x]
     assert {7, 8, 9} <= set(cuts)  # around the window
+    at_checkpoint = covered = 0
+    for t in trees:
+        sizes = {k: len(v) for k, v in tree_prompts(64, 0, t).items()}
+        for parent, cut, n in parse_tree(t):
+            at_checkpoint += parent is not None and cut == sizes[str(parent)] - CHECKPOINT_OFFSET
+            covered += parent is not None and n == 0  # a prompt the cache may cover whole (a retry, a regenerate)
+    assert at_checkpoint >= 20 and covered >= 50, (at_checkpoint, covered)
 
 
 @pytest.mark.llama
