@@ -340,7 +340,7 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
                                                   kv_unified=unified)),
                             # prompt trees drawn per schedule: divergence points anywhere, at and just before a
                             # prompt's end, around the sliding window; random clients, PCT interleavings
-                            ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=8,
+                            ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=48,
                                                   budget=60.0, tokens=6, target=server, kv_unified=unified))):
             rep, case = oracle_run(oracle, path, cfg)
             reps.append(rep)
@@ -913,8 +913,7 @@ def bump(
     """Certify a llama.cpp bump: the selected rows' lanes on the base and the candidate build, and a cross-build lane
     per row (the same prompt through both, unsplit); a verdict per row × lane — unchanged, broke, fixed, drifted,
     newly unsupported. Both builds are built (or taken from the cache) before any lane. Exit 1 if anything broke."""
-    from fuzz import bump as bp
-    from targets.builds import activate, resolve
+    from targets.builds import resolve
 
     if candidate is None and patches is None:
         raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
@@ -922,16 +921,29 @@ def bump(
     m: Manifest = load_manifest(manifest)
     plan = lane_plan(m, tier, rows, lane)
     check_jobs(jobs)
-    t0 = time.perf_counter()
     # the environment's build and patch series name what is certified: the candidate, never the base
     builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
-    command = "family-certify bump " + " ".join(sys.argv[2:])
-    runs = {}
+    rep = bump_builds(plan, builds, manifest=m, command="family-certify bump " + " ".join(sys.argv[2:]), out=out,
+                      jobs=jobs)
+    return finish_bump(rep, out, report)
+
+
+def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, manifest: Manifest, command: str,
+                out: Path | None, jobs: int, base_run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The per-bump gate on two resolved builds (base, candidate): the plan's lanes on each (the base's run taken
+    as given when base_run is), a cross-build lane per row, a verdict per row x lane; the bump report."""
+    from fuzz import bump as bp
+    from targets.builds import activate, resolve
+
+    t0 = time.perf_counter()
+    runs = {"base": base_run} if base_run is not None else {}
     for which, b in builds.items():
+        if which in runs:
+            continue
         activate(b)
         print(f"== {which}: {b.spec}" + (f" + {b.identity['patches']['files']}" if b.identity.get("patches") else ""),
               flush=True)
-        runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=m.path,
+        runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=manifest.path,
                                   command=f"{command} ({which})", jobs=jobs)
         if out is not None:
             write_outputs(out / which, runs[which])
@@ -949,11 +961,10 @@ def bump(
                                             bp.mixed_chains(str(path), {k: b.env() for k, b in builds.items()}))
             print(f"{row.key:<16} {bp.CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} "
                   f"{cross[row.key]['detail']}", flush=True)
-    rep = bp.bump_report(runs["base"]["build"], runs["candidate"]["build"],
-                         bp.verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
-                         build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
-                         manifest=manifest_identity(m.path))
-    return finish_bump(rep, out, report)
+    return bp.bump_report(runs["base"]["build"], runs["candidate"]["build"],
+                          bp.verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
+                          build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
+                          manifest=manifest_identity(manifest.path))
 
 
 def read_bump(d: Path) -> dict[str, Any] | None:
@@ -1063,6 +1074,80 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
                          command="family-certify mutants")
         write_outputs(out, run)
     return 1 if escaped else 0
+
+
+@app.command()
+def corpus(
+    entries: Annotated[list[str] | None, typer.Argument(help="entries: directory names or upstream numbers "
+                                                             "(default: every entry)")] = None,
+    corpus_dir: Annotated[Path | None, Opt("--corpus", help="the corpus (default: corpora/upstream)")] = None,
+    tier: Annotated[int, Opt(help="the gate's tier (the per-bump gate is tier 1)")] = 1,
+    row: Annotated[list[str] | None, Opt("--row", help="only these rows in the gate (a partial gate: the report "
+                                                       "says so; repeatable)")] = None,
+    manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
+    out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json here (and pinned/, ENTRY/: "
+                                         "each build's run)")] = None,
+    report: ReportOpt = None,
+    jobs: JobsOpt = 1,
+) -> int:
+    """The battery measured on llama.cpp's own fixed bugs: every entry of the upstream corpus (a patch series that
+    puts one back into the pinned tree) through the per-bump gate as a user's CI runs it (`bump --patches ENTRY`:
+    every row and lane of the tier, nothing per bug) and through its direct check; the pinned build through the
+    same once. Prints caught/escaped per entry. Exit 1 if the pinned build fails the gate or a check, a check does
+    not show its bug, or the gate catches fewer than 90 %."""
+    from fuzz import corpus as cp
+    from targets.builds import activate, resolve
+
+    m = load_manifest(manifest)
+    chosen = cp.load_entries(set(m.rows), entries, corpus_dir or cp.DIR)
+    plan = lane_plan(m, tier, row, None)
+    check_jobs(jobs)
+    t0 = time.perf_counter()
+    command = "family-certify corpus " + " ".join(sys.argv[2:])
+    builds = {}
+    for e in chosen:  # every build first: a series that does not apply is bad input before any lane runs
+        builds[e.name] = b = resolve("pinned", e.path, from_env=False)
+        print(f"{e.name}: {'built in ' + format(b.seconds, '.0f') + ' s' if b.seconds else 'built (cached)'}",
+              flush=True)
+    pinned = activate(resolve("pinned", from_env=False))
+    print("== the pinned build", flush=True)
+    base = run_battery(plan, "llama-cpp", out / "pinned" if out else None, manifest=m.path,
+                       command=f"{command} (pinned)", jobs=jobs)
+    if out is not None:
+        write_outputs(out / "pinned", base)
+    failing = [f"{x['row']}/{x['lane']} {x['status']}" for x in base["results"] if x["status"] in FAILING]
+    width = max(len(e.name) for e in chosen)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="family-certify-corpus-") as d:
+        on_pinned = {e.name: cp.run_check(e, cp.fixture_for(m.row(e.row), Path(d))) for e in chosen}
+        for e in chosen:
+            t1 = time.perf_counter()
+            print(f"== {e.name}: {e.title}", flush=True)
+            rep = bump_builds(plan, {"base": pinned, "candidate": builds[e.name]}, manifest=m,
+                              command=f"{command} ({e.name})", out=out / e.name if out else None, jobs=jobs,
+                              base_run=base)
+            finish_bump(rep, out / e.name if out else None, None)
+            activate(builds[e.name])
+            check = cp.run_check(e, cp.fixture_for(m.row(e.row), Path(d)))
+            activate(pinned)
+            results.append(res := cp.entry_result(e, rep, check, on_pinned[e.name], time.perf_counter() - t1))
+            verdict = "caught by " + ", ".join(res["by"]) if res["caught"] else "ESCAPED"
+            print(f"{e.name:<{width}} {e.klass:<9} {verdict}; direct check: {cp.check_cell(res['check'])}",
+                  flush=True)
+    lanes = sum(len(ls) for _, ls in plan)
+    gate = {"tier": tier, "rows": [r.key for r, _ in plan], "partial": bool(row),
+            "description": f"`family-certify bump --tier {tier} --patches ENTRY`" + (" (partial: --row)" if row else "")
+            + f" — {len(plan)} rows, {lanes} lanes and a cross-build lane per row"}
+    rep = cp.corpus_report(results, {"passes": not failing, "failing": failing, "totals": base["totals"]},
+                           command=command, gate=gate, wall_s=time.perf_counter() - t0)
+    print("\n" + cp.corpus_md(rep).split("\n", 1)[0].removeprefix("## "))
+    if out is not None:
+        cp.write_corpus(out, rep)
+        print(f"wrote {out}/summary.md, junit.xml, report.json")
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(rep, indent=2) + "\n")
+    return rep["exit_code"]
 
 
 @app.command()

@@ -7,7 +7,7 @@ An entry is a directory corpora/upstream/<issue-or-pr-number>-<slug>/ holding
   entry.toml   upstream (the number the directory is named by), title, class (CLASSES), threads (the upstream
                issue and pull-request URLs), row (the manifest row whose fixture shows it), check (a `fuzz`
                command line: exit 1 on the entry's build, 0 on the pinned one; `{fixture}` is the row's fixture,
-               `{entry}` the entry's directory)
+               `{entry}` the entry's directory; [] while no command shows the bug — the README says why)
   README.md    the upstream threads cited, what a user saw, which fixture and configuration show it, and for an
                escape, why the lanes miss it
 Each entry runs through the per-bump gate exactly as a user's CI runs it (`family-certify bump --patches ENTRY` on
@@ -91,13 +91,15 @@ def load_entry(path: Path, rows: set[str]) -> Entry:
     if meta["row"] not in rows:
         raise UserError(f"{where}: row {meta['row']!r} is not a manifest row (`family-certify check` lists them)")
     check = meta["check"]
-    if not isinstance(check, list) or not check or not all(isinstance(a, str) for a in check) or check[0] != "fuzz":
+    if not isinstance(check, list) or not all(isinstance(a, str) for a in check) or (check and check[0] != "fuzz"):
         raise UserError(f"{where}: check must be a `fuzz` command line as a list of strings, e.g. "
                         "[\"fuzz\", \"memory\", \"{fixture}\", \"--program\", \"{entry}/program.json\"]")
     readme = path / "README.md"
     if not readme.is_file():
         raise UserError(f"{where}: no README.md; cite the upstream threads and say what a user saw")
     text = readme.read_text()
+    if not check and "## Why no command shows it yet" not in text:
+        raise UserError(f"{where}: check is empty: say why under '## Why no command shows it yet' in README.md")
     uncited = [t for t in threads if t not in text]
     if uncited:
         raise UserError(f"{where}: README.md does not cite {uncited[0]}")
@@ -131,6 +133,8 @@ def load_entries(rows: set[str], names: list[str] | None = None, corpus: Path = 
 def run_check(entry: Entry, fixture: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The entry's direct check on the build this process has active (workers inherit its environment):
     {exit_code, shows (exit 1: a finding), line (its last output line)}."""
+    if not entry.check:
+        return {"exit_code": None, "shows": False, "line": "no command shows it yet (see its README)"}
     argv = entry.check_argv(fixture)
     argv[0] = str(Path(sys.executable).parent / "fuzz")
     try:
@@ -158,7 +162,8 @@ def corpus_report(entries: list[dict[str, Any]], pinned: dict[str, Any], *, comm
                   wall_s: float) -> dict[str, Any]:
     caught = sum(e["caught"] for e in entries)
     share = caught / len(entries) if entries else 0.0
-    checks_ok = all(e["check"]["shows"] and e["check"]["on_pinned"]["exit_code"] == 0 for e in entries)
+    checks_ok = all(e["check"]["exit_code"] is None or (e["check"]["shows"] and e["check"]["on_pinned"]["exit_code"]
+                                                         == 0) for e in entries)
     ok = pinned["passes"] and checks_ok and share >= GOAL
     return {"schema": 1, "kind": "family-certify-corpus", "command": command, "gate": gate, "pinned": pinned,
             "entries": entries, "totals": {"entries": len(entries), "caught": caught, "escaped": len(entries) - caught,
@@ -175,22 +180,28 @@ def corpus_md(rep: dict[str, Any]) -> str:
            f"({100 * rep['caught_share']:.0f} %, goal {100 * rep['goal']:.0f} %), {t['classes']} classes", "",
            f"Gate: {rep['gate']['description']}. The pinned build: "
            + ("passes the gate and every direct check" if pinned["passes"] and all(
-               e["check"]["on_pinned"]["exit_code"] == 0 for e in rep["entries"]) else
+               e["check"]["on_pinned"]["exit_code"] in (0, None) for e in rep["entries"]) else
               "FAILS: " + "; ".join(pinned["failing"] or ["a direct check fails on it"])), "",
            "| entry | class | caught by the gate | direct check (entry / pinned) | upstream |", "|---|---|---|---|---|"]
     for e in rep["entries"]:
         by = ", ".join(e["by"][:4]) + (f" (+{len(e['by']) - 4})" if len(e["by"]) > 4 else "")
-        chk = e["check"]
         out.append(f"| {e['entry']} | {e['class']} | {'✅ ' + by if e['caught'] else '❌ escaped'} | "
-                   f"{'shows it' if chk['shows'] else 'exit ' + str(chk['exit_code'])} / "
-                   f"{'clean' if chk['on_pinned']['exit_code'] == 0 else 'exit ' + str(chk['on_pinned']['exit_code'])}"
-                   f" | " + " ".join(f"[#{t.rsplit('/', 1)[1]}]({t})" for t in e["threads"]) + " |")
+                   f"{check_cell(e['check'])} | " + " ".join(f"[#{t.rsplit('/', 1)[1]}]({t})" for t in e["threads"])
+                   + " |")
     escaped = [e for e in rep["entries"] if not e["caught"]]
     if escaped:
         out += ["", "Escapes are analysed in their entry's README (corpora/upstream/<entry>/README.md): "
                 + ", ".join(e["entry"] for e in escaped) + "."]
     out.append("")
     return "\n".join(out)
+
+
+def check_cell(chk: dict[str, Any]) -> str:
+    if chk["exit_code"] is None:
+        return "none yet"
+    pinned = chk["on_pinned"]["exit_code"]
+    return (f"{'shows it' if chk['shows'] else 'exit ' + str(chk['exit_code'])} / "
+            f"{'clean' if pinned == 0 else 'exit ' + str(pinned)}")
 
 
 def corpus_junit(rep: dict[str, Any]) -> bytes:

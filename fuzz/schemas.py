@@ -210,7 +210,8 @@ CAMPAIGN = {
 
 
 CHECK = {"type": "object", "required": ["exit_code", "shows", "line"], "properties": {
-    "exit_code": {"type": "integer", "description": "the direct check's exit code (-1: no answer in time)"},
+    "exit_code": {"type": ["integer", "null"], "description": "the direct check's exit code (-1: no answer in "
+                  "time; null: the entry has none yet)"},
     "shows": {"type": "boolean", "description": "exit 1: the check found the bug"},
     "line": {"type": "string", "description": "its last output line"}}}
 CORPUS = {
