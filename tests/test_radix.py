@@ -500,20 +500,28 @@ def test_no_llama_server_outlives_a_killed_engine(binary, fixtures, tmp_path):
     p = subprocess.Popen([str(BIN / "fuzz"), "radix", str(fixture), "--budget", "120"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
 
+    started, left = kill_engine_once_started(p, f"llama-server -m {fixture}", within=10)
+    assert started, "the engine never started a llama-server"
+    assert not left, "a llama-server outlived the engine"
+
+
+def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) -> tuple[bool, list[str]]:
+    """Wait (up to 60 s) for a process matching `server` (pgrep -f), SIGKILL the engine `p`, then give the matching
+    processes `within` seconds to go: (whether one started, the pids still there)."""
     def servers() -> list[str]:
-        r = subprocess.run(["pgrep", "-f", f"llama-server -m {fixture}"], capture_output=True, text=True)
-        return r.stdout.split()
+        return subprocess.run(["pgrep", "-f", server], capture_output=True, text=True).stdout.split()
 
     deadline = time.monotonic() + 60
     while not servers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert servers(), "the engine never started a llama-server"
+        time.sleep(0.05)
+    if not servers():
+        return False, []
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + within
     while servers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not servers(), "a llama-server outlived the engine"
+        time.sleep(0.05)
+    return True, servers()
 
 
 def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
@@ -532,20 +540,10 @@ def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", engine], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, env={**os.environ, "FAMILY_CERTIFY_LLAMA_SERVER": str(sleeper)})
 
-    def servers() -> list[str]:
-        return subprocess.run(["pgrep", "-f", f"sleep.600. {marker}"], capture_output=True, text=True).stdout.split()
-
     try:
-        deadline = time.monotonic() + 60
-        while not servers() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert servers(), "the worker never started the stand-in server"
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-        deadline = time.monotonic() + 5
-        while servers() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not servers(), "a worker busy in a load outlived its engine, and kept its server"
+        started, left = kill_engine_once_started(p, f"sleep.600. {marker}", within=5)
+        assert started, "the worker never started the stand-in server"
+        assert not left, "a worker busy in a load outlived its engine, and kept its server"
     finally:
         p.kill()
         subprocess.run(["pkill", "-f", f"sleep.600. {marker}"])
