@@ -21,6 +21,7 @@ from fuzz.radix import (
     Op,
     Radix,
     RadixConfig,
+    Run,
     Schedule,
     cleared,
     draw_tree,
@@ -37,6 +38,7 @@ from fuzz.radix import (
 )
 from fuzz.schemas import validate
 from synth.errors import UserError
+from targets import close_all, open_target
 from targets.llama_server_worker import server_binary
 
 from conftest import BIN, ROOT, run_cli
@@ -321,6 +323,42 @@ def test_a_unified_layout_measures_what_placement_moves(binary, fixtures):
     noise = unified["noise"]
     assert 1e-3 < noise["placement"] < 2e-2 and noise["near_tie"] == pytest.approx(4 * noise["placement"])
     assert "noise" not in per_slot
+
+
+# a drawn tree on the deepseek3 row (DSA, indexer top-4) with one KV cache for both slots: B2 reuses 10 cells B's
+# first complete computed, and when that complete was batched with A's (timing decides) B2 answers 48 for 2 at its
+# 4th token
+DSA_UNIFIED_REPLAY = "r2:0:6:14_0@10+1_0@10+7_0@10+11_1@6+3_25:c1,s,x4/c1,c1,c3:A.B.B.B.Abd.A"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtures):
+    """DSA keeps each query's top-k keys: one KV cache for the slots moves the indexer's scores and can swap the
+    k-th key, a different token however clear the pick's margin. Such a divergence is explained when the same
+    schedule answers cold with one KV cache per slot (the same reuse) and with the prompt cache off: numerics with
+    that cause, never a finding, however the run's timing falls. Per slot the schedule passes with nothing to
+    explain; a model without top-k selection explains nothing."""
+    fixture = fixtures("deepseek32", layers=6, indexer_top_k=4)  # the deepseek3 row's recipe
+    cfg = dict(replay=DSA_UNIFIED_REPLAY, tree="drawn", tokens=6)
+    rx = Radix(fixture, RadixConfig(kv_unified=True, **cfg))
+    rx.ref_t, rx.srv = open_target("llama-server"), open_target("llama-server")
+    try:
+        diverged = Run(Schedule.parse(DSA_UNIFIED_REPLAY), findings=[
+            {"kind": "diverged", "op": "complete", "client": 1, "message": "B2 (c3, slot 1): token 3: 48 for 2"}])
+        assert "top-4 keys (DSA indexer)" in rx.explain(diverged)
+        assert rx.explain(Run(diverged.schedule, findings=[*diverged.findings, {"kind": "leaked-slot", "op": "-",
+                                                                              "client": None, "message": ""}])) is None
+    finally:
+        close_all([rx.ref_t, rx.srv])
+    for _ in range(3):
+        unified = Radix(fixture, RadixConfig(kv_unified=True, **cfg)).run()
+        assert unified["status"] == "pass" and unified["finding"] is None
+        assert all("top-4 keys" in x["cause"] for x in unified["numerics"])
+    per_slot = Radix(fixture, RadixConfig(**cfg)).run()
+    assert per_slot["status"] == "pass" and per_slot["numerics"] == [] and per_slot["flaky"] == []
+    dense = Radix(fixtures("llama", layers=4), RadixConfig(kv_unified=True, replay="r1:0:6:24:cT/cT:A.B"))
+    assert dense.top_k == 0 and dense.explain(diverged) is None
 
 
 # case 126 of seed 0's campaign: gemma3, every layer sliding-window (window 8), q4_0 weights
