@@ -1,10 +1,10 @@
 # Two entry points (both bootstrap .venv themselves and are idempotent):
 #   make demo   make a hybrid fixture (period 4), run it through the real llama.cpp, sweep its cuts
-#   make test   the default test suite (what .ci/run and CI call)
+#   make test   the default test suite (what .ci/run and CI call): the quick lane, then the llama.cpp tests
 PY := .venv/bin/python
 CACHE := $(or $(FAMILY_CERTIFY_CACHE),$(HOME)/.cache/family-certify)
 
-.PHONY: bootstrap server demo test test-slow lint bench constraints clean
+.PHONY: bootstrap server demo test test-quick test-slow lint bench constraints clean
 bootstrap:
 	@scripts/bootstrap.sh
 
@@ -14,12 +14,20 @@ server: bootstrap
 demo: bootstrap
 	@scripts/demo.sh
 
-# the prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached;
-# the suite runs on every core (pytest-xdist; TEST_JOBS=1 for one process), idle workers taking tests from busy ones
+# the suite runs on every core (pytest-xdist; TEST_JOBS=1 for one process), idle workers taking tests from busy ones.
+# test-quick: the tests that start no llama.cpp process (judges, contract, synth, manifest, schemas, CLI parsing);
+# FAMILY_CERTIFY_NO_LLAMA makes a worker refuse to start, so a test that needs llama.cpp and is not marked `llama`
+# fails here instead of slowing the lane. test: the quick lane first, then the tests that drive llama.cpp (the
+# prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached).
 TEST_JOBS ?= auto
-test: bootstrap
+PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
+QUICK := not llama and not server and not slow and not scan
+test-quick: bootstrap
+	FAMILY_CERTIFY_NO_LLAMA=1 $(PYTEST) -m "$(QUICK)"
+
+test: test-quick
 	@scripts/build_llama_server.sh >/dev/null
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
+	$(PYTEST) -m "(llama or server) and not slow and not scan"
 
 test-slow: bootstrap
 	$(PY) -m pytest -q -m slow

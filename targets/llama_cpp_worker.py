@@ -608,12 +608,19 @@ def _exit_with_engine(engine: int) -> None:
     os._exit(1)
 
 
+NO_LLAMA = "FAMILY_CERTIFY_NO_LLAMA"  # set: a worker exits before it loads llama.cpp or starts llama-server
+
+
 def main() -> None:
     main_with(LlamaWorker)
 
 
-def main_with(worker_cls: Any) -> None:
-    """Serve the protocol on stdin/stdout with a worker of this class (also the llama-server worker's entry)."""
+def main_with(worker_cls: Any, llama: bool = True) -> None:
+    """Serve the protocol on stdin/stdout with a worker of this class (also the llama-server worker's entry).
+    llama: the worker runs llama.cpp (refused in the quick lane); skippy's runs skippy's binaries."""
+    if llama and os.environ.get(NO_LLAMA):  # the quick test lane: no llama.cpp process, whatever a test asks for
+        sys.exit(f"llama.cpp refused: {NO_LLAMA} is set (the quick lane, `make test-quick`, starts no llama.cpp "
+                 "process: mark a test that needs one `llama`)")
     # ggml attaches gdb for a backtrace on abort: slow, and it buries the abort message the client reports
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     # The protocol owns the real stdout; anything native code prints to fd 1 goes to stderr instead.

@@ -494,7 +494,7 @@ def report_ok(rep: dict) -> bool:
 
 
 def main() -> None:
-    main_with(SkippyWorker)
+    main_with(SkippyWorker, llama=False)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def test_bindings_must_declare_what_the_worker_calls(tmp_path):
     assert builds.bindings_problems(pkg) == ["llama_memory_seq_rm()", "field kv_unified"]
 
 
+@pytest.mark.llama
 def test_every_report_records_the_build(fixtures):
     rep = ORACLES["isolation"].run(fixtures("llama", layers=2), IsolationConfig(tokens=1, n_seq=2))
     b = rep.to_dict()["build"]
@@ -283,6 +284,7 @@ def test_a_crossing_moves_no_more_than_the_builds_differ():
     assert crossing(want[:, ::-1].copy(), want, 10.0)[0] == "wrong"  # other choices
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("row", ["qwen3vlmoe", "jamba", "gemma3"])
 def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
     """The mixed-build chain on two workers of the same build is the same-build chain: it must cross both ways,

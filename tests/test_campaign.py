@@ -91,6 +91,7 @@ def test_shards_split_the_cases_and_merge(tmp_path):
         merge(tmp_path / "twice", [dirs[0], dirs[0]])
 
 
+@pytest.mark.llama
 def test_a_campaign_counts_explained_numerics_apart_from_findings(tmp_path):
     """Seed 25's first wire case (llama, q4_0 weights, the f16 wire): a clear-margin token flip the wire oracle
     traces to a quantized matrix product re-quantizing the rounded rows — counted under numerics by its cause, not

@@ -562,6 +562,7 @@ def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) ->
     return True, servers()
 
 
+@pytest.mark.llama
 def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
     """A killed engine closes its workers' stdin, but a worker in the middle of a request reads it only when the
     request ends — here a load waiting up to 300 s for a server that never becomes healthy (a stand-in). The worker

@@ -1,20 +1,48 @@
 """The default suite itself: `make test` spreads it over every core, and what a marker keeps out is said at the end
 of a run, whether one process ran it or several (pytest-xdist workers collect; the controller reports)."""
 
+import itertools
 import re
 import subprocess
 import sys
 
 import pytest
 
+from targets import open_target
+from targets.llama_cpp_worker import NO_LLAMA
+
 from conftest import ROOT
 
 
-def test_make_test_runs_the_suite_on_every_core():
+def recipe(make: str, target: str) -> str:
+    return make[make.index(f"\n{target}: "):].split("\n\n")[0]
+
+
+def test_make_test_runs_the_quick_lane_then_the_rest_on_every_core():
+    """`make test` is `make test-quick` (no llama.cpp process) and then every other default test: the two marker
+    expressions split the default suite, each test in exactly one of them, both on every core."""
     make = (ROOT / "Makefile").read_text()
-    recipe = make[make.index("\ntest: "):].split("\n\n")[0]
-    assert re.search(r"-m pytest -q -n \$\(TEST_JOBS\) --dist worksteal", recipe), recipe
+    assert re.search(r"PYTEST := \$\(PY\) -m pytest -q -n \$\(TEST_JOBS\) --dist worksteal", make)
     assert "TEST_JOBS ?= auto" in make
+    quick, test = recipe(make, "test-quick"), recipe(make, "test")
+    assert test.startswith("\ntest: test-quick") and quick.startswith("\ntest-quick: bootstrap")
+    assert 'FAMILY_CERTIFY_NO_LLAMA=1 $(PYTEST) -m "$(QUICK)"' in quick
+    quick_expr = re.search(r"^QUICK := (.+)$", make, re.M).group(1)
+    rest_expr = re.search(r'\$\(PYTEST\) -m "(.+)"', test).group(1)
+    for marks in itertools.product((False, True), repeat=4):
+        names = dict(zip(("llama", "server", "slow", "scan"), marks, strict=True))
+        default = not names["slow"] and not names["scan"]
+        assert eval(quick_expr, {}, names) + eval(rest_expr, {}, names) == default, names
+
+
+def test_the_quick_lane_refuses_to_start_llama_cpp(monkeypatch):
+    """With FAMILY_CERTIFY_NO_LLAMA set (make test-quick) a llama.cpp or llama-server worker exits before it loads
+    anything, naming the lane and the marker: a test that needs llama.cpp fails there instead of running."""
+    monkeypatch.setenv(NO_LLAMA, "1")
+    for spec in ("llama-cpp", "llama-server"):
+        with open_target(spec, timeout=30) as t:
+            r = t.hello()
+        assert not r.ok and "llama.cpp refused: FAMILY_CERTIFY_NO_LLAMA is set" in r.failure.message, (spec, r)
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "two-workers"])

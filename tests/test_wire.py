@@ -149,6 +149,7 @@ def test_an_f16_wire_flip_on_quantized_weights_is_traced_to_requantization(tmp_p
     assert statuses == {"q8_0": "numerics", "f32": "pass"}
 
 
+@pytest.mark.llama
 def test_an_f16_flip_within_twice_the_roundings_own_move_is_a_measured_near_tie(tmp_path):
     """Campaign case 2168 of seed 0 (shrunk): deepseek2 in bf16, 2 layers, cut 1. Over the f16 wire (bit-exact with
     the reference conversion) one greedy token flips at an unsplit margin of 0.014 — above the fixed 1e-2 — while the
