@@ -79,13 +79,13 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
     if oracle == "wire":
         return WireConfig(wire=pick("f16", "bf16", "q8_0"), cuts=cut, tokens=4, prompt_len=8, target=target,
                           seed=seed)
-    if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule
+    if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule (counted)
         server = target if target.startswith("mutant:radix") else "llama-server"
         if pick(False, True):
-            return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=4, budget=60.0,
+            return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=4, budget=0.0,
                                tokens=4, kv_unified=pick(False, True), target=server, seed=seed)
         plans = LANE_PLANS.split(";")
-        return RadixConfig(plan=pick(*plans), limit=3, budget=30.0, tokens=4, kv_unified=pick(False, True),
+        return RadixConfig(plan=pick(*plans), limit=3, budget=0.0, tokens=4, kv_unified=pick(False, True),
                            target=server, seed=seed)
     if oracle == "memory":  # a few drawn programs, in the layout drawn
         return MemoryConfig(programs=2, steps=int(rng.integers(8, 25)), n_seq=int(rng.integers(2, 5)),

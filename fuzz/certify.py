@@ -327,8 +327,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
-    plan's interleavings) and on 8 schedules of prompt trees drawn per schedule, in both KV layouts llama-server
-    has: one cache per slot (-np given) and one for all slots (its default without -np)."""
+    plan's interleavings) and on 48 schedules of prompt trees drawn per schedule — counted, no time limit — in both
+    KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its default without -np)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
                           NO_SERVER)
@@ -336,12 +336,12 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     reps, cases = [], []
     for unified in (False, True):
         for oracle, cfg in (("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
-                            ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=30.0, tokens=6, target=server,
+                            ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
                                                   kv_unified=unified)),
                             # prompt trees drawn per schedule: divergence points anywhere, at and just before a
                             # prompt's end, around the sliding window; random clients, PCT interleavings
                             ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=48,
-                                                  budget=60.0, tokens=6, target=server, kv_unified=unified))):
+                                                  budget=0.0, tokens=6, target=server, kv_unified=unified))):
             rep, case = oracle_run(oracle, path, cfg)
             reps.append(rep)
             cases.append(case)
@@ -351,7 +351,7 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     if bad is None:
         reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
         noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
-        moved = sum(len(r.numerics) for r in reps)
+        moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
         detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
                   f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
                   f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "

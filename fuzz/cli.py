@@ -400,7 +400,8 @@ def radix_cmd(
     ops: Annotated[int, Opt(help="operations per client")] = 2,
     exhaustive: Annotated[bool, Opt("--exhaustive/--pct", help="every interleaving of each schedule once, or "
                                     "PCT-style randomized priorities")] = True,
-    budget: Annotated[float, Opt(help="seconds of exploration")] = 20.0,
+    budget: Annotated[float, Opt(help="seconds of exploration (0: no time limit; --schedules or --plan bound "
+                                      "it)")] = 20.0,
     replay: Annotated[str, Opt(help="run exactly this schedule (a replay string, e.g. r1:0:8:24:cT,s/cT:A.Bap.A)")]
         = "",
     plan: Annotated[str, Opt(help="explore the interleavings of exactly these clients' operations (OPS/OPS, plans "

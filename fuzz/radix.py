@@ -435,7 +435,7 @@ class RadixConfig:
     clients: int = 2
     ops: int = 2
     mode: str = "exhaustive"  # exhaustive | pct
-    budget: float = 20.0  # seconds of exploration
+    budget: float = 20.0  # seconds of exploration; 0: no time limit (schedules, or the plans and limit, bound it)
     tokens: int = 8
     trunk: int = 24
     replay: str = ""  # one schedule's replay string: run exactly that
@@ -477,6 +477,9 @@ class Radix:
             raise UserError(f"--mode {cfg.mode!r}: use exhaustive or pct")
         if cfg.plan:
             parse_plans(cfg.plan)
+        if not cfg.budget and not (cfg.schedules or cfg.plan or cfg.replay):
+            raise UserError("--budget 0 (no time limit) needs --schedules N or --plan: nothing else ends the "
+                            "exploration")
         if cfg.tree not in ("fixed", "drawn") or (cfg.tree == "drawn" and cfg.plan):
             raise UserError(f"--tree {cfg.tree!r}: fixed or drawn (a plan names the fixed tree's prompts)")
         self.fixture = Path(fixture)
@@ -512,11 +515,13 @@ class Radix:
             hello = self.srv.hello()
             if not hello.ok or not hello.data.get("binary"):
                 raise UserError(f"{NO_SERVER} (the radix lane needs it)")
-            with Progress(0 if self.fixed else int(cfg.budget), "s") as progress:
+            counted = not cfg.budget  # no time limit: the schedule count or the plans bound the exploration
+            with Progress(0 if self.fixed else cfg.schedules if counted else int(cfg.budget),
+                          "schedules" if counted else "s") as progress:
                 for sched in self.schedules():
                     explored += 1
                     got = self.run_schedule(sched)
-                    progress.at(int(time.perf_counter() - t0))
+                    progress.at(explored if counted else int(time.perf_counter() - t0))
                     progress.working(f"{explored} schedules, {sched.replay}")
                     if got.findings:  # twice more, from its replay string alone, before it counts
                         again = [self.run_schedule(Schedule.parse(sched.replay)) for _ in range(2)]
@@ -531,7 +536,8 @@ class Radix:
                                       "again": [a.findings for a in again]})
                     else:
                         runs.append(got)
-                    if self.fixed or time.perf_counter() - t0 > cfg.budget or explored == cfg.schedules:
+                    if self.fixed or (not counted and time.perf_counter() - t0 > cfg.budget) \
+                            or explored == cfg.schedules:
                         break
         finally:
             close_all([self.ref_t, self.srv])
@@ -897,7 +903,8 @@ def format_report(rep: dict[str, Any]) -> str:
     cfg = rep["config"]
     what = f"replay {cfg['replay']}" if cfg["replay"] else f"{cfg['mode']}, " + (
         f"plans {cfg['plan']}" if cfg["plan"] else f"{cfg['clients']} clients × {cfg['ops']} operations") + (
-        f", {cfg['limit']} schedules per plan" if cfg["limit"] else "") + f", budget {cfg['budget']:g} s"
+        f", {cfg['limit']} schedules per plan" if cfg["limit"] else "") + (
+        f", budget {cfg['budget']:g} s" if cfg["budget"] else "")
     reused = sum(r["reused"] for r in rep["runs"])
     promised = sum(r["promised"] for r in rep["runs"])
     lines = [f"radix {rep['fixture']}: arch {rep['arch']}, {what}: {rep['explored']} schedules in "

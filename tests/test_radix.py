@@ -190,7 +190,7 @@ def test_clean_upstream_passes_drawn_prompt_trees(binary, fixtures):
                           ("gemma2", {"layers": 4})):
         for unified in (False, True):
             rep = Radix(fixtures(family, **knobs), RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2,
-                                                               schedules=8, budget=600.0, tokens=6,
+                                                               schedules=8, budget=0.0, tokens=6,
                                                                kv_unified=unified)).run()
             assert rep["status"] == "pass" and rep["explored"] == 8, (family, unified, rep["finding"])
             assert all(r["replay"].startswith("r2:") for r in rep["runs"])
@@ -200,7 +200,7 @@ def test_clean_upstream_passes_drawn_prompt_trees(binary, fixtures):
 @pytest.mark.llama
 @pytest.mark.server
 def test_clean_upstream_passes_the_lane_plans(binary, fixtures, family, knobs):
-    rep = Radix(fixtures(family, **knobs), RadixConfig(plan=LANE_PLANS, limit=6, tokens=6)).run()
+    rep = Radix(fixtures(family, **knobs), RadixConfig(plan=LANE_PLANS, limit=6, tokens=6, budget=0.0)).run()
     assert rep["status"] == "pass" and not rep["flaky"], rep["finding"] or rep["flaky"]
     assert rep["explored"] == 18 and len(rep["runs"]) == 18
     promised = sum(r["promised"] for r in rep["runs"])
@@ -465,10 +465,11 @@ def test_the_host_prompt_cache_path_is_exercised(binary, fixtures):
 @pytest.mark.server
 @pytest.mark.parametrize("family,knobs", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_pct_exploration_of_three_clients_is_clean(binary, fixtures, family, knobs):
-    """The nightly's longer exploration: 3 clients × 3 random operations, PCT-sampled, 20 s per family."""
-    rep = Radix(fixtures(family, **knobs), RadixConfig(clients=3, ops=3, mode="pct", budget=20)).run()
+    """The nightly's longer exploration: 3 clients × 3 random operations, PCT-sampled, 50 schedules per family
+    (counted, no time limit)."""
+    rep = Radix(fixtures(family, **knobs), RadixConfig(clients=3, ops=3, mode="pct", schedules=50, budget=0.0)).run()
     assert rep["status"] == "pass" and not rep["flaky"], rep["finding"] or rep["flaky"]
-    assert rep["explored"] >= 50
+    assert rep["explored"] == 50
 
 
 @pytest.mark.llama
@@ -589,7 +590,8 @@ def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
-    for args in (["--replay", "r1:0:8:24:cT:B"], ["--plan", "cT/k"], ["--clients", "0"]):
+    for args in (["--replay", "r1:0:8:24:cT:B"], ["--plan", "cT/k"], ["--clients", "0"], ["--budget", "0"]):
         r = run_cli("fuzz", "radix", "llama", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert "--budget 0 (no time limit) needs --schedules N or --plan" in r.stderr
 
