@@ -9,6 +9,7 @@
   family-certify bump --candidate C [ROW ...]  a llama.cpp bump or patch series: every lane on both builds and a
                                               cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
+  family-certify admit MODEL --certificate C  may this GGUF be split at these cuts? (a run's certificate.json)
   family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 import typer
 
 from fuzz.bundle import bundle_findings
+from fuzz.certificate import admit, certificate, even_cuts, read_certificate
 from fuzz.cli import LlamaCppOpt, PatchesOpt, use_build
 from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.determinism import DeterminismConfig
@@ -738,13 +740,18 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
     return run
 
 
-def finish_run(run: dict[str, Any], out: Path | None, report: Path | None) -> int:
+def finish_run(run: dict[str, Any], out: Path | None, report: Path | None, manifest: Manifest) -> int:
+    """Print the totals; with --out write the outputs and, when every planned lane ran, certificate.json."""
     print(f"{len({x['row'] for x in run['results']})} rows, {len(run['results'])} lanes: "
           + ", ".join(f"{v} {k}" for k, v in sorted(run["totals"].items())) + f"; wall {run['wall_s']:.0f} s")
     if out is not None:
         write_outputs(out, run)
+        cert = certificate(run, manifest)
+        if cert is not None:
+            (out / "certificate.json").write_text(json.dumps(cert, indent=2) + "\n")
         print(f"wrote {out}/summary.md, junit.xml, report.json" + (", bundles/" if (out / "bundles").is_dir() else "")
-              + (", pictures/" if (out / "pictures").is_dir() else ""))
+              + (", pictures/" if (out / "pictures").is_dir() else "")
+              + (", certificate.json" if cert else "; no certificate.json: a planned lane did not run"))
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(run, indent=2) + "\n")
@@ -802,7 +809,7 @@ def run_cmd(
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]),
                       require_lanes=require_lanes, jobs=jobs)
-    return finish_run(run, out, report)
+    return finish_run(run, out, report, m)
 
 
 @app.command()
@@ -827,7 +834,7 @@ def scan(
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]),
                       jobs=jobs)
-    return finish_run(run, out, report)
+    return finish_run(run, out, report, m)
 
 
 @app.command()
@@ -872,7 +879,7 @@ def aggregate(
     missing = [f"{x['row']}/{x['lane']}" for x in run["results"] if x["status"] == MISSING]
     if missing:
         print(f"MISSING (planned, no shard reported them): {', '.join(missing)}")
-    return finish_run(run, out, report)
+    return finish_run(run, out, report, m)
 
 
 @app.command("build")
@@ -1148,6 +1155,41 @@ def corpus(
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(rep, indent=2) + "\n")
     return rep["exit_code"]
+
+
+@app.command("admit")
+def admit_cmd(
+    model: Annotated[Path, typer.Argument(help="the GGUF to split (the real model)")],
+    certificate_path: Annotated[Path, Opt("--certificate", help="certificate.json (or the --out directory of a "
+                                                                 "run that wrote one)")],
+    cuts: Annotated[str | None, Opt(help="where the stages are cut, e.g. 5,12")] = None,
+    stages: Annotated[int | None, Opt(help="as many stages of as equal a size as can be (default 2, when --cuts "
+                                           "is not given)")] = None,
+    build: Annotated[str | None, Opt(help="the llama.cpp build the runtime runs: a commit (7+ characters) or a "
+                                          "build key; refused when the certificate is another build's")] = None,
+) -> int:
+    """May MODEL be split at these cuts? One line: admitted (exit 0: the certificate row and boundaries) or refused
+    (exit 1: no row for the architecture, a layer pattern no certified fixture has, a boundary the certificate
+    refused or never certified, another build); exit 2 for bad input."""
+    if cuts is not None and stages is not None:
+        raise UserError("give --cuts or --stages, not both")
+    cert = read_certificate(certificate_path)
+    if not model.is_file():
+        raise UserError(f"{model}: no such GGUF file")
+    if cuts is not None:
+        try:
+            at = [int(x) for x in cuts.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise UserError(f"--cuts {cuts!r}: expected layer indices, e.g. 5,12") from None
+    else:
+        from synth.inspect import inspect_file
+
+        if (stages or 2) < 2:
+            raise UserError(f"--stages {stages}: at least 2")
+        at = even_cuts(inspect_file(str(model)).n_layer, stages or 2)
+    ok, line = admit(model, cert, at, build)
+    print(line)
+    return 0 if ok else 1
 
 
 @app.command()

@@ -136,6 +136,45 @@ RUN = {
         "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]},
         "picture": {"type": "string", "description": "the rows x lanes picture, relative to the run directory"}}}
 
+BOUNDARY = {"type": "string", "pattern": "^[ASRBM][|][ASRBM]$", "description": "where a cut falls: the last layer "
+            "of one stage | the first of the next (A attention, S sliding-window attention, R recurrent, B both, M "
+            "feed-forward only)"}
+CERT_ROW = {"type": "object", "additionalProperties": False,
+            "required": ["recipe", "kinds", "status", "lanes", "boundaries", "wire", "state", "known"], "properties": {
+    "recipe": {"type": "object", "required": ["family"], "description": "the manifest row's recipe: admit makes "
+               "the fixture at a model's depth from it, to compare layer patterns"},
+    "kinds": {"type": "string", "pattern": "^[ASRBM]*$", "description": "the fixture's layers, one letter each"},
+    "status": {"enum": ["certified", "refused"]},
+    "refused_because": {"type": "string", "description": "a lane that failed without naming a cut"},
+    "lanes": {"type": "object", "additionalProperties": STATUS},
+    "boundaries": {"type": "object", "required": ["certified", "refused"], "properties": {
+        "certified": {"type": "object", "propertyNames": BOUNDARY, "description": "boundary → the lanes that passed "
+                      "a cut there", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "refused": {"type": "object", "propertyNames": BOUNDARY, "description": "boundary → the first failing "
+                    "lane result that cut there", "additionalProperties": {"type": "string"}}}},
+    "wire": {"type": "object", "required": ["granted", "measured"], "properties": {
+        "granted": {"type": "array", "items": {"const": "f16"}, "description": "gated: f16, when its lane passed"},
+        "measured": {"type": "object", "additionalProperties": STATUS, "description": "measured, not granted"}}},
+    "state": {"type": "array", "items": {"enum": ["kv", "recurrent", "indexer"]},
+              "description": "what crosses a cut: attention KV, recurrent state, DSA indexer keys"},
+    "known": {"type": "array", "items": {"type": "string"}, "description": "known upstream findings (repro paths) "
+              "the row's lanes reproduce"}}}
+
+CERTIFICATE = {
+    "type": "object", "description": "what a split runtime may admit (run --out DIR: DIR/certificate.json, written "
+    "only when every planned lane ran)",
+    "required": ["schema", "kind", "command", "target", "build", "manifest", "architectures", "refused_families"],
+    "properties": {
+        "schema": {"const": 1}, "kind": {"const": "family-certify-certificate"}, "command": {"type": "string"},
+        "target": {"type": "string"}, "build": BUILD, "manifest": RUN["properties"]["manifest"],
+        "architectures": {"type": "object", "description": "GGUF general.architecture → its rows",
+                          "additionalProperties": {"type": "object", "required": ["rows"], "properties": {
+                              "rows": {"type": "object", "additionalProperties": CERT_ROW}}}},
+        "refused_families": {"type": "array", "items": {"type": "object", "required": ["row", "arch", "why"],
+                                                        "properties": {"row": {"type": "string"},
+                                                                       "arch": {"type": "string"},
+                                                                       "why": {"type": "string"}}}}}}
+
 BUNDLE = {
     "type": "object", "description": "a repro bundle's bundle.json (replay: fuzz replay DIR)",
     "required": ["schema", "oracle", "target", "cuts", "config", "fingerprint", "fixture", "fixture_sha256", "spec",
@@ -263,6 +302,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "bump.schema.json": doc("bump", "family-certify bump, schema 1", BUMP, {}),
         "campaign.schema.json": doc("campaign", "family-certify fuzz campaign state, schema 1", CAMPAIGN, {}),
         "corpus.schema.json": doc("corpus", "family-certify corpus, schema 1", CORPUS, {}),
+        "certificate.schema.json": doc("certificate", "family-certify certificate, schema 1", CERTIFICATE, {}),
     }
 
 
@@ -277,7 +317,7 @@ def write(out: Path = DIR) -> list[Path]:
 
 def validate(data: Any, name: str) -> None:
     """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump,
-    campaign or corpus)."""
+    campaign, corpus or certificate)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

@@ -49,6 +49,14 @@ class Tier:
     wires: list[str] = field(default_factory=list)  # the wire lane's types
 
 
+def recipe_knobs(recipe: dict[str, Any]) -> Knobs:
+    """A row's recipe (family and knobs, as the manifest writes them) as synth's Knobs."""
+    k = {key: v for key, v in recipe.items() if key != "family"}
+    if "kv_heads" in k:
+        k["kv_heads"] = tuple(k["kv_heads"]) if isinstance(k["kv_heads"], (list, tuple)) else (k["kv_heads"],)
+    return Knobs(**k)
+
+
 @dataclass
 class Row:
     key: str
@@ -74,12 +82,7 @@ class Row:
         return FAMILIES.get(str(self.recipe.get("family", "")))
 
     def knobs(self) -> Knobs:
-        k = {key: v for key, v in self.recipe.items() if key != "family"}
-        if "kv_heads" in k and not isinstance(k["kv_heads"], (list, tuple)):
-            k["kv_heads"] = [k["kv_heads"]]
-        if "kv_heads" in k:
-            k["kv_heads"] = tuple(k["kv_heads"])
-        return Knobs(**k)
+        return recipe_knobs(self.recipe)
 
     def artifact_dtypes(self) -> list[str]:
         """The weight types the row's artifact name gives ("Llama-3.2-1B Q4_K_M" → q4_k, "IQ2_XXS" → iq2_xxs): the

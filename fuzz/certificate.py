@@ -1,0 +1,187 @@
+"""A certificate a split runtime can read at serving time, and `admit`, which answers from it.
+
+`family-certify run/scan/aggregate --out DIR` writes `certificate.json` (schemas/certificate.schema.json) next to
+report.json when the run executed every row × lane it planned (a run with a missing lane writes none). Per GGUF
+architecture the run covered, per manifest row: the fixture's layer pattern, each lane's status, the stage
+boundaries certified and refused, the wire types granted (the f16 gate) and measured, the state that crosses a cut,
+the known upstream findings that apply; beside them the build, the manifest's sha256, and the manifest's refused
+families (tier 3, rows the pinned llama.cpp cannot run).
+
+A boundary is where a cut falls, named by the layers on either side: `R|A` is a stage that ends on a recurrent
+layer and a stage that starts on an attention layer (A attention, S sliding-window attention, R recurrent, B both
+in one layer, M feed-forward only). A fixture's cut is certified when every lane result that cut it passed; a
+failing result refuses the boundaries of its cuts; a lane that failed without naming a cut refuses the whole row.
+
+`admit MODEL.gguf` reads the real GGUF (architecture, layer kinds) and answers for a set of cuts: admitted (exit
+0) when a certified row of its architecture has its layer pattern and every cut's boundary is certified there;
+refused (exit 1) otherwise, naming why.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from jsonschema import ValidationError
+
+from fuzz.contract import FAILING, KNOWN, MISSING, PASS
+from fuzz.outputs import build_name
+from fuzz.schemas import validate
+from synth.errors import UserError, read_json
+from synth.inspect import inspect_file
+from synth.make import resolve, write_fixture
+from synth.manifest import Manifest, recipe_knobs
+
+CERT_SCHEMA = 1
+LETTERS = {"attention": "A", "recurrent": "R", "both": "B", "mlp": "M"}
+
+
+def layer_letters(layers: Iterable[Any]) -> str:
+    """One letter per layer (LETTERS; S for a sliding-window attention layer), from a report's `layers` or from
+    synth.inspect's LayerInfo."""
+    out = []
+    for x in layers:
+        kind, swa = (x["kind"], x.get("swa")) if isinstance(x, dict) else (x.kind, x.swa)
+        out.append("S" if kind == "attention" and swa else LETTERS[kind])
+    return "".join(out)
+
+
+def boundary(letters: str, cut: int) -> str:
+    return f"{letters[cut - 1]}|{letters[cut]}"
+
+
+def row_certificate(lanes: list[dict[str, Any]], known: dict[str, str], indexer: bool) -> dict[str, Any]:
+    """One row's entry from its lane results (each with its oracle reports)."""
+    letters = ""
+    certified: dict[str, set[str]] = {}  # boundary → the lanes that passed a cut there
+    refused: dict[str, str] = {}
+    statuses = {x["lane"]: x["status"] for x in lanes}
+    wire: dict[str, str] = {}
+    uncut: list[str] = []  # failing lanes that named no cut: they refuse the row
+    for x in lanes:
+        cut_failures = 0
+        for rep in x.get("reports", []):
+            if rep.get("layers") and not letters:
+                letters = layer_letters(rep["layers"])
+            if rep.get("oracle") == "wire" and rep.get("config", {}).get("wire"):
+                wire[str(rep["config"]["wire"])] = rep["status"]
+            for res in rep.get("results", []):
+                cuts = res.get("cuts")
+                if not cuts or not letters or max(cuts) >= len(letters):
+                    continue
+                names = {boundary(letters, c) for c in cuts}
+                if res.get("status") in FAILING:
+                    cut_failures += 1
+                    for name in names:
+                        refused.setdefault(name, f"{x['lane']} ({rep['oracle']}) at cuts {cuts}: "
+                                                 f"{res.get('status')}")
+                elif res.get("status") == PASS:
+                    for name in names:
+                        certified.setdefault(name, set()).add(x["lane"])
+        if x["status"] in FAILING and not cut_failures:
+            uncut.append(f"{x['lane']}: {x['status']}: {x.get('detail', '')}"[:300])
+    kinds = set(letters)
+    return {
+        "kinds": letters,
+        "status": "refused" if uncut or not letters else "certified",
+        **({"refused_because": uncut[0] if uncut else "no lane reported the fixture's layers"}
+           if uncut or not letters else {}),
+        "lanes": statuses,
+        "boundaries": {"certified": {k: sorted(v) for k, v in sorted(certified.items()) if k not in refused},
+                       "refused": dict(sorted(refused.items()))},
+        "wire": {"granted": ["f16"] if wire.get("f16") == PASS else [],
+                 "measured": {k: v for k, v in sorted(wire.items()) if k != "f16"}},
+        "state": [name for name, has in (("kv", kinds & set("ASB")), ("recurrent", kinds & set("RB")),
+                                         ("indexer", indexer)) if has],
+        "known": sorted({known[lane] for lane, s in statuses.items() if s == KNOWN and lane in known}),
+    }
+
+
+def certificate(run: dict[str, Any], manifest: Manifest) -> dict[str, Any] | None:
+    """The run's certificate, or None when a planned lane did not run (a certificate claims what was executed)."""
+    if any(x["status"] == MISSING for x in run["results"]):
+        return None
+    archs: dict[str, dict[str, Any]] = {}
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for x in run["results"]:
+        by_row.setdefault(x["row"], []).append(x)
+    for key, lanes in by_row.items():
+        row = manifest.rows.get(key)
+        if row is None or not row.runnable:
+            continue
+        entry = {"recipe": row.recipe, **row_certificate(lanes, row.known, row.spec().indexer)}
+        arch = next((rep["arch"] for x in lanes for rep in x.get("reports", []) if rep.get("arch")), row.arch)
+        archs.setdefault(arch, {"rows": {}})["rows"][key] = entry
+    refused = [{"row": r.key, "arch": r.arch, "why": f"tier 3: {r.why}" if r.tier == 3 else str(r.reason)}
+               for r in manifest.rows.values() if r.tier == 3 or not r.runnable]
+    return {"schema": CERT_SCHEMA, "kind": "family-certify-certificate", "command": run["command"],
+            "target": run["target"], "build": run["build"], "manifest": run["manifest"],
+            "architectures": dict(sorted(archs.items())), "refused_families": refused}
+
+
+def read_certificate(path: Path) -> dict[str, Any]:
+    f = path / "certificate.json" if path.is_dir() else path
+    if not f.is_file():
+        raise UserError(f"{path}: no certificate.json; pass one written by `family-certify run --out DIR`")
+    data = read_json(f, "certificate", "re-run family-certify run --out")
+    try:
+        validate(data, "certificate")
+    except ValidationError as e:
+        raise UserError(f"{f}: not a family-certify certificate (schema {CERT_SCHEMA}: {e.message[:120]}); re-run "
+                        "family-certify run --out") from None
+    return data
+
+
+def even_cuts(n_layer: int, stages: int) -> list[int]:
+    """Where K stages of as equal a size as can be split n_layer layers."""
+    return [round(i * n_layer / stages) for i in range(1, stages)]
+
+
+def pattern_at(recipe: dict[str, Any], n_layer: int) -> str:
+    """The layer letters the row's fixture has when made n_layer deep: the pattern (interleaving period and offset,
+    sliding-window layers) a model of that depth must have to be the fixture's kind of model."""
+    spec = resolve(str(recipe["family"]), replace(recipe_knobs(recipe), layers=n_layer))
+    with tempfile.TemporaryDirectory(prefix="family-certify-admit-") as d:
+        write_fixture(spec, Path(d) / "pattern.gguf")
+        return layer_letters(inspect_file(str(Path(d) / "pattern.gguf")).layers)
+
+
+def admit(model: Path, cert: dict[str, Any], cuts: list[int], build: str | None = None) -> tuple[bool, str]:
+    """(admitted, one line). build: the build the runtime runs (a commit, at least 7 characters, or a build key);
+    None: not checked."""
+    info = inspect_file(str(model))
+    letters = layer_letters(info.layers)
+    if not cuts or any(not 0 < c < info.n_layer for c in cuts) or sorted(set(cuts)) != cuts:
+        raise UserError(f"cuts {cuts}: give increasing cuts between 1 and {info.n_layer - 1} ({model.name} has "
+                        f"{info.n_layer} layers)")
+    what = f"{model.name} ({info.arch}, {info.n_layer} layers) at cuts {', '.join(map(str, cuts))}"
+    have = build_name(cert["build"])
+    if build is not None and not (len(build) >= 7 and have.startswith(build)):
+        return False, f"refused: {what}: the certificate is for build {have[:12]}, not {build}"
+    arch = cert["architectures"].get(info.arch)
+    if arch is None:
+        why = next((f["why"] for f in cert.get("refused_families", []) if f["arch"] == info.arch), None)
+        return False, f"refused: {what}: " + (f"a refused family ({why})" if why else
+                                               f"no certificate row for architecture {info.arch}")
+    rows = {k: r for k, r in arch["rows"].items() if r["kinds"] and pattern_at(r["recipe"], info.n_layer) == letters}
+    if not rows:
+        seen = ", ".join(f"{k} {r['kinds']}" for k, r in arch["rows"].items())
+        return False, (f"refused: {what}: its layer pattern {letters} is not the one any certified fixture has at "
+                       f"{info.n_layer} layers (fixtures: {seen})")
+    reasons = []
+    for key, r in rows.items():
+        if r["status"] != "certified":
+            reasons.append(f"row {key}: {r['refused_because']}")
+            continue
+        bad = [(c, boundary(letters, c)) for c in cuts if boundary(letters, c) not in r["boundaries"]["certified"]]
+        if not bad:
+            names = sorted({boundary(letters, c) for c in cuts})
+            by = "; ".join(f"{n} by {', '.join(r['boundaries']['certified'][n])}" for n in names)
+            return True, f"admitted: {what}: certificate row {key} on build {have[:12]}: {by}"
+        c, name = bad[0]
+        why = r["boundaries"]["refused"].get(name)
+        reasons.append(f"row {key}: cut {c} ({name}) " + (f"refused: {why}" if why else "was never certified"))
+    return False, f"refused: {what}: {'; '.join(reasons)}"
