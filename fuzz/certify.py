@@ -63,12 +63,23 @@ WIDE_BLOCKS = {name for name, q in DTYPES.items() if q in MADE_SCALES}  # 256-wi
 
 
 @app.command()
-def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False) -> None:
-    """Validate the manifest (unknown keys, unknown families, duplicates, tiers, recipes) and summarize it."""
+def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False,
+          tree: Annotated[str | None, Opt(help="also check that every architecture this llama.cpp source tree knows "
+                                               "(or `pinned`) has a row or a [not_split_served] line")] = None) -> int:
+    """Validate the manifest (unknown keys, unknown families, duplicates, tiers, recipes) and summarize it; with
+    --tree, exit 1 on an architecture the manifest does not classify."""
     m = load_manifest(file)
+    if tree is not None:
+        from targets.builds import resolve, tree_architectures
+
+        names = resolve("pinned", from_env=False).arch_names() if tree == "pinned" else tree_architectures(Path(tree))
+        if unclassified_architectures(m, names):
+            return 1
+        print(f"{tree}: all {len(names)} architectures classified ({len({r.arch for r in m.rows.values()})} by rows, "
+              f"{len(m.not_split_served)} not split-served)")
     if as_json:
         print(json.dumps({"manifest": str(m.path), "rows": [r.to_dict() for r in m.rows.values()]}, indent=2))
-        return
+        return 0
     by_tier = Counter(r.tier for r in m.rows.values())
     runnable = sum(r.runnable for r in m.rows.values())
     print(f"{m.path}: {len(m.rows)} families valid — " + ", ".join(f"tier {t}: {by_tier[t]}" for t in sorted(by_tier))
@@ -76,6 +87,16 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
     for r in m.rows.values():
         if not r.runnable:
             print(f"  not runnable: {r.key} ({r.arch}): {r.reason}")
+    return 0
+
+
+def unclassified_architectures(m: Manifest, names: list[str]) -> bool:
+    """Print a line per architecture of `names` the manifest does not classify; whether there was one."""
+    missing = m.unclassified(names)
+    for a in missing:
+        print(f"unclassified architecture {a}: llama.cpp knows it and {m.path.name} neither has a row for it nor "
+              f"lists it under [not_split_served]; add one or the other")
+    return bool(missing)
 
 
 DURATIONS = Path(__file__).resolve().parent.parent / ".github" / "family-certify-durations.json"
@@ -930,6 +951,8 @@ def bump(
     check_jobs(jobs)
     # the environment's build and patch series name what is certified: the candidate, never the base
     builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
+    if unclassified_architectures(m, builds["candidate"].arch_names()):
+        return 1  # (before any lane: the roster would have no answer for a model of that architecture)
     rep = bump_builds(plan, builds, manifest=m, command="family-certify bump " + " ".join(sys.argv[2:]), out=out,
                       jobs=jobs)
     return finish_bump(rep, out, report)

@@ -108,6 +108,12 @@ class Manifest:
     path: Path
     tiers: dict[int, Tier]
     rows: dict[str, Row]
+    not_split_served: dict[str, str] = field(default_factory=dict)  # architecture → why no row certifies it
+
+    def unclassified(self, archs: list[str]) -> list[str]:
+        """The architectures (of a llama.cpp tree's list) that no row names and [not_split_served] does not list."""
+        named = {r.arch for r in self.rows.values()} | set(self.not_split_served)
+        return [a for a in archs if a not in named]
 
     def row(self, key: str) -> Row:
         if key not in self.rows:
@@ -146,9 +152,10 @@ def load_manifest(path: str | os.PathLike | None = None) -> Manifest:
 
 
 def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
-    unknown = set(data) - {"schema", "tiers", "family"}
+    unknown = set(data) - {"schema", "tiers", "family", "not_split_served"}
     if unknown:
-        raise UserError(f"{p}: unknown top-level key {sorted(unknown)[0]!r}; allowed: schema, tiers, family")
+        raise UserError(f"{p}: unknown top-level key {sorted(unknown)[0]!r}; allowed: schema, tiers, family, "
+                        "not_split_served")
     if data.get("schema") != SCHEMA:
         raise UserError(f"{p}: schema = {data.get('schema')!r}; this family-certify reads schema = {SCHEMA}")
     tiers: dict[int, Tier] = {}
@@ -211,7 +218,14 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
                                 f"{', '.join(SCAN_LANES)}) and describe the finding (with its repro), e.g. "
                                 "known = {{ isolation = \"...; corpora/repros/...\" }}")
         rows[key] = row
-    return Manifest(p, tiers, rows)
+    outside = data.get("not_split_served") or {}
+    if not isinstance(outside, dict) or any(not isinstance(v, str) or not v for v in outside.values()):
+        raise UserError(f"{p}: [not_split_served]: one line per architecture, ARCH = \"why no row certifies it\"")
+    both = sorted(set(outside) & {r.arch for r in rows.values()})
+    if both:
+        raise UserError(f"{p}: [not_split_served]: {both[0]!r} is also a row's arch; keep it in one place")
+    return Manifest(p, tiers, rows, dict(outside))
+
 
 
 def _check_types(table: dict[str, Any], where: str) -> None:

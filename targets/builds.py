@@ -20,6 +20,7 @@ the worker's capture helper reads it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -65,6 +67,14 @@ class Build:
     bindings: Path | None = None  # a directory holding a llama_cpp package with lib/; None: the venv's own
     server: Path | None = None  # its llama-server; None: the pinned one (scripts/build_llama_server.sh)
     seconds: float = 0.0  # how long building it took (0 when it came from the cache)
+    architectures: list[str] | None = None  # the model architectures its tree knows (None: the bare pinned build's)
+
+    def arch_names(self) -> list[str]:
+        """The model architectures the build's tree knows (src/llama-arch.cpp, patches applied)."""
+        if self.architectures is not None:
+            return self.architectures
+        return arch_names(sdist_files(PINNED, ("src/llama-arch.cpp",))[0].decode("utf-8", "replace"),
+                          "the pinned tree")
 
     def env(self) -> dict[str, str]:
         """The environment a worker runs this build in."""
@@ -76,6 +86,40 @@ class Build:
         if self.server is not None:
             out["FAMILY_CERTIFY_LLAMA_SERVER"] = str(self.server)
         return out
+
+
+@functools.cache
+def sdist_files(version: str, paths: tuple[str, ...]) -> list[bytes]:
+    """Files of the llama.cpp tree a llama-cpp-python sdist vendors (paths relative to the tree), read without
+    extracting the rest."""
+    want = {f"vendor/llama.cpp/{p}": i for i, p in enumerate(paths)}
+    got: dict[int, bytes] = {}
+    with tarfile.open(sdist(version)) as tar:
+        for m in tar:
+            i = want.get(m.name.split("/", 1)[-1])
+            if i is not None:
+                got[i] = tar.extractfile(m).read()
+                if len(got) == len(paths):
+                    break
+    missing = [p for i, p in enumerate(paths) if i not in got]
+    if missing:
+        raise UserError(f"llama-cpp-python {version}'s sdist has no vendor/llama.cpp/{missing[0]}")
+    return [got[i] for i in range(len(paths))]
+
+
+def arch_names(llama_arch_cpp: str, where: str) -> list[str]:
+    """The architecture names of a llama.cpp tree's src/llama-arch.cpp (LLM_ARCH_NAMES), in its order."""
+    names = re.findall(r'\{\s*LLM_ARCH_[A-Z0-9_]+\s*,\s*"([^"]+)"\s*\}', llama_arch_cpp)
+    if not names:
+        raise UserError(f"{where}: src/llama-arch.cpp names no architecture (LLM_ARCH_NAMES); is it a llama.cpp tree?")
+    return [n for n in names if n != "(unknown)"]
+
+
+def tree_architectures(tree: Path) -> list[str]:
+    f = Path(tree) / "src" / "llama-arch.cpp"
+    if not f.is_file():
+        raise UserError(f"{tree}: no src/llama-arch.cpp; pass the root of a llama.cpp source tree")
+    return arch_names(f.read_text(errors="replace"), str(tree))
 
 
 def identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:
@@ -335,6 +379,7 @@ def _resolve(spec: str, series: Path | None) -> Build:
                             + (f" (and {len(problems) - 6} more)" if len(problems) > 6 else "")
                             + "; use a tree whose llama.h matches its bindings (pypi:VERSION runs a version's own)")
         identity["tree_sha256"] = tree_hash(src)
+        archs = tree_architectures(src)
         identity["bindings_sha256"] = tree_hash(py) if not own_bindings else None
         identity["options"] = list(CMAKE_OPTIONS)
         key = hashlib.sha256(json.dumps({k: identity[k] for k in ("tree_sha256", "bindings_sha256", "options",
@@ -343,7 +388,7 @@ def _resolve(spec: str, series: Path | None) -> Build:
         identity["key"] = key
         dest = cache_dir() / "builds" / key
         if cached_build(dest, identity["tree_sha256"]):
-            return Build(spec, identity, dest / "py", dest / "bin" / "llama-server")
+            return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", architectures=archs)
         label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "")
         seconds, built_from = cmake_build(src, py, dest, label, cache_dir() / "builds" / f"work-{base}")
         if built_from != identity["tree_sha256"]:  # (the tree hashed above is the tree synced and compiled)
@@ -352,7 +397,7 @@ def _resolve(spec: str, series: Path | None) -> Build:
                             f"not {identity['tree_sha256'][:12]}); build again")
         (dest / "identity.json").write_text(json.dumps({**identity, "built_from": built_from}, indent=1,
                                                        sort_keys=True) + "\n")
-        return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", seconds=seconds)
+        return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", seconds=seconds, architectures=archs)
 
 
 def cached_build(dest: Path, tree: str) -> bool:

@@ -120,3 +120,13 @@ def test_a_series_built_after_another_carries_none_of_its_changes(tmp_path, firs
         broke = {(x["row"], x["lane"]) for x in rep["results"] if x["status"] != "pass"}
         assert broke == {OWN_LANE[series]}, (series, r.stdout[-2000:], r.stderr[-2000:])
         assert "incremental" in r.stderr, r.stderr[-2000:]  # (on the work tree the other series left)
+
+
+def test_a_candidate_tree_with_an_unclassified_architecture_fails_the_bump_before_any_lane(tmp_path):
+    """tests/data/patches/new-architecture adds `split-probe` to the candidate's LLM_ARCH_NAMES: the manifest has
+    neither a row nor a [not_split_served] line for it, so the bump fails (exit 1) naming it, before any lane runs."""
+    r = run_cli("family-certify", "bump", "llama", "--lane", "load", "--patches",
+                str(ROOT / "tests" / "data" / "patches" / "new-architecture"), timeout=3600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "unclassified architecture split-probe: llama.cpp knows it and family_tiers.toml neither has a row for " \
+           "it nor lists it under [not_split_served]" in r.stdout and "== base" not in r.stdout, r.stdout

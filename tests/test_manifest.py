@@ -8,6 +8,7 @@ import pytest
 
 from synth.errors import UserError
 from synth.manifest import load_manifest
+from targets.builds import PINNED, sdist_files
 
 from conftest import ROOT, run_cli
 
@@ -234,3 +235,42 @@ def test_scan_lanes_outside_the_scan_are_one_line_errors():
     r = run_cli("family-certify", "scan", "--lane", "prefix-cache", "qwen3")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "'prefix-cache'" in r.stderr and "wire-all" in r.stderr, r.stderr
+
+
+def test_every_architecture_the_pinned_tree_knows_is_classified(tmp_path):
+    """Every name in the pinned tree's LLM_ARCH_NAMES has a row or a [not_split_served] line; a tree with one more
+    architecture (tests/data/patches/new-architecture applied to a copy of the file) fails `check --tree` with one
+    line naming it, exit 1; a directory that is no llama.cpp tree is bad input."""
+    import subprocess
+
+    from targets.builds import resolve
+
+    m = load_manifest()
+    names = resolve("pinned", from_env=False).arch_names()
+    assert len(names) == 153 and "jamba" in names and "(unknown)" not in names
+    assert m.unclassified(names) == [] and len(m.not_split_served) == 85
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    for name, data in zip(("llama-arch.cpp", "llama-arch.h"),
+                          sdist_files(PINNED, ("src/llama-arch.cpp", "src/llama-arch.h")), strict=True):
+        (tree / "src" / name).write_bytes(data)
+    patch = ROOT / "tests" / "data" / "patches" / "new-architecture" / "0001-add-an-architecture.patch"
+    r = run_cli("family-certify", "check", "--tree", str(tree))
+    assert r.returncode == 0 and r.stdout.startswith(f"{tree}: all 153 architectures classified (68 by rows, 85 not "
+                                                     "split-served)"), r.stdout + r.stderr
+    subprocess.run(["git", "apply", "-p1", str(patch)], cwd=tree, check=True)
+    r = run_cli("family-certify", "check", "--tree", str(tree))
+    assert r.returncode == 1 and r.stdout.strip().splitlines() == [
+        "unclassified architecture split-probe: llama.cpp knows it and family_tiers.toml neither has a row for it nor "
+        "lists it under [not_split_served]; add one or the other"], r.stdout
+    r = run_cli("family-certify", "check", "--tree", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no src/llama-arch.cpp" in r.stderr
+
+
+def test_not_split_served_is_checked(tmp_path):
+    text = (ROOT / "family_tiers.toml").read_text()
+    for extra, words in (('\n[not_split_served]\njamba = "x"\n', "'jamba' is also a row's arch"),
+                         ('\n[not_split_served]\nfoo = 3\n', "one line per architecture")):
+        (tmp_path / "m.toml").write_text(text.split("\n[not_split_served]\n")[0] + extra)
+        with pytest.raises(UserError, match=words):
+            load_manifest(tmp_path / "m.toml")
