@@ -10,6 +10,7 @@
                                               cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
   family-certify admit MODEL --certificate C  may this GGUF be split at these cuts? (a run's certificate.json)
+  family-certify roster CERTIFICATE            the certificate as skippy's split-certified.json
   family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
 """
 
@@ -32,7 +33,7 @@ import numpy as np
 import typer
 
 from fuzz.bundle import bundle_findings
-from fuzz.certificate import admit, certificate, even_cuts, read_certificate
+from fuzz.certificate import admit, certificate, even_cuts, read_certificate, roster
 from fuzz.cli import LlamaCppOpt, PatchesOpt, use_build
 from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.determinism import DeterminismConfig
@@ -88,6 +89,14 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
         if not r.runnable:
             print(f"  not runnable: {r.key} ({r.arch}): {r.reason}")
     return 0
+
+
+def write_certificate(out: Path, run: dict[str, Any], manifest: Manifest) -> bool:
+    """out/certificate.json, when every planned lane of the run ran; whether it was written."""
+    cert = certificate(run, manifest)
+    if cert is not None:
+        (out / "certificate.json").write_text(json.dumps(cert, indent=2) + "\n")
+    return cert is not None
 
 
 def unclassified_architectures(m: Manifest, names: list[str]) -> bool:
@@ -767,9 +776,7 @@ def finish_run(run: dict[str, Any], out: Path | None, report: Path | None, manif
           + ", ".join(f"{v} {k}" for k, v in sorted(run["totals"].items())) + f"; wall {run['wall_s']:.0f} s")
     if out is not None:
         write_outputs(out, run)
-        cert = certificate(run, manifest)
-        if cert is not None:
-            (out / "certificate.json").write_text(json.dumps(cert, indent=2) + "\n")
+        cert = write_certificate(out, run, manifest)
         print(f"wrote {out}/summary.md, junit.xml, report.json" + (", bundles/" if (out / "bundles").is_dir() else "")
               + (", pictures/" if (out / "pictures").is_dir() else "")
               + (", certificate.json" if cert else "; no certificate.json: a planned lane did not run"))
@@ -934,7 +941,7 @@ def bump(
     lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json (and base/, candidate/: each "
-                                         "build's run) here")] = None,
+                                         "build's run and certificate.json) here")] = None,
     report: ReportOpt = None,
     jobs: JobsOpt = 1,
 ) -> int:
@@ -977,6 +984,7 @@ def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, ma
                                   command=f"{command} ({which})", jobs=jobs)
         if out is not None:
             write_outputs(out / which, runs[which])
+            write_certificate(out / which, runs[which], manifest)
     activate(resolve("pinned", from_env=False))
     cross = {}
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
@@ -1213,6 +1221,23 @@ def admit_cmd(
     ok, line = admit(model, cert, at, build)
     print(line)
     return 0 if ok else 1
+
+
+@app.command("roster")
+def roster_cmd(
+    certificate_path: Annotated[Path, typer.Argument(help="certificate.json (or the --out directory holding it)")],
+    skippy_abi: Annotated[str | None, Opt(help="skippy's ABI (default: the one a run on skippy recorded)")] = None,
+    patch_queue_sha256: Annotated[str | None, Opt(help="the sha256 of skippy's patch queue (default: the patch "
+                                                       "series the certificate's build applied)")] = None,
+    out: Annotated[Path | None, Opt(help="write it here (default: print it)")] = None,
+) -> int:
+    """The certificate as skippy's split-certified.json roster: the architectures certified at every boundary."""
+    text = json.dumps(roster(read_certificate(certificate_path), skippy_abi, patch_queue_sha256), indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+    else:
+        out.write_text(text)
+    return 0
 
 
 @app.command()

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from fuzz.certificate import admit, boundary, certificate, even_cuts, layer_letters
+from fuzz.certificate import admit, boundary, certificate, even_cuts, layer_letters, roster
 from fuzz.schemas import validate
+from synth.errors import UserError
 from synth.make import resolve, write_fixture
 from synth.manifest import load_manifest
 from synth.spec import Knobs
@@ -139,3 +140,24 @@ def test_a_run_against_the_b1_mutant_certifies_jamba_except_where_a_stage_starts
                    "12").returncode == 1
     assert run_cli("family-certify", "admit", str(paths["jamba24"]), "--certificate", str(out), "--cuts",
                    "10").returncode == 0
+
+
+def test_the_roster_has_skippys_shape_and_only_architectures_certified_at_every_boundary(tmp_path):
+    """tests/data/skippy-split-certified.json has the shape skippy reads (mesh-llm's SplitCertificationRoster:
+    schema_version 2, native_recipe {llama_upstream_sha, skippy_abi, patch_queue_sha256}, architectures). skippy
+    admits by architecture at any cut, so a row with a refused boundary keeps its architecture out."""
+    shape = json.loads((ROOT / "tests" / "data" / "skippy-split-certified.json").read_text())
+    clean, m = a_run(lane("handoff", "pass", report("handoff", *map(cut, range(1, 6)))))
+    cert = certificate(clean, m)
+    got = roster(cert, skippy_abi="0.1.67", patch_queue_sha256="ab" * 32)
+    assert got.keys() == shape.keys() and got["native_recipe"].keys() == shape["native_recipe"].keys()
+    assert got["schema_version"] == shape["schema_version"] == 2 and got["architectures"] == ["jamba"]
+    assert got["native_recipe"] == {"llama_upstream_sha": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+                                    "skippy_abi": "0.1.67", "patch_queue_sha256": "ab" * 32}
+    refused, m = a_run(lane("handoff", "finding", report("handoff", cut(1), cut(4, "finding"))))
+    assert roster(certificate(refused, m), skippy_abi="0.1.67", patch_queue_sha256="ab" * 32)["architectures"] == []
+    with pytest.raises(UserError, match="does not say its build's skippy_abi .* give --skippy-abi"):
+        roster(cert)
+    (tmp_path / "certificate.json").write_text(json.dumps(cert))
+    r = run_cli("family-certify", "roster", str(tmp_path), "--skippy-abi", "0.1.67", "--patch-queue-sha256", "0" * 64)
+    assert r.returncode == 0 and json.loads(r.stdout)["architectures"] == ["jamba"], r.stdout + r.stderr

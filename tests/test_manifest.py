@@ -172,9 +172,13 @@ def test_a_bump_runs_two_rows_at_a_time_too(tmp_path):
     verdicts in the plan's order; the pinned build against itself changes nothing. --jobs 0 is refused in one line."""
     shutil.copy(ROOT / "family_tiers.toml", tmp_path)
     r = run_cli("family-certify", "bump", "mamba", "lfm2", "llama", "--candidate", "pinned", "--lane", "load",
-                "--lane", "parity", "--jobs", "2", "--report", str(tmp_path / "bump.json"), cwd=tmp_path, timeout=900)
+                "--lane", "parity", "--jobs", "2", "--report", str(tmp_path / "bump.json"), "--out",
+                str(tmp_path / "out"), cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "bump.json").read_text())
+    for which in ("base", "candidate"):  # each build's certificate, as run --out writes one
+        cert = json.loads((tmp_path / "out" / which / "certificate.json").read_text())
+        assert sorted(cert["architectures"]) == ["lfm2", "llama", "mamba"], which
     assert [(x["row"], x["lane"], x["verdict"]) for x in rep["results"]] == \
         [(row, lane, "unchanged") for row in ("mamba", "lfm2", "llama") for lane in ("load", "parity")] + \
         [(row, "cross-build", "unchanged") for row in ("mamba", "lfm2", "llama")]
