@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
+from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report, make_report
 from fuzz.prefix_cache import (
     NEAR_TIE,
     ServerCrash,
@@ -459,15 +459,17 @@ class Run:
     findings: list[dict[str, Any]] = field(default_factory=list)  # {kind, op, client, message}
     reused: int = 0
     promised: int = 0
+    cause: str | None = None  # why its findings are not the prompt cache's (Radix.explain): numerics
 
     @property
     def key(self) -> tuple[tuple[str, str], ...]:
         return tuple((f["kind"], f["op"]) for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replay": self.schedule.replay, "status": FINDING if self.findings else PASS,
-                "reused": self.reused, "promised": self.promised, "ops": self.results,
-                **({"findings": self.findings} if self.findings else {})}
+        status = NUMERICS if self.cause else FINDING if self.findings else PASS
+        return {"replay": self.schedule.replay, "status": status, "reused": self.reused, "promised": self.promised,
+                "ops": self.results, **({"findings": self.findings} if self.findings else {}),
+                **({"cause": self.cause} if self.cause else {})}
 
 
 class Radix:
@@ -527,13 +529,14 @@ class Radix:
                         again = [self.run_schedule(Schedule.parse(sched.replay)) for _ in range(2)]
                         if all(a.key == got.key for a in again):
                             runs.append(got)
-                            cause = self.explain(got)
-                            if cause is None:
+                            got.cause = self.explain(got)
+                            if got.cause is None:
                                 found = got
                                 break
-                            numerics.append({"replay": sched.replay, "findings": got.findings, "cause": cause})
-                        flaky.append({"replay": sched.replay, "first": got.findings,
-                                      "again": [a.findings for a in again]})
+                            numerics.append({"replay": sched.replay, "findings": got.findings, "cause": got.cause})
+                        else:
+                            flaky.append({"replay": sched.replay, "first": got.findings,
+                                          "again": [a.findings for a in again]})
                     else:
                         runs.append(got)
                     if self.fixed or (not counted and time.perf_counter() - t0 > cfg.budget) \
