@@ -10,7 +10,8 @@ families (tier 3, rows the pinned llama.cpp cannot run).
 A boundary is where a cut falls, named by the layers on either side: `R|A` is a stage that ends on a recurrent
 layer and a stage that starts on an attention layer (A attention, S sliding-window attention, R recurrent, B both
 in one layer, M feed-forward only). A fixture's cut is certified when every lane result that cut it passed; a
-failing result refuses the boundaries of its cuts; a lane that failed without naming a cut refuses the whole row.
+failing result refuses the boundaries of its cuts, and so does an unsupported one (a stage contract: llama.cpp cannot
+run that stage, with why); a lane that failed without naming a cut, or no certified cut at all, refuses the row.
 
 `admit MODEL.gguf` reads the real GGUF (architecture, layer kinds) and answers for a set of cuts: admitted (exit
 0) when a certified row of its architecture has its layer pattern and every cut's boundary is certified there;
@@ -27,7 +28,7 @@ from typing import Any
 
 from jsonschema import ValidationError
 
-from fuzz.contract import FAILING, KNOWN, MISSING, PASS
+from fuzz.contract import FAILING, KNOWN, MISSING, PASS, UNSUPPORTED
 from fuzz.outputs import build_name
 from fuzz.schemas import validate
 from synth.errors import UserError, read_json
@@ -73,7 +74,10 @@ def row_certificate(lanes: list[dict[str, Any]], known: dict[str, str], indexer:
                 if not cuts or not letters or max(cuts) >= len(letters):
                     continue
                 names = {boundary(letters, c) for c in cuts}
-                if res.get("status") in FAILING:
+                if res.get("status") == UNSUPPORTED:  # a stage contract: llama.cpp cannot run this stage
+                    for name in names:
+                        refused.setdefault(name, f"unsupported ({x['lane']}): {res.get('reason', '')}")
+                elif res.get("status") in FAILING:
                     cut_failures += 1
                     for name in names:
                         refused.setdefault(name, f"{x['lane']} ({rep['oracle']}) at cuts {cuts}: "
@@ -84,19 +88,21 @@ def row_certificate(lanes: list[dict[str, Any]], known: dict[str, str], indexer:
         if x["status"] in FAILING and not cut_failures:
             uncut.append(f"{x['lane']}: {x['status']}: {x.get('detail', '')}"[:300])
     kinds = set(letters)
+    ok = {k: sorted(v) for k, v in sorted(certified.items()) if k not in refused}
+    why = uncut[0] if uncut else "no lane reported the fixture's layers" if not letters else \
+        None if ok else "no cut certified" + (f": {next(iter(refused.values()))}" if refused else "")
     return {
         "kinds": letters,
-        "status": "refused" if uncut or not letters else "certified",
-        **({"refused_because": uncut[0] if uncut else "no lane reported the fixture's layers"}
-           if uncut or not letters else {}),
+        "status": "refused" if why else "certified",
+        **({"refused_because": why} if why else {}),
         "lanes": statuses,
-        "boundaries": {"certified": {k: sorted(v) for k, v in sorted(certified.items()) if k not in refused},
-                       "refused": dict(sorted(refused.items()))},
+        "boundaries": {"certified": ok, "refused": dict(sorted(refused.items()))},
         "wire": {"granted": ["f16"] if wire.get("f16") == PASS else [],
                  "measured": {k: v for k, v in sorted(wire.items()) if k != "f16"}},
         "state": [name for name, has in (("kv", kinds & set("ASB")), ("recurrent", kinds & set("RB")),
                                          ("indexer", indexer)) if has],
-        "known": sorted({known[lane] for lane, s in statuses.items() if s == KNOWN and lane in known}),
+        "known": sorted({known[x["lane"]] for x in lanes if x["status"] == KNOWN and x["lane"] in known}
+                        | {k for x in lanes if x["status"] == KNOWN for k in (x.get("data") or {}).get("known", [])}),
     }
 
 

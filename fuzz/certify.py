@@ -353,7 +353,7 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     names = sorted({r for r in repros.values() if r})
     if names:
         return LaneResult(row.key, "memory", KNOWN, f"{did}; only upstream's known memory bugs: {', '.join(names)}",
-                          reports=reps, cases=cases)
+                          data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
     return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
 
 

@@ -161,3 +161,19 @@ def test_the_roster_has_skippys_shape_and_only_architectures_certified_at_every_
     (tmp_path / "certificate.json").write_text(json.dumps(cert))
     r = run_cli("family-certify", "roster", str(tmp_path), "--skippy-abi", "0.1.67", "--patch-queue-sha256", "0" * 64)
     assert r.returncode == 0 and json.loads(r.stdout)["architectures"] == ["jamba"], r.stdout + r.stderr
+
+
+def test_an_unsupported_stage_refuses_its_boundary_with_why_and_known_findings_are_listed():
+    """A stage contract (llama.cpp cannot run the stage: result `unsupported` with a reason) refuses the boundary with
+    that reason; a row with no certified boundary is refused; the memory lane's known repros are listed."""
+    run, m = a_run(lane("parity", "unsupported", report("sweep", *({"cuts": [c], "status": "unsupported",
+                                                                   "reason": "stage 1:8: no embedding input"}
+                                                                  for c in (1, 4)))),
+                   lane("memory", "known", report("memory"))
+                   | {"data": {"known": ["corpora/repros/llama-memory-seq-keep-per-stream"]}})
+    row = certificate(run, m)["architectures"]["jamba"]["rows"]["jamba"]
+    assert row["boundaries"] == {"certified": {}, "refused": {
+        "R|A": "unsupported (parity): stage 1:8: no embedding input",
+        "R|R": "unsupported (parity): stage 1:8: no embedding input"}}
+    assert row["status"] == "refused" and row["refused_because"].startswith("no cut certified: unsupported (parity)")
+    assert row["known"] == ["corpora/repros/llama-memory-seq-keep-per-stream"]
