@@ -27,5 +27,5 @@ def test_repro_bundle_still_reproduces(bundle):
     if data["target"].startswith("mutant:"):  # the bug is the mutant's: the real binary is clean
         real = "llama-server" if data["oracle"] in ("prefix-cache", "radix") else "llama-cpp"
         assert run_cli("fuzz", "replay", str(bundle), "--target", real).returncode == 0
-    else:  # an upstream finding: the README's list of findings explains it
-        assert f"(`{bundle.name}`)" in (ROOT / "README.md").read_text()
+    else:  # an upstream finding: docs/findings.md explains it
+        assert f"(`{bundle.name}`)" in (ROOT / "docs" / "findings.md").read_text()
