@@ -4,7 +4,7 @@ and replay with one command: `fuzz replay DIR`.
 Everything here reads the oracle contract (fuzz/contract.py, fuzz/oracles.py): a bundle is a `Case` (oracle,
 fixture, cut set, the oracle's config) plus the fingerprint of its finding. Shrinking keeps that fingerprint
 fixed (oracle, status, phase, stage, where, the kinds of layer at the cut and at the divergence), so it cannot
-slide to another bug (../shared/reference/oracle-anchors.md). Coarse first: it narrows the run to the finding's
+slide to another bug (as test-case reducers do). Coarse first: it narrows the run to the finding's
 phase, mode or KV layout, halves the config fields the oracle declares shrinkable, drops cuts (fewer stages: the
 finding at the remaining cuts), bisects the layer range (for a synthetic fixture regenerated from its spec, for a
 user's GGUF sliced from the model itself) while the cuts still fall on the same layer kinds, moves a cut toward

@@ -6,7 +6,7 @@ Three classes are reported separately, under an explicit policy of what the pinn
 - same schedule, repeated: must be bit-exact (anything else is nondeterminism: a finding);
 - schedules that differ only in n_threads: must be bit-exact — upstream's CPU kernels compute each output element
   in one thread, and the one thread-dependent reduction (flash attention's split-KV path) needs a KV of >= 512
-  cells, which these fixtures never reach (../shared/reference/llama-arch-notes.md §9b);
+  cells, which these fixtures never reach (measured on the pinned llama.cpp: docs/oracles.md, "fuzz determinism");
 - schedules that differ in n_ubatch, chunking or flash attention: logits are NOT promised bit-exact upstream
   (different kernels; server README on cache_prompt): max |Δ| is reported, never a finding. Greedy tokens must
   still agree where the baseline's top-1/top-2 margin is clear; a flip at a near-tie is reported as such.

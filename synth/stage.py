@@ -2,7 +2,7 @@
 computes the same function as those layers of the full model.
 
 What the naive slice (copy metadata, renumber blk.i) gets wrong is exactly the set of *stage contracts* a split
-runtime must honour (../shared/reference/stage-slicing-baseline.md). This module handles the ones llama.cpp can
+runtime must honour (docs/findings.md, "Stage contracts"). This module handles the ones llama.cpp can
 express and names the ones it cannot:
 
 - per-layer metadata arrays are sliced (only keys llama.cpp reads per layer; an unrelated array that happens to

@@ -4,7 +4,7 @@ adapter (targets/skippy.py). skippy itself cannot be built here.
 It is a fake everywhere — in its version line, its logs and its reports — and it never computes model math
 itself: every stage runs the real pinned llama.cpp through our own worker (`targets.open_target("llama-cpp")`),
 each stage in its own processes. What it imitates is skippy's *surface*, as read from the public sources
-(Mesh-LLM/mesh-llm crates/skippy-cli, skippy-correctness; see README's skippy section and the interface notes):
+(Mesh-LLM/mesh-llm crates/skippy-cli, skippy-correctness; see docs/skippy.md and targets/skippy.py):
 
   skippy --version                        one line, a fake version and commit, the real llama.cpp pin
   skippy serve-openai --model-path M ...  the whole model behind skippy's OpenAI routes (/v1/models,

@@ -2,7 +2,7 @@
 own llama.cpp worker (decode, state export and import, the kv_cache's payload rules).
 
 The fake follows skippy's interface as read from the public sources (Mesh-LLM/mesh-llm crates/skippy-cli,
-skippy-correctness; see README's skippy section): its `Error: <message>` / exit 1 convention for runtime errors,
+skippy-correctness; see docs/skippy.md): its `Error: <message>` / exit 1 convention for runtime errors,
 its `Unsupported: ...` wording for an architecture it refuses, the kv_cache payload kinds. Everything computed
 comes from the real llama.cpp in worker processes; nothing here does model math.
 """

@@ -1,7 +1,7 @@
 """The fake `skippy-correctness` binary: `python -m tests.fake_skippy.correctness LANE ...`.
 
 A test double of skippy's correctness harness (Mesh-LLM/mesh-llm skippy-correctness, as read from the public
-sources; see README's skippy section): the lanes single-step, chain, split-scan and state-handoff with skippy's
+sources; see docs/skippy.md): the lanes single-step, chain, split-scan and state-handoff with skippy's
 flags, report shapes (printed pretty to stdout and written to --report-out) and exits — a mismatch is
 `Error: staged execution did not match full-model baseline` and exit 1 unless --allow-mismatch, any other error
 `Error: <message>` and exit 1, bad arguments argparse's exit 2.

@@ -1,7 +1,7 @@
 """The fake `skippy` binary: `python -m tests.fake_skippy.skippy {--version | serve-openai | serve-binary} ...`.
 
 A test double of skippy's serving CLI (Mesh-LLM/mesh-llm crates/skippy-cli, as read from the public sources; see
-README's skippy section): the subcommands, flags, StageConfig fields, OpenAI routes, response and error shapes the
+docs/skippy.md): the subcommands, flags, StageConfig fields, OpenAI routes, response and error shapes the
 adapter relies on. Unknown `--flags` (and their values) are accepted and ignored, as skippy has many more. Every
 stage runs the real llama.cpp in its own worker process (tests/fake_skippy/common.py); SIGTERM / SIGINT stop the
 process and its worker and exit 0.
