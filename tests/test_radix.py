@@ -336,8 +336,8 @@ DSA_UNIFIED_REPLAY = "r2:0:6:14_0@10+1_0@10+7_0@10+11_1@6+3_25:c1,s,x4/c1,c1,c3:
 def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtures):
     """DSA keeps each query's top-k keys: one KV cache for the slots moves the indexer's scores and can swap the
     k-th key, a different token however clear the pick's margin. Such a divergence is explained when the same
-    schedule answers cold with one KV cache per slot (the same reuse) and with the prompt cache off: numerics with
-    that cause, never a finding, however the run's timing falls. Per slot the schedule passes with nothing to
+    schedule answers cold with one KV cache per slot (the same reuse): numerics with that cause (and what the prompt
+    cache off does), never a finding, however the run's timing falls. Per slot the schedule passes with nothing to
     explain; a model without top-k selection explains nothing."""
     fixture = fixtures("deepseek32", layers=6, indexer_top_k=4)  # the deepseek3 row's recipe
     cfg = dict(replay=DSA_UNIFIED_REPLAY, tree="drawn", tokens=6)
@@ -346,7 +346,10 @@ def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtu
     try:
         diverged = Run(Schedule.parse(DSA_UNIFIED_REPLAY), findings=[
             {"kind": "diverged", "op": "complete", "client": 1, "message": "B2 (c3, slot 1): token 3: 48 for 2"}])
-        assert "top-4 keys (DSA indexer)" in rx.explain(diverged)
+        assert rx.explain(diverged).startswith("the attention keeps each query's top-4 keys (DSA indexer), and one "
+                                               "KV cache for all slots moves their scores: the same schedule answers "
+                                               "cold with one KV cache per slot (the same reuse); on the one KV cache "
+                                               "with the prompt cache off it answers cold")
         assert rx.explain(Run(diverged.schedule, findings=[*diverged.findings, {"kind": "leaked-slot", "op": "-",
                                                                               "client": None, "message": ""}])) is None
     finally:
