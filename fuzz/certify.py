@@ -11,7 +11,7 @@
   family-certify mutants                      every re-created bug class must be caught by its row's lane
   family-certify admit MODEL --certificate C  may this GGUF be split at these cuts? (a run's certificate.json)
   family-certify roster CERTIFICATE            the certificate as skippy's split-certified.json
-  family-certify table                        the README table: family, tier, arch, fixture size, loads, decodes
+  family-certify table                        family, tier, arch, fixture size, loads, decodes (docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -1243,7 +1243,7 @@ def roster_cmd(
 @app.command()
 def table(file: FileArg = None,
           target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp") -> None:
-    """Markdown table for the README: family, tier, arch, fixture size, loads, decodes (measured now)."""
+    """Markdown table for docs/benchmarks.md: family, tier, arch, fixture size, loads, decodes (measured now)."""
     m = load_manifest(file)
     print("| row | family | tier | arch | fixture bytes | loads | decodes (distinct of 32) |")
     print("|---|---|---|---|---|---|---|")

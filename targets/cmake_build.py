@@ -39,7 +39,7 @@ from pathlib import Path
 # machine that builds or is handed it, instead of one tuned to the builder. The native build on an AMX host (Sapphire
 # Rapids) repacks quantized weights for its AMX kernels and crashes in them (SIGSEGV / SIGILL decoding any q8_0,
 # q4_0, q4_1 or k-quant fixture; upstream: ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824), so the battery's
-# results depended on the CI runner drawn. A machine-tuned build is still certifiable: --llama-cpp / LLAMA_CPP_LIB_PATH.
+# results depended on the CI runner drawn. A machine-tuned build is certified as a source tree: --llama-cpp TREE.
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
                  "-DGGML_NATIVE=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
