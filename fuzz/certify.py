@@ -76,8 +76,9 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
         names = resolve("pinned", from_env=False).arch_names() if tree == "pinned" else tree_architectures(Path(tree))
         if unclassified_architectures(m, names):
             return 1
-        print(f"{tree}: all {len(names)} architectures classified ({len({r.arch for r in m.rows.values()})} by rows, "
-              f"{len(m.not_split_served)} not split-served)")
+        if not as_json:
+            print(f"{tree}: all {len(names)} architectures classified ({len({r.arch for r in m.rows.values()})} by "
+                  f"rows, {len(m.not_split_served)} not split-served)")
     if as_json:
         print(json.dumps({"manifest": str(m.path), "rows": [r.to_dict() for r in m.rows.values()]}, indent=2))
         return 0
