@@ -635,8 +635,7 @@ def run_rows(tasks: list[tuple[Row, list[str], str, Path]], jobs: int, finish: C
     once the rows running finished; no row starts after it.
     Rows at a time run in processes of their own, not threads of this one: the engine's Python side of a row (traces
     compared, blobs decoded, schedules judged) then runs beside another row's instead of waiting for the same
-    interpreter lock. Measured in one interleaved run on 2 cores, tier 1 with --jobs 2: 161 s against 202 s as
-    threads (the hand-off, parity and wire lanes alone: 61 s against 88–93 s)."""
+    interpreter lock (measured: docs/benchmarks.md, the tier-1 battery)."""
     if jobs <= 1 or len(tasks) <= 1:
         out = []
         for i, (row, lanes, target, workdir) in enumerate(tasks):

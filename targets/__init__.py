@@ -68,13 +68,12 @@ def worker_argv(spec: str) -> list[str]:
 # Our Python workers use numpy for a few small arrays: one BLAS thread (numpy starts one per core otherwise).
 OPENBLAS = {"OPENBLAS_NUM_THREADS": "1"}
 # How llama.cpp's OpenMP threads wait (ggml's barrier is OpenMP's: only a context with several threads has one, the
-# determinism lane's 2-thread schedules). Where they wait, never what they compute. Measured on 2 cores (a VM):
-# - alone on the machine, a short spin (active, GOMP_SPINCOUNT=1000: ~10 us before a futex sleep) is fastest: the
-#   tier-1 determinism lane one row at a time 147 s passive (a sleeping thread's wake costs more than the node it
-#   waits for), 27–29 s spinning; jamba + llama 11.7 s against 4.4 s;
+# determinism lane's 2-thread schedules). Where they wait, never what they compute (figures: docs/benchmarks.md):
+# - alone on the machine, a short spin (active, GOMP_SPINCOUNT=1000: ~10 us before a futex sleep) is fastest: a
+#   sleeping thread's wake costs more than the graph node it waits for;
 # - with rows side by side their threads outnumber the cores and a spinner holds the core the thread it waits for
-#   needs: the same lane two rows at a time 39.5 s passive, 90 s spinning (and 1324 s at 10000 spins). Passive too
-#   stops an idle worker's threads holding a core between requests (libgomp's default spins ~300k loops).
+#   needs, so there waiting passively is faster. Passive also stops an idle worker's threads holding a core between
+#   requests (libgomp's default spins ~300k loops).
 # So workers spin briefly unless the caller said the cores are shared (share_cores(): a process running rows beside
 # others, `--jobs N`; the test suite on several cores). A wait policy or spin count set by the user always wins.
 ALONE = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "1000"}

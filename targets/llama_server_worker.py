@@ -99,10 +99,9 @@ def top_of(data: dict) -> list[list[list[float]]]:
 PORT_TRIES = 5  # starts of one load whose port another server took first
 
 # Flags that only save start-up time, passed when the binary's --help lists them (another build may not know them):
-# `-fit off` skips fitting unset arguments to the device's memory (it reads the model once more first: ~8 ms a
-# start; every argument that matters here is set) and `--no-jinja` the jinja chat template's parse (~5 ms; we send
-# token ids to /completion, never a chat). Measured here on a tiny fixture: a start 36 -> 23 ms (median of 10); the
-# prefix-cache lane starts one server per radix schedule.
+# `-fit off` skips fitting unset arguments to the device's memory (it reads the model once more first; every
+# argument that matters here is set) and `--no-jinja` the jinja chat template's parse (we send token ids to
+# /completion, never a chat). The prefix-cache lane starts one server per radix schedule (docs/benchmarks.md).
 FAST_START = (("-fit", "off"), ("--no-jinja",))
 
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
 
-# Idle workers kept for the next target of the same command and environment: a worker takes ≈70 ms to start (Python,
-# the bindings, llama.cpp's backends) and an oracle run opens several. Only targets opened with reuse (our llama.cpp
+# Idle workers kept for the next target of the same command and environment: a worker's start (Python, the bindings,
+# llama.cpp's backends) is not free and an oracle run opens several. Only targets opened with reuse (our llama.cpp
 # and llama-server workers and their mutants, which keep nothing past an unload: another program may) are kept, each
 # after an `unload` (no model, no context, no server left), at most IDLE_MAX of them (the longest idle closed to make
 # room: a worker of an environment no longer used must not hold a place); they exit with this process.
