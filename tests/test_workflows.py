@@ -437,7 +437,7 @@ class Runner:
         steps: list[Step] = []
         ctx["steps"] = {}
         ctx["runner"] = {"temp": str(temp), "os": "Linux"}
-        ctx["github"] = {"run_id": "1"}  # (keys a cache per night)
+        ctx["github"] = {"run_id": "1", "repository": "your-org/family-certify"}  # (run_id keys a nightly cache)
         t0 = time.monotonic()
         for i, spec in enumerate(job["steps"]):
             if set(spec) - STEP_KEYS:
@@ -799,3 +799,27 @@ def test_canary_aggregate_fails_closed_and_the_pin_waits(ci):
     assert "FAIL" in text and "qwen3" in text and "missing" in text, text[:2000]
     with pytest.raises(AssertionError, match="is skipped: a job it needs failed"):
         job(ci, "llama-upstream-canary.yml", "pin")
+
+
+@pytest.mark.parametrize("job_name", ["build", "bump"])
+def test_the_canary_called_with_a_toolkit_reads_the_callers_paths_from_its_checkout(tmp_path, job_name):
+    """Called from a runtime's own repository with `toolkit` set, the canary checks out family-certify from there
+    and the caller beside it (caller/): the patch series and a tree given as the candidate or base are the caller's
+    paths. Without `toolkit` (a fork) the step keeps the repository's own series, as before. The step runs as
+    committed."""
+    wf = load_workflow(ROOT / ".github" / "workflows" / "llama-upstream-canary.yml")
+    steps = wf["jobs"][job_name]["steps"]
+    checkouts = [s for s in steps if str(s.get("uses", "")).startswith("actions/checkout")]
+    assert checkouts[0]["with"]["repository"] == "${{ inputs.toolkit || github.repository }}"
+    assert checkouts[1]["if"] == "${{ inputs.toolkit }}" and checkouts[1]["with"] == {"path": "caller"}
+    script = next(s["run"] for s in steps if s.get("name") == "the patch series")
+    for env, want in (({"TOOLKIT": "rt/fc", "PATCHES": "q", "CANDIDATE": "src/llama.cpp", "BASE": "pinned"},
+                       ["PATCHES=/w/caller/q", "CANDIDATE=/w/caller/src/llama.cpp"]),
+                      ({"TOOLKIT": "rt/fc", "PATCHES": "", "CANDIDATE": "pypi:0.3.35", "BASE": "old"},
+                       ["BASE=/w/caller/old"]),
+                      ({"TOOLKIT": "", "PATCHES": "", "CANDIDATE": "pinned", "BASE": "pinned"}, [])):
+        out = tmp_path / "github_env"
+        out.write_text("")
+        r = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "GITHUB_WORKSPACE": "/w", "GITHUB_ENV": str(out), **env})
+        assert r.returncode == 0 and out.read_text().split() == want, (env, r.stderr, out.read_text())
