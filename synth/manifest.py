@@ -227,7 +227,6 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
     return Manifest(p, tiers, rows, dict(outside))
 
 
-
 def _check_types(table: dict[str, Any], where: str) -> None:
     for k, v in table.items():
         want = KEY_TYPES.get(k)

@@ -73,8 +73,8 @@ class Build:
         """The model architectures the build's tree knows (src/llama-arch.cpp, patches applied)."""
         if self.architectures is not None:
             return self.architectures
-        return arch_names(sdist_files(PINNED, ("src/llama-arch.cpp",))[0].decode("utf-8", "replace"),
-                          "the pinned tree")
+        return parse_arch_names(sdist_files(PINNED, ("src/llama-arch.cpp",))[0].decode("utf-8", "replace"),
+                                "the pinned tree")
 
     def env(self) -> dict[str, str]:
         """The environment a worker runs this build in."""
@@ -107,7 +107,7 @@ def sdist_files(version: str, paths: tuple[str, ...]) -> list[bytes]:
     return [got[i] for i in range(len(paths))]
 
 
-def arch_names(llama_arch_cpp: str, where: str) -> list[str]:
+def parse_arch_names(llama_arch_cpp: str, where: str) -> list[str]:
     """The architecture names of a llama.cpp tree's src/llama-arch.cpp (LLM_ARCH_NAMES), in its order."""
     names = re.findall(r'\{\s*LLM_ARCH_[A-Z0-9_]+\s*,\s*"([^"]+)"\s*\}', llama_arch_cpp)
     if not names:
@@ -119,7 +119,7 @@ def tree_architectures(tree: Path) -> list[str]:
     f = Path(tree) / "src" / "llama-arch.cpp"
     if not f.is_file():
         raise UserError(f"{tree}: no src/llama-arch.cpp; pass the root of a llama.cpp source tree")
-    return arch_names(f.read_text(errors="replace"), str(tree))
+    return parse_arch_names(f.read_text(errors="replace"), str(tree))
 
 
 def identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:
