@@ -31,22 +31,22 @@ from jsonschema import ValidationError
 from fuzz.contract import FAILING, KNOWN, MISSING, PASS, UNSUPPORTED
 from fuzz.outputs import build_name
 from fuzz.schemas import validate
+from fuzz.stages import KIND_LETTER
 from synth.errors import UserError, read_json
 from synth.inspect import inspect_file
 from synth.make import resolve, write_fixture
 from synth.manifest import Manifest, recipe_knobs
 
 CERT_SCHEMA = 1
-LETTERS = {"attention": "A", "recurrent": "R", "both": "B", "mlp": "M"}
 
 
 def layer_letters(layers: Iterable[Any]) -> str:
-    """One letter per layer (LETTERS; S for a sliding-window attention layer), from a report's `layers` or from
-    synth.inspect's LayerInfo."""
+    """One letter per layer (the stages' KIND_LETTER; S for a sliding-window attention layer), from a report's
+    `layers` or from synth.inspect's LayerInfo."""
     out = []
     for x in layers:
         kind, swa = (x["kind"], x.get("swa")) if isinstance(x, dict) else (x.kind, x.swa)
-        out.append("S" if kind == "attention" and swa else LETTERS[kind])
+        out.append("S" if kind == "attention" and swa else KIND_LETTER[kind])
     return "".join(out)
 
 
@@ -155,11 +155,14 @@ def pattern_at(recipe: dict[str, Any], n_layer: int) -> str:
         return layer_letters(inspect_file(str(Path(d) / "pattern.gguf")).layers)
 
 
-def admit(model: Path, cert: dict[str, Any], cuts: list[int], build: str | None = None) -> tuple[bool, str]:
-    """(admitted, one line). build: the build the runtime runs (a commit, at least 7 characters, or a build key);
-    None: not checked."""
+def admit(model: Path, cert: dict[str, Any], cuts: list[int] | None, build: str | None = None,
+          stages: int = 2) -> tuple[bool, str]:
+    """(admitted, one line). cuts None: `stages` stages as equal as can be. build: the build the runtime runs (a
+    commit, at least 7 characters, or a build key); None: not checked."""
     info = inspect_file(str(model))
     letters = layer_letters(info.layers)
+    if cuts is None:
+        cuts = even_cuts(info.n_layer, stages)
     if not cuts or any(not 0 < c < info.n_layer for c in cuts) or sorted(set(cuts)) != cuts:
         raise UserError(f"cuts {cuts}: give increasing cuts between 1 and {info.n_layer - 1} ({model.name} has "
                         f"{info.n_layer} layers)")
@@ -177,15 +180,15 @@ def admit(model: Path, cert: dict[str, Any], cuts: list[int], build: str | None 
         seen = ", ".join(f"{k} {r['kinds']}" for k, r in arch["rows"].items())
         return False, (f"refused: {what}: its layer pattern {letters} is not the one any certified fixture has at "
                        f"{info.n_layer} layers (fixtures: {seen})")
+    at = [(c, boundary(letters, c)) for c in cuts]
     reasons = []
     for key, r in rows.items():
         if r["status"] != "certified":
             reasons.append(f"row {key}: {r['refused_because']}")
             continue
-        bad = [(c, boundary(letters, c)) for c in cuts if boundary(letters, c) not in r["boundaries"]["certified"]]
+        bad = [(c, name) for c, name in at if name not in r["boundaries"]["certified"]]
         if not bad:
-            names = sorted({boundary(letters, c) for c in cuts})
-            by = "; ".join(f"{n} by {', '.join(r['boundaries']['certified'][n])}" for n in names)
+            by = "; ".join(f"{n} by {', '.join(r['boundaries']['certified'][n])}" for n in sorted({n for _, n in at}))
             return True, f"admitted: {what}: certificate row {key} on build {have[:12]}: {by}"
         c, name = bad[0]
         why = r["boundaries"]["refused"].get(name)

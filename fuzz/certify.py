@@ -33,7 +33,7 @@ import numpy as np
 import typer
 
 from fuzz.bundle import bundle_findings
-from fuzz.certificate import admit, certificate, even_cuts, read_certificate, roster
+from fuzz.certificate import admit, certificate, read_certificate, roster
 from fuzz.cli import LlamaCppOpt, PatchesOpt, use_build
 from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.determinism import DeterminismConfig
@@ -77,8 +77,8 @@ def check(file: FileArg = None, as_json: Annotated[bool, Opt("--json", help="mac
         if unclassified_architectures(m, names):
             return 1
         if not as_json:
-            print(f"{tree}: all {len(names)} architectures classified ({len({r.arch for r in m.rows.values()})} by "
-                  f"rows, {len(m.not_split_served)} not split-served)")
+            print(f"{tree}: all {len(names)} architectures classified ({len(m.row_archs)} by rows, "
+                  f"{len(m.not_split_served)} not split-served)")
     if as_json:
         print(json.dumps({"manifest": str(m.path), "rows": [r.to_dict() for r in m.rows.values()]}, indent=2))
         return 0
@@ -1207,18 +1207,15 @@ def admit_cmd(
     cert = read_certificate(certificate_path)
     if not model.is_file():
         raise UserError(f"{model}: no such GGUF file")
+    at = None
     if cuts is not None:
         try:
             at = [int(x) for x in cuts.replace(" ", "").split(",") if x]
         except ValueError:
             raise UserError(f"--cuts {cuts!r}: expected layer indices, e.g. 5,12") from None
-    else:
-        from synth.inspect import inspect_file
-
-        if (stages or 2) < 2:
-            raise UserError(f"--stages {stages}: at least 2")
-        at = even_cuts(inspect_file(str(model)).n_layer, stages or 2)
-    ok, line = admit(model, cert, at, build)
+    elif (stages or 2) < 2:
+        raise UserError(f"--stages {stages}: at least 2")
+    ok, line = admit(model, cert, at, build, stages=stages or 2)
     print(line)
     return 0 if ok else 1
 

@@ -145,7 +145,8 @@ CERT_ROW = {"type": "object", "additionalProperties": False,
                "the fixture at a model's depth from it, to compare layer patterns"},
     "kinds": {"type": "string", "pattern": "^[ASRBM]*$", "description": "the fixture's layers, one letter each"},
     "status": {"enum": ["certified", "refused"]},
-    "refused_because": {"type": "string", "description": "a lane that failed without naming a cut"},
+    "refused_because": {"type": "string", "description": "why the row is refused: a lane that failed without "
+                        "naming a cut, or no cut certified"},
     "lanes": {"type": "object", "additionalProperties": STATUS},
     "boundaries": {"type": "object", "required": ["certified", "refused"], "properties": {
         "certified": {"type": "object", "propertyNames": BOUNDARY, "description": "boundary → the lanes that passed "

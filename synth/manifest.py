@@ -110,9 +110,14 @@ class Manifest:
     rows: dict[str, Row]
     not_split_served: dict[str, str] = field(default_factory=dict)  # architecture → why no row certifies it
 
+    @property
+    def row_archs(self) -> set[str]:
+        """The architectures the rows name."""
+        return {r.arch for r in self.rows.values()}
+
     def unclassified(self, archs: list[str]) -> list[str]:
         """The architectures (of a llama.cpp tree's list) that no row names and [not_split_served] does not list."""
-        named = {r.arch for r in self.rows.values()} | set(self.not_split_served)
+        named = self.row_archs | set(self.not_split_served)
         return [a for a in archs if a not in named]
 
     def row(self, key: str) -> Row:
