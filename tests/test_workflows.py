@@ -191,7 +191,7 @@ class Unknown(Exception):
     """Something the simulated runner does not model: the test fails rather than run it wrong."""
 
 
-EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.S)
+EXPR = re.compile(r"\$\{\{((?:(?!\}\}).)*)\}\}", re.S)  # one ${{ }}: its body holds no "}}"
 TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<op>\|\||[(),])|(?P<path>[A-Za-z_][\w-]*(?:\.[\w-]+)*))")
 STATUS = ("always", "success", "failure", "cancelled")
 
