@@ -46,7 +46,7 @@ from fuzz.prefix_cache import PrefixCacheConfig
 from fuzz.progress import Progress
 from fuzz.radix import LANE_PLANS, RadixConfig
 from fuzz.shards import load_durations, measured, plan_shards, refresh_durations
-from fuzz.sweep import SweepConfig
+from fuzz.sweep import PLANNER, SweepConfig
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -212,7 +212,16 @@ def lane_load(row: Row, path: Path, target: Target) -> LaneResult:
                        "llama_cpp_commit": loaded.data.get("llama_cpp_commit")})
 
 
-def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
+@dataclass(frozen=True)
+class LaneOptions:
+    """What a run adds to its rows' lanes: the cut sets a runtime's topology planner chooses (`--cuts planner:CMD`,
+    for each of `stages`), split beside the parity lane's every-cut sweep."""
+    planner: str | None = None
+    stages: tuple[int, ...] = (2,)
+
+
+def lane_sweep(row: Row, path: Path, lane: str, target_spec: str, options: LaneOptions = LaneOptions()) \
+        -> LaneResult:
     if lane == "boundary-sweep":
         cfg = SweepConfig(cuts="period", tokens=16, period=row.sweep_period, target=target_spec)
     elif lane == "fixed-split":
@@ -230,7 +239,31 @@ def lane_sweep(row: Row, path: Path, lane: str, target_spec: str) -> LaneResult:
     shaped = res.add(*oracle_run("sweep", path, replace(cfg, prompt_len=40, chunk=37, n_ubatch=SPLIT_UBATCH)))
     res.detail = f"ubatch 64, chunk 7: {res.detail} | ubatch {SPLIT_UBATCH}, chunk 37: " + (
         sweep_detail(shaped) if shaped.findings else f"{shaped.summary[PASS]}/{len(shaped.results)} pass")
+    if lane == "parity" and options.planner:
+        planned = [planner_sweep(res, path, replace(cfg, cuts=options.planner, stages=k), rep)
+                   for k in options.stages if k <= row.spec().n_layer]
+        res.data["planner"] = planned
+        res.detail += "".join(f" | planner, {p['stages']} stages: {p['summary']}" for p in planned)
     return res
+
+
+def planner_sweep(res: LaneResult, path: Path, cfg: SweepConfig, every: Report) -> dict[str, Any]:
+    """The planner's cut sets swept like the lane's (added to the lane: a chosen cut that diverges fails it), and
+    how they compare with the every-cut sweep: the cuts the planner never chooses (certified or not by the sweep),
+    and the sets it chose that the toolkit refuses (a stage contract's reason) or that fail."""
+    rep = res.add(*oracle_run("sweep", path, cfg))
+    chose = [r["cuts"] for r in rep.results]
+    used = {c for cs in chose for c in cs}
+    never = [r["cuts"][0] for r in every.results if r["cuts"][0] not in used]
+    refused = [{"cuts": r["cuts"], "reason": r.get("reason") or ""} for r in rep.results if r["status"] == UNSUPPORTED]
+    failing = [{"cuts": r["cuts"], "status": r["status"]} for r in rep.results if r["status"] in FAILING]
+    certified = sum(r["status"] == PASS for r in every.results if r["cuts"][0] in never)
+    summary = (f"chose {'; '.join(','.join(map(str, cs)) for cs in chose)}: {counts(rep)}; never chooses "
+               f"{len(never)} of the {len(every.results)} single cuts the sweep ran ({certified} of them certified)"
+               + (f"; chose and refused: {', '.join(','.join(map(str, x['cuts'])) for x in refused)} "
+                  f"({refused[0]['reason']})" if refused else ""))
+    return {"stages": cfg.stages, "command": cfg.cuts.removeprefix(PLANNER), "chose": chose, "never_chose": never,
+            "refused": refused, "failing": failing, "summary": summary}
 
 
 SPLIT_UBATCH = 16  # the lanes' second batch shape: chunks of 37 rows split into ubatches of 16, 16, 5
@@ -536,13 +569,14 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     return res
 
 
-def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
+def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path,
+             options: LaneOptions = LaneOptions()) -> LaneResult:
     if target_spec.startswith("skippy:") and lane != "reject":
         return lane_skippy(row, lane, path, target, target_spec, workdir)
     if lane == "load":
         return lane_load(row, path, target)
     if lane in ("parity", "boundary-sweep", "fixed-split"):
-        return lane_sweep(row, path, lane, target_spec)
+        return lane_sweep(row, path, lane, target_spec, options)
     if lane == "dtype":
         return lane_dtype(row, workdir, target_spec)
     if lane == "wire":
@@ -575,7 +609,8 @@ def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, 
 
 
 def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
-            working: Callable[[str], None] | None = None) -> Iterator[LaneResult]:
+            working: Callable[[str], None] | None = None, options: LaneOptions = LaneOptions()) \
+        -> Iterator[LaneResult]:
     """The row's lanes, each as it finishes (`working` told which one runs)."""
     if not row.runnable:
         yield from (LaneResult(row.key, lane, UNSUPPORTED, row.reason or "") for lane in lanes)
@@ -588,7 +623,7 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
             if working:
                 working(f"{row.key} {lane}")
             try:
-                res = run_lane(row, lane, path, target, target_spec, workdir)
+                res = run_lane(row, lane, path, target, target_spec, workdir, options)
             except UserError as e:  # a fixture the toolkit made, refused or failed on by the target: not bad input
                 res = LaneResult(row.key, lane, CRASH, f"the lane could not run on the target: {e}")
             res.seconds = time.perf_counter() - t0
@@ -635,9 +670,9 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
             res.bundles += [str(p.relative_to(out)) for p in made]
 
 
-def run_rows(tasks: list[tuple[Row, list[str], str, Path]], jobs: int, finish: Callable[[LaneResult], LaneResult],
-             each: Callable[[int, LaneResult], None], working: Callable[[str], None] | None = None) \
-        -> list[list[LaneResult]]:
+def run_rows(tasks: list[tuple[Row, list[str], str, Path, LaneOptions]], jobs: int,
+             finish: Callable[[LaneResult], LaneResult], each: Callable[[int, LaneResult], None],
+             working: Callable[[str], None] | None = None) -> list[list[LaneResult]]:
     """Each task's row (its lanes on its target, its fixture written in its directory), `jobs` rows at a time; each
     lane through `finish` in the process that ran it (a function that process can import), then `each(task index,
     lane)` here as lanes finish; every row's lanes in the tasks' order. The first error a row raises is raised here
@@ -647,9 +682,9 @@ def run_rows(tasks: list[tuple[Row, list[str], str, Path]], jobs: int, finish: C
     interpreter lock (measured: docs/benchmarks.md, the tier-1 battery)."""
     if jobs <= 1 or len(tasks) <= 1:
         out = []
-        for i, (row, lanes, target, workdir) in enumerate(tasks):
+        for i, (row, lanes, target, workdir, options) in enumerate(tasks):
             out.append([])
-            for res in run_row(row, lanes, target, workdir, working):
+            for res in run_row(row, lanes, target, workdir, working, options):
                 res = finish(res)
                 out[-1].append(res)
                 each(i, res)
@@ -720,9 +755,10 @@ def _row_process(events: Any) -> None:
     share_cores()  # rows side by side: llama.cpp's threads wait passively (targets.worker_env)
 
 
-def _row_in_process(i: int, row: Row, lanes: list[str], target: str, workdir: Path, finish: Any) -> list[LaneResult]:
+def _row_in_process(i: int, row: Row, lanes: list[str], target: str, workdir: Path, options: LaneOptions,
+                    finish: Any) -> list[LaneResult]:
     out = []
-    for res in run_row(row, lanes, target, workdir, lambda what: _EVENTS.put(("working", i, what))):
+    for res in run_row(row, lanes, target, workdir, lambda what: _EVENTS.put(("working", i, what)), options):
         res = finish(res)
         out.append(res)
         _EVENTS.put(("lane", i, res))
@@ -742,7 +778,8 @@ def finished(res: LaneResult, out: Path | None, require_lanes: bool) -> LaneResu
 
 
 def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None, *, manifest: Path,
-                command: str, require_lanes: bool = False, jobs: int = 1) -> dict[str, Any]:
+                command: str, require_lanes: bool = False, jobs: int = 1, options: LaneOptions = LaneOptions()) \
+        -> dict[str, Any]:
     """Every planned row × lane, one plain line each (rich progress on a terminal); the run's report.
     require_lanes: a skipped lane fails closed (missing), as the users' own runner's --require-lanes.
     jobs: rows run this many at a time (run_rows: a process each; each lane's targets are worker processes of its
@@ -755,7 +792,7 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
             progress.line(f"{res.row:<16} tier {plan[i][0].tier}  {res.lane:<15} {res.status.upper():<12} "
                           f"{loud}{res.detail}")
 
-        done = run_rows([(row, lanes, target, Path(d)) for row, lanes in plan], jobs,
+        done = run_rows([(row, lanes, target, Path(d), options) for row, lanes in plan], jobs,
                         partial(finished, out=out, require_lanes=require_lanes), line, progress.working)
     lanes = [res for row in done for res in row]
     commit = next((r.llama_cpp_commit for x in lanes for r in x.reports if r.llama_cpp_commit), None) or \
@@ -797,6 +834,12 @@ def finish_run(run: dict[str, Any], out: Path | None, report: Path | None, manif
 
 OutOpt = Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json, bundles/ and pictures/ here")]
 ReportOpt = Annotated[Path | None, Opt(help="write the run's JSON report here")]
+CutsOpt = Annotated[str | None, Opt(help="planner:CMD — the parity lane also splits each row's fixture where this "
+                                       "topology planner would (`CMD MODEL.gguf STAGES` prints one cut set per "
+                                       "line) and says which cuts it never chooses and which it chose that are "
+                                       "refused")]
+StagesOpt = Annotated[list[int] | None, Opt("--stages", help="stage counts the planner is asked for (repeatable; "
+                                                            "default 2)")]
 PER_BUMP = ("gate", "server")  # the CI jobs that run on every bump (the canary's required jobs)
 JobsOpt = Annotated[int, Opt(help="rows run at a time (2 on 2 cores: a row's lanes wait on their workers about "
                                   "half the time)")]
@@ -825,6 +868,26 @@ def lane_plan(m: Manifest, tier: int | None, rows: list[str] | None, lanes: list
     return [(row, ls) for row, ls in plan if ls] if jobs else plan
 
 
+def lane_options(cuts: str | None, stages: list[int] | None) -> LaneOptions:
+    """--cuts planner:CMD and --stages as the lanes' options; a planner that cannot be started is bad input."""
+    if cuts is None:
+        if stages:
+            raise UserError("--stages: give the planner too (--cuts planner:CMD)")
+        return LaneOptions()
+    if not cuts.startswith(PLANNER):
+        raise UserError(f"--cuts {cuts!r}: a run takes planner:CMD (the lanes' own cuts come from the manifest)")
+    import shlex
+
+    argv = shlex.split(cuts[len(PLANNER):])
+    if not argv or not (shutil.which(argv[0]) or Path(argv[0]).is_file()):
+        raise UserError(f"--cuts {cuts}: no such program {argv[0] if argv else '(none)'!r}; give its path or put it "
+                        "on PATH")
+    bad = [k for k in stages or () if k < 2]
+    if bad:
+        raise UserError(f"--stages {bad[0]}: a split has at least 2 stages")
+    return LaneOptions(cuts, tuple(stages or (2,)))
+
+
 def nothing_planned(jobs: list[str] | None) -> int:
     """A CI job with no lane in the selection (the server job of a tier without llama-server lanes): says so, passes."""
     print(f"skipped: no selected row has a lane of --job {' --job '.join(jobs or [])}: nothing to run")
@@ -844,6 +907,8 @@ def run_cmd(
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     require_lanes: Annotated[bool, Opt("--require-lanes", help="a skipped lane fails the run (missing)")] = False,
+    cuts: CutsOpt = None,
+    stages: StagesOpt = None,
     jobs: JobsOpt = 1,
 ) -> int:
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
@@ -852,13 +917,14 @@ def run_cmd(
     plan = lane_plan(m, tier, rows, lane, jobs=job)
     if not plan:
         return nothing_planned(job)
+    options = lane_options(cuts, stages)
     if target.startswith("skippy:"):
         from targets.skippy import identity
 
         identity(target[len("skippy:"):])  # a wrong config, binary or build: exit 2 before anything runs
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify run " + " ".join(sys.argv[2:]),
-                      require_lanes=require_lanes, jobs=jobs)
+                      require_lanes=require_lanes, jobs=jobs, options=options)
     return finish_run(run, out, report, m)
 
 
@@ -968,6 +1034,8 @@ def bump(
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json (and base/, candidate/: each "
                                          "build's run and certificate.json) here")] = None,
     report: ReportOpt = None,
+    cuts: CutsOpt = None,
+    stages: StagesOpt = None,
     jobs: JobsOpt = 1,
 ) -> int:
     """Certify a llama.cpp bump: the selected rows' lanes on the base and the candidate build, and a cross-build lane
@@ -982,18 +1050,20 @@ def bump(
     plan = lane_plan(m, tier, rows, lane, jobs=job)
     if not plan:
         return nothing_planned(job)
+    options = lane_options(cuts, stages)
     check_jobs(jobs)
     # the environment's build and patch series name what is certified: the candidate, never the base
     builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
     if unclassified_architectures(m, builds["candidate"].arch_names()):
         return 1  # (before any lane: the roster would have no answer for a model of that architecture)
     rep = bump_builds(plan, builds, manifest=m, command="family-certify bump " + " ".join(sys.argv[2:]), out=out,
-                      jobs=jobs)
+                      jobs=jobs, options=options)
     return finish_bump(rep, out, report)
 
 
 def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, manifest: Manifest, command: str,
-                out: Path | None, jobs: int, base_run: dict[str, Any] | None = None) -> dict[str, Any]:
+                out: Path | None, jobs: int, base_run: dict[str, Any] | None = None,
+                options: LaneOptions = LaneOptions()) -> dict[str, Any]:
     """The per-bump gate on two resolved builds (base, candidate): the plan's lanes on each (the base's run taken
     as given when base_run is), a cross-build lane per row, a verdict per row x lane; the bump report."""
     from fuzz import bump as bp
@@ -1008,7 +1078,7 @@ def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, ma
         print(f"== {which}: {b.spec}" + (f" + {b.identity['patches']['files']}" if b.identity.get("patches") else ""),
               flush=True)
         runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=manifest.path,
-                                  command=f"{command} ({which})", jobs=jobs)
+                                  command=f"{command} ({which})", jobs=jobs, options=options)
         if out is not None:
             write_outputs(out / which, runs[which])
             write_certificate(out / which, runs[which], manifest)
@@ -1114,7 +1184,7 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             row_key, lane = CATCHERS[name]
             workdir = Path(d) / name  # (two mutants of one row write its fixture at once: a directory each)
             workdir.mkdir()
-            tasks.append((m.row(row_key), [lane], f"mutant:{name}", workdir))
+            tasks.append((m.row(row_key), [lane], f"mutant:{name}", workdir, LaneOptions()))
         ready: dict[int, LaneResult] = {}
 
         def line(i: int, res: LaneResult) -> None:  # in the mutants' order, each as soon as those before it are

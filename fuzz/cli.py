@@ -97,7 +97,8 @@ def run_cmd(
 @app.command("sweep")
 def sweep_cmd(
     fixture: FixtureArg,
-    cuts: Annotated[str, Opt(help="all | period | cut sets like '3;5;2,6'")] = "all",
+    cuts: Annotated[str, Opt(help="all | period | cut sets like '3;5;2,6' | planner:CMD (the sets that `CMD MODEL "
+                                  "STAGES` prints)")] = "all",
     stages: StagesOpt = 2,
     tokens: Annotated[int, Opt(help="greedy decode steps")] = 32,
     period: PeriodOpt = None,
@@ -227,7 +228,8 @@ def flash_attn_list(text: str) -> tuple[bool, ...]:
 @app.command("handoff")
 def handoff_cmd(
     fixture: FixtureArg,
-    cuts: Annotated[str, Opt(help="period | all | none (the unsplit model) | cut sets like '3;5;2,6'")] = "period",
+    cuts: Annotated[str, Opt(help="period | all | none (the unsplit model) | cut sets like '3;5;2,6' | "
+                                  "planner:CMD")] = "period",
     stages: StagesOpt = 2,
     tokens: Annotated[int, Opt(help="greedy decode steps after the prompt")] = 4,
     period: PeriodOpt = None,

@@ -135,7 +135,8 @@ class Determinism:
         t0 = time.perf_counter()
         if cfg.repeats < 2:
             raise UserError(f"--repeats {cfg.repeats}: needs at least 2 runs per schedule to compare")
-        sets = [] if cfg.cuts == "none" else cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        sets = [] if cfg.cuts == "none" else cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period,
+                                                      self.fixture)
         # unsplit: logits of the last row, as a server decodes (llama.cpp then prunes the last layer to that row);
         # with chains every row, as the sweep does: a stage's pass-through pad after its last real layer would
         # move that pruning, and FFN kernels over one row and over all rows round differently (gemma3, cut 5)

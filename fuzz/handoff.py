@@ -187,7 +187,7 @@ class Handoff:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
         k = max(len(s) for s in sets) + 1
         ref = open_target(cfg.target, timeout=cfg.timeout)
         src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]

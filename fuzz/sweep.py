@@ -14,6 +14,8 @@ import hashlib
 import heapq
 import itertools
 import os
+import shlex
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,7 +69,7 @@ STATUSES = (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)
 
 @dataclass
 class SweepConfig:
-    cuts: str = "all"  # all | period | "3;5;2,6" (cut sets separated by ';', cuts by ',')
+    cuts: str = "all"  # all | period | "3;5;2,6" (cut sets separated by ';', cuts by ',') | planner:CMD
     stages: int = 2
     tokens: int = 32
     prompt_len: int = 24
@@ -139,7 +141,51 @@ class SweepReport:
 
 
 # ---- cut sets -------------------------------------------------------------------------------------------
-def cut_sets(spec: str, n_layer: int, stages: int, period: int) -> list[list[int]]:
+PLANNER = "planner:"  # --cuts planner:CMD: the cut sets a runtime's topology planner chooses for the model
+
+
+def planner_cuts(command: str, model: str | os.PathLike, n_layer: int, stages: int) -> list[list[int]]:
+    """The cut sets a planner command chooses: `CMD MODEL.gguf STAGES` prints one cut set per line (the layers at
+    which stages 2..K start, comma-separated; '#' lines are comments). A planner that fails or prints something
+    else is bad input."""
+    argv = [*shlex.split(command), str(model), str(stages)]
+    if not argv[:-2]:
+        raise UserError("--cuts planner:CMD: name the planner command, e.g. planner:'plan-split --json'")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise UserError(f"--cuts planner:{command}: no such program {argv[0]!r}; put it on PATH or give its path") \
+            from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"--cuts planner:{command}: no answer within 120 s for {model} ({stages} stages)") from None
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    if done.returncode != 0:
+        raise UserError(f"--cuts planner:{command}: exited {done.returncode} for {Path(model).name} ({stages} "
+                        f"stages): {last or 'no message'}")
+    lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not lines:
+        raise UserError(f"--cuts planner:{command}: chose no cut set for {Path(model).name} ({stages} stages)")
+    try:
+        sets = cut_sets(";".join(lines), n_layer, stages, 1)
+    except UserError:
+        raise UserError(f"--cuts planner:{command}: printed {' | '.join(lines)[:80]!r} for {Path(model).name}, not "
+                        f"cut sets in 1..{n_layer - 1} (one per line, cuts comma-separated, e.g. '12' or '8,16')") \
+            from None
+    wrong = [cs for cs in sets if len(cs) != stages - 1]
+    if wrong:
+        raise UserError(f"--cuts planner:{command}: chose {','.join(map(str, wrong[0]))} for {stages} stages; a "
+                        f"set of {stages - 1} cut(s) was expected")
+    return sets
+
+
+def cut_sets(spec: str, n_layer: int, stages: int, period: int, model: str | os.PathLike | None = None) \
+        -> list[list[int]]:
+    """The cut sets a spec names for a model of n_layer layers: all, period (every cut offset modulo the interleave
+    period), none, explicit lists ('3;5;2,6'), or planner:CMD (what CMD chooses for `model`)."""
+    if spec.startswith(PLANNER):
+        if model is None:
+            raise UserError(f"--cuts {spec}: a planner needs the model's file")
+        return planner_cuts(spec[len(PLANNER):], model, n_layer, stages)
     if n_layer < 2:
         raise UserError(f"the model has {n_layer} layer; a split needs at least 2")
     if stages < 2 or stages > n_layer:
@@ -295,7 +341,7 @@ class Sweep:
             self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
             self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params)) for t in workers}
             self._read_fixture()
-            sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period)
+            sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period, self.fixture)
             more = [open_target(cfg.target, timeout=cfg.timeout)
                     for _ in range(min(most, sum(len(s) + 1 for s in sets)) - len(workers))]
             for t in more:

@@ -120,7 +120,7 @@ class Wire:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period)
+        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
         steps = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
                                chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
                                phases=("prefill", "decode")).sequential
