@@ -88,6 +88,8 @@ def row_certificate(lanes: list[dict[str, Any]], known: dict[str, str], indexer:
         if x["status"] in FAILING and not cut_failures:
             uncut.append(f"{x['lane']}: {x['status']}: {x.get('detail', '')}"[:300])
     kinds = set(letters)
+    # the fixture the lanes ran, and the planner's choices (run --cuts planner:CMD), from the lanes' data
+    data = {k: v for x in lanes for k, v in (x.get("data") or {}).items() if k in ("fixture_sha256", "planner")}
     ok = {k: sorted(v) for k, v in sorted(certified.items()) if k not in refused}
     why = uncut[0] if uncut else "no lane reported the fixture's layers" if not letters else \
         None if ok else "no cut certified" + (f": {next(iter(refused.values()))}" if refused else "")
@@ -103,6 +105,9 @@ def row_certificate(lanes: list[dict[str, Any]], known: dict[str, str], indexer:
                                          ("indexer", indexer)) if has],
         "known": sorted({known[x["lane"]] for x in lanes if x["status"] == KNOWN and x["lane"] in known}
                         | {k for x in lanes if x["status"] == KNOWN for k in (x.get("data") or {}).get("known", [])}),
+        **({"fixture_sha256": data["fixture_sha256"]} if data.get("fixture_sha256") else {}),
+        **({"planner": [{"stages": p["stages"], "chose": p["chose"], "refused": [r["cuts"] for r in p["refused"]]}
+                        for p in data["planner"]]} if data.get("planner") else {}),
     }
 
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,7 +47,8 @@ from fuzz.prefix_cache import PrefixCacheConfig
 from fuzz.progress import Progress
 from fuzz.radix import LANE_PLANS, RadixConfig
 from fuzz.shards import load_durations, measured, plan_shards, refresh_durations
-from fuzz.sweep import PLANNER, SweepConfig
+from fuzz.stages import FixtureStages
+from fuzz.sweep import PLANNER, SweepConfig, cut_sets
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -220,15 +222,52 @@ class LaneOptions:
     stages: tuple[int, ...] = (2,)
 
 
+def lane_cuts(row: Row, lane: str) -> str | None:
+    """The cut sets a lane splits the row's fixture at (a cut spec of fuzz.sweep.cut_sets, 2 stages), or None for a
+    lane that does not split at cut sets: what the lanes run and what a run plans (check_cuts)."""
+    if lane in ("parity", "dtype-all", "wire-all", "handoff-all", "determinism-chains"):
+        return "all"
+    if lane in ("boundary-sweep", "determinism"):
+        return "period"
+    if lane == "fixed-split":
+        return str(max(1, row.spec().n_layer // 2))
+    if lane in ("dtype", "wire", "handoff"):  # as the parity lane cuts, or by the period where the row sweeps it
+        return "period" if "boundary-sweep" in row.lanes else "all"
+    return None
+
+
+CUT_ORACLES = ("sweep", "wire", "handoff", "determinism")  # the oracles whose results name their cut sets
+
+
+def check_cuts(row: Row, lane: str, path: Path, res: LaneResult) -> LaneResult:
+    """Planned = executed, per cut set: every run of a splitting oracle at the lane's own cut spec must have run
+    every cut set the spec gives the fixture (a result each, unsupported included), and a lane that splits must
+    have run one (or recorded that every split was refused); else the lane is missing. The planned sets go into
+    the lane's data."""
+    spec = lane_cuts(row, lane)
+    if spec is None or res.status == SKIPPED or res.status in FAILING:
+        return res
+    st = FixtureStages(path, period=row.sweep_period)
+    planned = cut_sets(spec, len(st.kinds), 2, st.period)
+    res.data["cuts"] = {"spec": spec, "planned": planned}
+    runs = [r for r in res.reports if r.oracle in CUT_ORACLES and r.config.get("cuts") == spec]
+    want = {tuple(c) for c in planned}
+    for r in runs:
+        short = sorted(want - {tuple(x["cuts"]) for x in r.results if x.get("cuts") is not None})
+        if short:
+            return replace(res, status=MISSING, detail=f"planned cut sets not executed by {r.oracle}: "
+                           f"{'; '.join(','.join(map(str, c)) for c in short)} — {res.detail}")
+    refused = {tuple(c) for c in res.data.get("every_split_refused", [])}
+    if not runs and refused != want:
+        return replace(res, status=MISSING, detail=f"no run at the planned cut sets ({spec}) — {res.detail}")
+    return res
+
+
 def lane_sweep(row: Row, path: Path, lane: str, target_spec: str, options: LaneOptions = LaneOptions()) \
         -> LaneResult:
-    if lane == "boundary-sweep":
-        cfg = SweepConfig(cuts="period", tokens=16, period=row.sweep_period, target=target_spec)
-    elif lane == "fixed-split":
-        n = row.spec().n_layer
-        cfg = SweepConfig(cuts=str(max(1, n // 2)), tokens=16, target=target_spec)
-    else:
-        cfg = SweepConfig(cuts="all", tokens=16, target=target_spec)
+    cuts = lane_cuts(row, lane) or "all"
+    cfg = SweepConfig(cuts=cuts, tokens=16, period=row.sweep_period if cuts == "period" else None,
+                      target=target_spec)
     rep, case = oracle_run("sweep", path, cfg)
     res = LaneResult(row.key, lane, rep.status, sweep_detail(rep), {"summary": rep.summary,
                      "control": rep.extra["control"]}, reports=[rep], cases=[case])
@@ -293,7 +332,7 @@ def lane_dtype(row: Row, workdir: Path, target_spec: str, *, cuts: str | None = 
     dtypes = dtypes or row.dtypes
     if not dtypes:
         return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
-    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
+    cuts = cuts or lane_cuts(row, lane)
     res = LaneResult(row.key, lane, UNSUPPORTED)
     parts, why = [], ""
     for dtype in dtypes:
@@ -329,7 +368,7 @@ def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None
     wires = wires or row.wires
     if not wires:
         return LaneResult(row.key, lane, SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
-    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
+    cuts = cuts or lane_cuts(row, lane)
     res = LaneResult(row.key, lane, UNSUPPORTED)
     parts = []
     for w in wires:
@@ -445,11 +484,13 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
         -> LaneResult:
-    cuts = cuts or ("period" if "boundary-sweep" in row.lanes else "all")
+    cuts = cuts or lane_cuts(row, lane)
     cfg = HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3, target=target_spec)
     rep, case = oracle_run("handoff", path, cfg)
+    refused = None
     if rep.summary[UNSUPPORTED] == len(rep.results):  # no split expressible: hand off the unsplit model's state
         why = rep.results[0].get("reason")
+        refused = [r["cuts"] for r in rep.results]
         cfg = replace(cfg, cuts="none", period=None)
         rep, case = oracle_run("handoff", path, cfg)
         cuts = f"none; every split unsupported: {why}"
@@ -459,6 +500,8 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
     elif rep.status == UNSUPPORTED:
         detail += f"; {rep.results[0].get('reason')}"
     res = LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
+    if refused is not None:
+        res.data["every_split_refused"] = refused
     # again with prefill chunks of 5 rows split into ubatches of 3 and 2 (larger than n_ubatch, not a multiple);
     # the busy mode (a live neighbour in the importing context) ran above: it is about the neighbour, not the shape
     plain = tuple(m for m in cfg.modes if m != "busy")
@@ -617,6 +660,7 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
         return
     path = workdir / f"{row.key}.gguf"
     write_fixture(row.spec(), path)
+    fixture = hashlib.sha256(path.read_bytes()).hexdigest()  # what was certified: the lanes' data names it
     with open_target(target_spec) as target:
         for lane in lanes:
             t0 = time.perf_counter()
@@ -626,6 +670,9 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
                 res = run_lane(row, lane, path, target, target_spec, workdir, options)
             except UserError as e:  # a fixture the toolkit made, refused or failed on by the target: not bad input
                 res = LaneResult(row.key, lane, CRASH, f"the lane could not run on the target: {e}")
+            if not target_spec.startswith("skippy:"):  # (skippy's lanes split at its own cut specs: lane_skippy)
+                res = check_cuts(row, lane, path, res)
+            res.data["fixture_sha256"] = fixture
             res.seconds = time.perf_counter() - t0
             # the manifest's known findings are the pinned llama.cpp's: another runtime is judged on its own
             yield res if target_spec.startswith("skippy:") else known(row, res)

@@ -159,7 +159,14 @@ CERT_ROW = {"type": "object", "additionalProperties": False,
     "state": {"type": "array", "items": {"enum": ["kv", "recurrent", "indexer"]},
               "description": "what crosses a cut: attention KV, recurrent state, DSA indexer keys"},
     "known": {"type": "array", "items": {"type": "string"}, "description": "known upstream findings (repro paths) "
-              "the row's lanes reproduce"}}}
+              "the row's lanes reproduce"},
+    "fixture_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "the synthetic fixture the "
+                       "lanes ran (synth make --row ROW writes the same bytes)"},
+    "planner": {"type": "array", "description": "run --cuts planner:CMD: what the runtime's planner chose per stage "
+                "count, and which of its sets were refused", "items": {
+                    "type": "object", "required": ["stages", "chose", "refused"], "properties": {
+                        "stages": {"type": "integer", "minimum": 2}, "chose": {"type": "array", "items": CUTS},
+                        "refused": {"type": "array", "items": CUTS}}}}}}
 
 CERTIFICATE = {
     "type": "object", "description": "what a split runtime may admit (run --out DIR: DIR/certificate.json, written "

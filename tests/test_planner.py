@@ -1,6 +1,7 @@
 """Cuts from a split runtime's topology planner (`--cuts planner:CMD`): the planner's answer read and checked
 (quick), and the parity lane splitting where the planner would, beside its every-cut sweep (llama)."""
 
+import hashlib
 import json
 import re
 import sys
@@ -59,9 +60,9 @@ def test_the_parity_lane_splits_where_the_planner_would_and_says_what_it_never_c
     single cuts the planner never chooses for 2 stages; glm4: every cut is refused by its stage contract, so the
     planner's choices are reported as chosen and refused, with the reason."""
     r = run_cli("family-certify", "run", "jamba", "glm4", "--lane", "parity", "--cuts", PLANNER, "--stages", "2",
-                "--stages", "3", "--report", str(tmp_path / "r.json"))
+                "--stages", "3", "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stdout + r.stderr
-    lanes = {x["row"]: x for x in json.loads((tmp_path / "r.json").read_text())["results"]}
+    lanes = {x["row"]: x for x in json.loads((tmp_path / "out" / "report.json").read_text())["results"]}
     jamba = lanes["jamba"]["data"]["planner"]
     assert [(p["stages"], p["chose"], len(p["never_chose"]), p["refused"], p["failing"]) for p in jamba] == [
         (2, [[4]], 6, [], []), (3, [[3, 6]], 5, [], [])]
@@ -71,3 +72,42 @@ def test_the_parity_lane_splits_where_the_planner_would_and_says_what_it_never_c
                                                                                                (3, [[2, 4]], [[2, 4]])]
     assert "rope.dimension_sections" in glm4[0]["refused"][0]["reason"]
     assert lanes["glm4"]["status"] == "unsupported" and "chose and refused: 3" in lanes["glm4"]["detail"]
+    # the certificate carries the planner's choices and the fixture the lanes ran (synth make --row's bytes)
+    cert = json.loads((tmp_path / "out" / "certificate.json").read_text())["architectures"]
+    assert cert["jamba"]["rows"]["jamba"]["planner"] == [{"stages": 2, "chose": [[4]], "refused": []},
+                                                         {"stages": 3, "chose": [[3, 6]], "refused": []}]
+    assert cert["glm4"]["rows"]["glm4"]["planner"][0] == {"stages": 2, "chose": [[3]], "refused": [[3]]}
+    made = tmp_path / "jamba.gguf"
+    assert run_cli("synth", "make", "--row", "jamba", "-o", str(made)).returncode == 0
+    assert cert["jamba"]["rows"]["jamba"]["fixture_sha256"] == hashlib.sha256(made.read_bytes()).hexdigest()
+
+
+def sweep_report(cuts: str, sets: list[list[int]]):
+    from fuzz.contract import Report
+
+    return Report(oracle="sweep", fixture="f.gguf", sha256="0" * 64, arch="jamba", n_layer=8, kinds="", layers=[],
+                  target="llama-cpp", build={}, config={"cuts": cuts},
+                  results=[{"cuts": c, "status": "pass"} for c in sets], findings=[])
+
+
+def test_a_lane_that_ran_fewer_cut_sets_than_planned_is_missing(fixtures):
+    """Planned = executed per cut set (check_cuts): the parity lane of an 8-layer jamba plans the 7 single cuts; a
+    run at its spec that reports 6 of them makes the lane missing, naming the cut set; a run at another spec (a
+    planner's) does not count; all 7 pass; a lane without cut sets (isolation) is left alone."""
+    from fuzz.certify import LaneResult, check_cuts
+    from synth.manifest import load_manifest
+
+    row = load_manifest(ROOT / "family_tiers.toml").row("jamba")
+    path = fixtures("jamba", **{k: v for k, v in row.recipe.items() if k != "family"})
+    every = [[c] for c in range(1, 8)]
+    ok = check_cuts(row, "parity", path, LaneResult("jamba", "parity", "pass", "7 cut sets",
+                                                    reports=[sweep_report("all", every)]))
+    assert ok.status == "pass" and ok.data["cuts"] == {"spec": "all", "planned": every}
+    short = check_cuts(row, "parity", path, LaneResult("jamba", "parity", "pass", "6 cut sets",
+                                                       reports=[sweep_report("all", every[:3] + every[4:])]))
+    assert short.status == "missing" and short.detail.startswith("planned cut sets not executed by sweep: 4 —")
+    other = check_cuts(row, "parity", path, LaneResult("jamba", "parity", "pass", "",
+                                                       reports=[sweep_report("planner:x", [[4]])]))
+    assert other.status == "missing" and other.detail.startswith("no run at the planned cut sets (all)")
+    alone = LaneResult("jamba", "isolation", "pass", "")
+    assert check_cuts(row, "isolation", path, alone) is alone and "cuts" not in alone.data
