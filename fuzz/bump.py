@@ -11,6 +11,11 @@ row × lane gets a verdict:
   newly unsupported   ran on the base, unsupported on the candidate
   drifted             the cross-build lane only: greedy tokens differ between the builds
 
+The prefix-cache lane also compares what the two builds reuse: its rewind conversations (one client, one slot:
+deterministic) record the prompt tokens each request took from the cache; a candidate that takes fewer than the
+base on any request reprocesses what the base resumed — a prompt-cache regression, `broke` (answers are the lane's
+own to judge, on each build).
+
 The cross-build policy (upstream promises no bit-exactness across commits, as across batch shapes): both builds
 are teacher-forced with the base's greedy tokens; max |Δlogit| and NMSE (mse(a − b) / mse(a), llama.cpp's own test
 measure) are reported; the first step whose greedy choice differs is `drifted`, with the base's top-1/top-2 margin
@@ -172,12 +177,40 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         v = verdict(a["status"], b["status"])
         if a["status"] == KNOWN and (b.get("data") or {}).get("known_gone"):  # the upstream finding is gone there
             v = FIXED
+        detail = b["detail"]
+        less = reuse_regression(a, b) if v == UNCHANGED and outcome(b["status"]) == "ok" else None
+        if less:
+            v, detail = BROKE, f"{less} | {detail}"
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
-                    "candidate": b["status"], "detail": b["detail"], "bundles": b.get("bundles", [])})
+                    "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
     for row, x in cross.items():
         out.append({"row": row, "lane": CROSS_LANE, "verdict": x["verdict"], "base": None, "candidate": None,
                     "detail": x["detail"], **{k: v for k, v in x.items() if k not in ("verdict", "detail")}})
     return out
+
+
+def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
+    """The prefix-cache lane's rewind conversations (fuzz.prefix_cache), from its reports."""
+    return [c for rep in lane.get("reports", []) if rep.get("oracle") == "prefix-cache"
+            for c in rep.get("rewinds") or []]
+
+
+def reuse_regression(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """Where the candidate's prefix-cache lane took fewer prompt tokens from the cache than the base's on the same
+    rewind conversation (the first such request), or None."""
+    a, b = rewinds_of(base), rewinds_of(candidate)
+    if not a or len(a) != len(b):
+        return None
+    lost = [(i, j, x, y) for i, (ca, cb) in enumerate(zip(a, b, strict=True)) if ca["lengths"] == cb["lengths"]
+            for j, (x, y) in enumerate(zip(ca["cache_n"], cb["cache_n"], strict=True))
+            if x is not None and y is not None and y < x]
+    if not lost:
+        return None
+    i, j, x, y = lost[0]
+    c = a[i]
+    return (f"prompt-cache reuse regression: {len(lost)} requests take fewer prompt tokens from the cache; first: "
+            f"rewind conversation {i}, request {j} ({c['lengths'][j]} tokens, {c['shared'][j]} shared with the one "
+            f"before): the base took {x}, the candidate {y}")
 
 
 def bump_report(base: dict[str, Any], candidate: dict[str, Any], rows: list[dict[str, Any]], *, wall_s: float,

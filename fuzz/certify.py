@@ -440,9 +440,10 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """Rounds of concurrent duplicate inserts, then the radix engine on the lane's plans (a seeded sample of each
-    plan's interleavings) and on 48 schedules of prompt trees drawn per schedule — counted, no time limit — in both
-    KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its default without -np)."""
+    """Rounds of concurrent duplicate inserts and one client's rewind conversations (fuzz.prefix_cache), then the
+    radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on 48 schedules of prompt
+    trees drawn per schedule — counted, no time limit — in both KV layouts llama-server has: one cache per slot (-np
+    given) and one for all slots (its default without -np)."""
     if server_binary() is None:
         return LaneResult(row.key, "prefix-cache", SKIPPED,
                           NO_SERVER)
@@ -464,10 +465,13 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     bad = next((r for r in reps if r.findings), None)
     if bad is None:
         reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
+        rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
         noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
         moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
         detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
                   f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
+                  f"{len(rewinds)} rewind conversations (one client): answers as uncached, "
+                  f"{sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache; "
                   f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
                   f"turns, host cache; {sum(r.extra['explored'] for r in scheds if r.config.get('tree') == 'drawn')} "
                   f"on drawn prompt trees): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "

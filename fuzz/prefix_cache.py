@@ -6,6 +6,13 @@ answer must equal the uncached reference (a one-slot server, cache off): token-e
 top-2 margin is clear (a near-tie is noted, not judged). After every round every slot must be idle again (a
 slot still busy is a leaked record), and at the end a prompt needing most of the context must still fit.
 A finding is replayed on a fresh server before it is reported (reproduced or not).
+
+Then one client's conversations that go back (rewind_conversations), one request after another on a one-slot
+server, the slot erased between conversations: a prompt, then the same prompt cut back with new tokens after it,
+around the tiny fixtures' sliding windows and the server's context checkpoints, where a restore decides what is
+reused. Every answer must equal the uncached reference too, and how many prompt tokens each request took from the
+cache is recorded: with one client that count is deterministic, so a bump compares it across two builds
+(fuzz.bump: a candidate that reuses less broke).
 """
 
 from __future__ import annotations
@@ -111,15 +118,22 @@ class PrefixCache:
                 if cfg.kv_unified:
                     self.measure_noise(srv, sched.prompts, reference)
                 findings, rounds = self._schedule(srv, sched, reference)
+                rewinds: list[dict[str, Any]] = []
+                if not cfg.kv_unified:  # (one slot: a KV cache per slot or one for all is the same cache)
+                    rewinds, more = self._rewinds(srv, ref_t)
+                    findings += more
             except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
                 findings = [ServerFinding("server-crash", None, str(e),
                                           reproduced=crashes_loading(srv, self.fixture, e.params))]
-                rounds = []
+                rounds, rewinds = [], []
             else:
                 if findings:  # a finding must reproduce on a fresh server before it counts as one
                     again, _ = self._schedule(srv, sched, reference)
+                    if any(f.kind.startswith("rewind") for f in findings):
+                        again += self._rewinds(srv, ref_t)[1]
                     for f in findings:
-                        f.reproduced = any(g.kind == f.kind and g.round == f.round for g in again)
+                        f.reproduced = any(g.kind == f.kind and g.round == f.round and g.prompt == f.prompt
+                                           for g in again)
                 if cfg.kv_unified:  # where a sequence sat may explain a different answer: not the cache
                     self.explain(ref_t, sched, reference, findings)
         finally:
@@ -128,7 +142,8 @@ class PrefixCache:
         findings = [f for f in findings if not f.cause]
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
                 "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
-                "schedule": sched.to_dict(), "rounds": rounds, "findings": [f.to_dict() for f in findings],
+                "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds,
+                "findings": [f.to_dict() for f in findings],
                 "numerics": [f.to_dict() for f in numerics],
                 **({"noise": self.noise} if self.noise else {}), "status": FINDING if findings else PASS}
 
@@ -182,6 +197,40 @@ class PrefixCache:
                                      2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
         self.near_tie = self.noise["near_tie"]
 
+    def _rewinds(self, t: Target, ref_t: Target) -> tuple[list[dict[str, Any]], list[ServerFinding]]:
+        """The rewind conversations on a fresh one-slot server with the host cache on: per conversation the
+        prompts' lengths, what each shares with the one before, and the prompt tokens each took from the cache;
+        findings where an answer is not the uncached reference's."""
+        cfg = self.cfg
+        convs = rewind_conversations(self.info.n_vocab, cfg.seed)
+        prompts = {f"rewind{i}.{j}": q for i, conv in enumerate(convs) for j, q in enumerate(conv)}
+        self._load(ref_t, slots=1, cache_ram=0)
+        cold = cold_answers(ref_t, self.fixture, prompts, cfg.tokens)
+        self._load(t, slots=1, cache_ram=cfg.cache_ram)
+        out: list[dict[str, Any]] = []
+        findings: list[ServerFinding] = []
+        for i, conv in enumerate(convs):
+            if i:  # each conversation from an empty slot: nothing of the one before (its tokens, its checkpoints)
+                erase = t.call("submit", name=f"erase{i}", kind="erase", slot=0)
+                if not erase.ok or not t.call("await", name=f"erase{i}", point="done").ok:
+                    raise UserError(f"{self.fixture}: llama-server cannot erase its slot between conversations")
+            r = t.call("complete", requests=[{"prompt": q, "n_predict": cfg.tokens} for q in conv], concurrent=False)
+            if not r.ok:
+                findings.append(ServerFinding("server-crash", None, f"rewind conversation {i}: {r.failure.message}"))
+                break
+            shared = [0] + [shared_prefix(a, b) for a, b in zip(conv, conv[1:], strict=False)]
+            for j, got in enumerate(r.data["results"]):
+                name = f"rewind{i}.{j}"
+                why = got["error"] if "error" in got else compare(cold[name], got, self.near_tie)
+                if why:
+                    findings.append(ServerFinding("rewind-failed" if "error" in got else "rewind-diverged", None,
+                                                  f"conversation {i}, request {j} ({len(conv[j])} tokens, "
+                                                  f"{shared[j]} shared with the one before, {got.get('cache_n')} "
+                                                  f"from the cache): {why}", prompt=name, answer=got.get("tokens")))
+            out.append({"lengths": [len(q) for q in conv], "shared": shared,
+                        "cache_n": [x.get("cache_n") for x in r.data["results"]]})
+        return out, findings
+
     def _load(self, t: Target, **params: Any) -> None:
         load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
 
@@ -222,6 +271,35 @@ class PrefixCache:
             findings += [ServerFinding("capacity", None, f"after the rounds, {why}")
                          for _, why in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
+
+
+def rewind_conversations(n_vocab: int, seed: int) -> list[list[list[int]]]:
+    """One client's conversations that go back: for prompts of 6 to 40 tokens, the prompt then the prompt cut back
+    to k tokens with 3 new ones (k = 2, 3, 4, half, two before the end), and the prompt, a second turn of 6 more,
+    then that turn cut back to 3 with 3 new ones. The lengths straddle the tiny fixtures' sliding windows (4-8
+    tokens) and the server's checkpoints (taken 4 tokens before a prompt's end)."""
+    rng = np.random.Generator(np.random.PCG64(seed + 7))
+
+    def toks(n: int) -> list[int]:
+        return [int(x) for x in rng.integers(0, n_vocab, n)]
+
+    convs = []
+    for n in (6, 8, 12, 24, 40):
+        for k in sorted({2, 3, 4, n // 2, n - 2}):
+            p = toks(n)
+            convs.append([p, p[:k] + toks(3)])
+        p, turn = toks(n), toks(6)
+        convs.append([p, p + turn, p + turn[:3] + toks(3)])
+    return convs
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class ServerCrash(Exception):
@@ -411,6 +489,9 @@ def format_report(rep: dict[str, Any]) -> str:
     for r in rep["rounds"]:
         lines.append(f"  round {r['round']}: {', '.join(r['prompts'])}; prompt tokens from the cache {r['cache_n']}"
                      + (f"; BUSY after: {r['busy_after']}" if r["busy_after"] else ""))
+    if rep.get("rewinds"):
+        lines.append(f"  {len(rep['rewinds'])} rewind conversations (one client, one slot): prompt tokens from the "
+                     f"cache {sum(sum(c['cache_n']) for c in rep['rewinds'])}")
     if rep.get("noise"):
         lines.append(noise_line(rep["noise"]))
     for f in rep["findings"]:
@@ -449,7 +530,7 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
                         message=f"{f['kind']} in round {f['round']}: {f['message']}; cause: {f['cause']['kind']}")
                 for f in data["numerics"]]
     return make_report("prefix-cache", fixture, data, results=results, findings=findings, numerics=numerics,
-                       extra=("schedule", "noise"))
+                       extra=("schedule", "noise", "rewinds"))
 
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare
+from fuzz import prefix_cache as pc
+from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare, format_report
 from targets import open_target
 from targets.llama_server_worker import server_binary
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from helpers import impostor as impostor_server
 
 pytestmark = [pytest.mark.llama, pytest.mark.server]
@@ -237,3 +238,18 @@ def test_a_kept_server_worker_holds_no_server_and_its_mutant_no_leak(fixtures):
         assert busy(again, 0) == []  # nothing leaked on this load yet
         assert again.call("complete", requests=[{"prompt": same, "n_predict": 2}] * 2, concurrent=True).ok
         assert len(busy(again, 1)) == 1  # this load's own leak
+
+
+def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_path):
+    """On laguna's fixture (sliding window 4: the checkpoints decide what a cut-back prompt reuses) the pinned
+    llama-server answers every rewind as uncached; the reuse it records is the same run after run."""
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    path = tmp_path / "laguna.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
+    cfg = pc.PrefixCacheConfig(rounds=1, tokens=6)
+    a, b = pc.report(path, cfg), pc.report(path, cfg)
+    assert a.status == "pass" and len(a.extra["rewinds"]) == 27, format_report(a.native)
+    assert [c["cache_n"] for c in a.extra["rewinds"]] == [c["cache_n"] for c in b.extra["rewinds"]]
+    assert a.extra["rewinds"][0]["cache_n"] == [0, 1]  # the checkpoint at pos_min 0 restored (upstream #21510)

@@ -1,0 +1,42 @@
+"""The prefix-cache lane's rewind conversations and the bump's reuse comparison, judged without llama-server (the
+server side: tests/test_prefix_cache.py)."""
+
+from fuzz import prefix_cache as pc
+
+
+def test_the_rewind_conversations_are_seeded_and_go_back():
+    """27 conversations: per prompt length (6, 8, 12, 24, 40) the prompt cut back to 2, 3, 4, half and two before
+    its end (fewer where those coincide), and one with a second turn cut back inside; the same seed, the same ones."""
+    convs = pc.rewind_conversations(64, 0)
+    assert convs == pc.rewind_conversations(64, 0) and convs != pc.rewind_conversations(64, 1)
+    assert len(convs) == 27 and [len(c) for c in convs].count(3) == 5
+    assert [pc.shared_prefix(c[0], c[1]) >= k for c, k in zip(convs[:4], (2, 3, 4, 4), strict=True)] == [True] * 4
+    assert [len(c[0]) for c in convs if len(c) == 3] == [6, 8, 12, 24, 40]
+    second = [c for c in convs if len(c) == 3][-1]
+    assert second[1][:40] == second[0] and second[2][:43] == second[1][:43]
+    assert pc.shared_prefix([1, 2, 3], [1, 2, 4]) == 2 and pc.shared_prefix([], [1]) == 0
+
+
+def test_a_bump_whose_candidate_reuses_less_broke_and_one_that_reuses_more_did_not():
+    """The bump compares the prefix-cache lane's rewind reuse across builds (fuzz.bump.reuse_regression): fewer
+    prompt tokens from the cache on any request is a regression, named; the same or more is not."""
+    from fuzz import bump as bp
+
+    def lane(cache_n):
+        rewinds = [{"lengths": [6, 5], "shared": [0, 2], "cache_n": c} for c in cache_n]
+        return {"row": "laguna", "lane": "prefix-cache", "status": "pass", "detail": "ok",
+                "reports": [{"oracle": "prefix-cache", "rewinds": rewinds}, {"oracle": "radix"}]}
+
+    base = lane([[0, 1], [0, 3]])
+    assert bp.reuse_regression(base, lane([[0, 1], [0, 3]])) is None
+    assert bp.reuse_regression(base, lane([[0, 2], [0, 3]])) is None
+    assert bp.reuse_regression(base, lane([[0, 1], [0, 0]])) == (
+        "prompt-cache reuse regression: 1 requests take fewer prompt tokens from the cache; first: rewind "
+        "conversation 1, request 1 (5 tokens, 2 shared with the one before): the base took 3, the candidate 0")
+    run = {"results": [base]}
+    (v,) = bp.verdicts(run, {"results": [lane([[0, 0], [0, 3]])]}, {})
+    assert v["verdict"] == "broke" and v["detail"].startswith("prompt-cache reuse regression") and \
+        v["detail"].endswith("| ok")
+    (v,) = bp.verdicts(run, {"results": [lane([[0, 1], [0, 3]])]}, {})
+    assert v["verdict"] == "unchanged"
+
