@@ -410,19 +410,14 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on attention). A finding that is a
     committed upstream repro (corpora/repros, matched by its check, operation and cause whatever the family) is
     known; any other fails the lane."""
-    from fuzz.campaign import known_repro, known_upstream
-
     n = row.spec().n_layer
     runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec))]
     if n > 1:
         runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4,
                                                                stage=f"{n // 2}:{n}")))
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
-    known = known_upstream()
-    family = str(row.recipe.get("family", row.key))
-    found = [f for rep in reps for f in rep.findings]
-    repros = {id(f): known_repro(known, family, f) for f in found}
-    new = [f for f in found if repros[id(f)] is None]
+    repros = known_findings(row, reps)
+    new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model and stage {n // 2}:{n}), {sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks")
@@ -462,7 +457,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
             cases.append(case)
     rounds = [r for r in reps if r.oracle == "prefix-cache"]
     scheds = [r for r in reps if r.oracle == "radix"]
-    bad = next((r for r in reps if r.findings), None)
+    repros = known_findings(row, reps)
+    bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
     if bad is None:
         reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
         rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
@@ -470,8 +466,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
         moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
         detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
                   f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
-                  f"{len(rewinds)} rewind conversations (one client): answers as uncached, "
-                  f"{sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache; "
+                  f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
+                  f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache; "
                   f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
                   f"turns, host cache; {sum(r.extra['explored'] for r in scheds if r.config.get('tree') == 'drawn')} "
                   f"on drawn prompt trees): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
@@ -479,11 +475,26 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
                   + (f"; one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
                      f"{noise['near_tie']:.1g} not judged" if noise and noise["placement"] is not None else "")
                   + (f"; {moved} answers moved by the shared KV cache, not the prompt cache" if moved else ""))
+        names = sorted({n for n in repros.values() if n})
+        if names:  # every finding is a committed upstream repro: known, named
+            return LaneResult(row.key, "prefix-cache", KNOWN, f"{detail}; only upstream's known findings: "
+                              f"{', '.join(names)}", data={"known": [f"corpora/repros/{n}" for n in names]},
+                              reports=reps, cases=cases)
     else:
-        f = bad.findings[0]
+        f = next(f for f in bad.findings if repros[id(f)] is None)
         layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
         detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
     return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps, cases=cases)
+
+
+def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
+    """Each finding of the reports (by id) → the committed upstream repro it is (corpora/repros, matched by what
+    it is: fuzz.campaign.known_repro), or None."""
+    from fuzz.campaign import known_repro, known_upstream
+
+    known = known_upstream()
+    family = str(row.recipe.get("family", row.key))
+    return {id(f): known_repro(known, family, f) for rep in reps for f in rep.findings}
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \

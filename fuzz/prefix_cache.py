@@ -32,6 +32,8 @@ from targets.llama_server_worker import NO_SERVER
 
 NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
 NOISE_FACTOR = 4.0  # one KV cache for all slots: picks are judged where the margin exceeds this × the measured move
+EARLIER = "state of an earlier conversation"  # a back-to-back rewind wrong only after another conversation
+NUMERICS_CAUSES = ("shared KV cache, not the prompt cache",)  # causes that make a divergence numerics
 UNCACHED_TRIES = 8  # runs of a round with the prompt cache off, at most, that may show an answer is not the cache's
 
 
@@ -121,7 +123,7 @@ class PrefixCache:
                 rewinds: list[dict[str, Any]] = []
                 if not cfg.kv_unified:  # (one slot: a KV cache per slot or one for all is the same cache)
                     rewinds, more = self._rewinds(srv, ref_t)
-                    findings += more
+                    findings += more + self._back_to_back(srv, ref_t, more)
             except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
                 findings = [ServerFinding("server-crash", None, str(e),
                                           reproduced=crashes_loading(srv, self.fixture, e.params))]
@@ -130,7 +132,7 @@ class PrefixCache:
                 if findings:  # a finding must reproduce on a fresh server before it counts as one
                     again, _ = self._schedule(srv, sched, reference)
                     if any(f.kind.startswith("rewind") for f in findings):
-                        again += self._rewinds(srv, ref_t)[1]
+                        again += self._rewinds(srv, ref_t)[1] + self._rewinds(srv, ref_t, erase=False)[1]
                     for f in findings:
                         f.reproduced = any(g.kind == f.kind and g.round == f.round and g.prompt == f.prompt
                                            for g in again)
@@ -138,8 +140,8 @@ class PrefixCache:
                     self.explain(ref_t, sched, reference, findings)
         finally:
             close_all([ref_t, srv])
-        numerics = [f for f in findings if f.cause]
-        findings = [f for f in findings if not f.cause]
+        numerics = [f for f in findings if f.cause and f.cause["kind"] in NUMERICS_CAUSES]
+        findings = [f for f in findings if f not in numerics]
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
                 "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
                 "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds,
@@ -197,20 +199,36 @@ class PrefixCache:
                                      2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
         self.near_tie = self.noise["near_tie"]
 
-    def _rewinds(self, t: Target, ref_t: Target) -> tuple[list[dict[str, Any]], list[ServerFinding]]:
-        """The rewind conversations on a fresh one-slot server with the host cache on: per conversation the
-        prompts' lengths, what each shares with the one before, and the prompt tokens each took from the cache;
-        findings where an answer is not the uncached reference's."""
+    def _back_to_back(self, t: Target, ref_t: Target, alone: list[ServerFinding]) -> list[ServerFinding]:
+        """The rewind conversations again, back to back on the one slot (nothing erased between them: a server
+        serving unrelated clients in turn). A wrong answer there in a conversation that answered right from an
+        erased slot has its cause: something of the conversation before it."""
+        wrong_alone = {f.prompt.split(".")[0].removeprefix("rewind") for f in alone if f.prompt}
+        found = self._rewinds(t, ref_t, erase=False)[1]
+        for f in found:
+            if f.kind == "rewind-diverged" and f.prompt and \
+                    f.prompt.split(".")[0].removeprefix("serial") not in wrong_alone:
+                f.cause = {"kind": EARLIER, "detail": "the same conversation from an erased slot answers as uncached: "
+                           "the slot carried something of the conversation before it (a context checkpoint, a "
+                           "cached prompt's state) into this one"}
+        return found
+
+    def _rewinds(self, t: Target, ref_t: Target, erase: bool = True) \
+            -> tuple[list[dict[str, Any]], list[ServerFinding]]:
+        """The rewind conversations on a fresh one-slot server with the host cache on, the slot erased between
+        them (or not: back to back): per conversation the prompts' lengths, what each shares with the one before,
+        and the prompt tokens each took from the cache; findings where an answer is not the uncached reference's."""
         cfg = self.cfg
         convs = rewind_conversations(self.info.n_vocab, cfg.seed)
-        prompts = {f"rewind{i}.{j}": q for i, conv in enumerate(convs) for j, q in enumerate(conv)}
+        pass_name = "rewind" if erase else "serial"
+        prompts = {f"{pass_name}{i}.{j}": q for i, conv in enumerate(convs) for j, q in enumerate(conv)}
         self._load(ref_t, slots=1, cache_ram=0)
         cold = cold_answers(ref_t, self.fixture, prompts, cfg.tokens)
         self._load(t, slots=1, cache_ram=cfg.cache_ram)
         out: list[dict[str, Any]] = []
         findings: list[ServerFinding] = []
         for i, conv in enumerate(convs):
-            if i:  # each conversation from an empty slot: nothing of the one before (its tokens, its checkpoints)
+            if i and erase:  # each conversation from an empty slot: nothing of the one before (tokens, checkpoints)
                 erase = t.call("submit", name=f"erase{i}", kind="erase", slot=0)
                 if not erase.ok or not t.call("await", name=f"erase{i}", point="done").ok:
                     raise UserError(f"{self.fixture}: llama-server cannot erase its slot between conversations")
@@ -220,11 +238,12 @@ class PrefixCache:
                 break
             shared = [0] + [shared_prefix(a, b) for a, b in zip(conv, conv[1:], strict=False)]
             for j, got in enumerate(r.data["results"]):
-                name = f"rewind{i}.{j}"
+                name = f"{pass_name}{i}.{j}"
                 why = got["error"] if "error" in got else compare(cold[name], got, self.near_tie)
                 if why:
                     findings.append(ServerFinding("rewind-failed" if "error" in got else "rewind-diverged", None,
-                                                  f"conversation {i}, request {j} ({len(conv[j])} tokens, "
+                                                  f"conversation {i}{'' if erase else ' (back to back)'}, request "
+                                                  f"{j} ({len(conv[j])} tokens, "
                                                   f"{shared[j]} shared with the one before, {got.get('cache_n')} "
                                                   f"from the cache): {why}", prompt=name, answer=got.get("tokens")))
             out.append({"lengths": [len(q) for q in conv], "shared": shared,
@@ -522,9 +541,10 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
     results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in explained else PASS}
                for r in data["rounds"]]
     findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
-                        phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f,
+                        phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f, cause=f["cause"],
                         message=f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "")
-                        + f": {f['message']}") for f in data["findings"]]
+                        + f": {f['message']}" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
+                for f in data["findings"]]
     numerics = [Finding(oracle="prefix-cache", status=NUMERICS, phase=f["kind"], step=f["round"],
                         reproduced=f["reproduced"], cause=f["cause"], detail=f,
                         message=f"{f['kind']} in round {f['round']}: {f['message']}; cause: {f['cause']['kind']}")
@@ -535,4 +555,5 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),
                 shrink=(("rounds", 1), ("tokens", 1), ("slots", 2)),
-                case_fields=("slots", "rounds", "tokens", "n_ctx", "kv_unified", "seed"))
+                case_fields=("slots", "rounds", "tokens", "n_ctx", "kv_unified", "seed"),
+                known_key=("status", "phase", "cause"))

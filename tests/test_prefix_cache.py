@@ -242,7 +242,10 @@ def test_a_kept_server_worker_holds_no_server_and_its_mutant_no_leak(fixtures):
 
 def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_path):
     """On laguna's fixture (sliding window 4: the checkpoints decide what a cut-back prompt reuses) the pinned
-    llama-server answers every rewind as uncached; the reuse it records is the same run after run."""
+    llama-server answers every rewind as uncached from an erased slot; the reuse it records is the same run after
+    run. Back to back on the slot it does not (an upstream finding, corpora/repros/mamba-prefix-cache-rewind-
+    diverged): every such finding has the earlier conversation as its cause and is that known repro."""
+    from fuzz.campaign import known_repro, known_upstream
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -250,6 +253,10 @@ def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
     cfg = pc.PrefixCacheConfig(rounds=1, tokens=6)
     a, b = pc.report(path, cfg), pc.report(path, cfg)
-    assert a.status == "pass" and len(a.extra["rewinds"]) == 27, format_report(a.native)
+    assert len(a.extra["rewinds"]) == 27 and a.findings, format_report(a.native)
+    assert {(f.phase, f.cause["kind"]) for f in a.findings} == {("rewind-diverged", pc.EARLIER)}
+    assert all("(back to back)" in f.message and f.reproduced for f in a.findings)
+    known = known_upstream()
+    assert {known_repro(known, "laguna", f) for f in a.findings} == {"mamba-prefix-cache-rewind-diverged"}
     assert [c["cache_n"] for c in a.extra["rewinds"]] == [c["cache_n"] for c in b.extra["rewinds"]]
     assert a.extra["rewinds"][0]["cache_n"] == [0, 1]  # the checkpoint at pos_min 0 restored (upstream #21510)
