@@ -216,38 +216,46 @@ class PrefixCache:
     def _rewinds(self, t: Target, ref_t: Target, erase: bool = True) \
             -> tuple[list[dict[str, Any]], list[ServerFinding]]:
         """The rewind conversations on a fresh one-slot server with the host cache on, the slot erased between
-        them (or not: back to back): per conversation the prompts' lengths, what each shares with the one before,
-        and the prompt tokens each took from the cache; findings where an answer is not the uncached reference's."""
+        them (or not: back to back), one request after another: per conversation the prompts' lengths, what each
+        shares with the one before, and the prompt tokens each took from the cache; findings where an answer is not
+        the uncached reference's (each prompt alone on a one-slot server, the cache off)."""
         cfg = self.cfg
-        convs = rewind_conversations(self.info.n_vocab, cfg.seed)
         pass_name = "rewind" if erase else "serial"
-        prompts = {f"{pass_name}{i}.{j}": q for i, conv in enumerate(convs) for j, q in enumerate(conv)}
-        self._load(ref_t, slots=1, cache_ram=0)
-        cold = cold_answers(ref_t, self.fixture, prompts, cfg.tokens)
         self._load(t, slots=1, cache_ram=cfg.cache_ram)
         out: list[dict[str, Any]] = []
+        sent: dict[str, list[int]] = {}
+        answers: dict[str, dict[str, Any]] = {}
         findings: list[ServerFinding] = []
-        for i, conv in enumerate(convs):
+        for i, conv in enumerate(rewind_conversations(self.info.n_vocab, cfg.seed)):
             if i and erase:  # each conversation from an empty slot: nothing of the one before (tokens, checkpoints)
-                erase = t.call("submit", name=f"erase{i}", kind="erase", slot=0)
-                if not erase.ok or not t.call("await", name=f"erase{i}", point="done").ok:
+                done = t.call("submit", name=f"erase{i}", kind="erase", slot=0)
+                if not done.ok or not t.call("await", name=f"erase{i}", point="done").ok:
                     raise UserError(f"{self.fixture}: llama-server cannot erase its slot between conversations")
-            r = t.call("complete", requests=[{"prompt": q, "n_predict": cfg.tokens} for q in conv], concurrent=False)
-            if not r.ok:
-                findings.append(ServerFinding("server-crash", None, f"rewind conversation {i}: {r.failure.message}"))
-                break
-            shared = [0] + [shared_prefix(a, b) for a, b in zip(conv, conv[1:], strict=False)]
-            for j, got in enumerate(r.data["results"]):
-                name = f"{pass_name}{i}.{j}"
-                why = got["error"] if "error" in got else compare(cold[name], got, self.near_tie)
-                if why:
-                    findings.append(ServerFinding("rewind-failed" if "error" in got else "rewind-diverged", None,
-                                                  f"conversation {i}{'' if erase else ' (back to back)'}, request "
-                                                  f"{j} ({len(conv[j])} tokens, "
-                                                  f"{shared[j]} shared with the one before, {got.get('cache_n')} "
-                                                  f"from the cache): {why}", prompt=name, answer=got.get("tokens")))
-            out.append({"lengths": [len(q) for q in conv], "shared": shared,
-                        "cache_n": [x.get("cache_n") for x in r.data["results"]]})
+            prompts: list[list[int]] = []
+            for j, q in enumerate(conv):
+                prompt = [x for tok in q for x in (answers[f"{pass_name}{i}.{j - 1}"].get("tokens", [])
+                                                   if tok == ANSWER else [tok])]
+                r = t.call("complete", requests=[{"prompt": prompt, "n_predict": cfg.tokens}], concurrent=False)
+                if not r.ok:
+                    findings.append(ServerFinding("server-crash", None,
+                                                  f"rewind conversation {i}, request {j}: {r.failure.message}"))
+                    return out, findings
+                prompts.append(prompt)
+                sent[f"{pass_name}{i}.{j}"], answers[f"{pass_name}{i}.{j}"] = prompt, r.data["results"][0]
+            out.append({"lengths": [len(q) for q in prompts],
+                        "shared": [0] + [shared_prefix(a, b) for a, b in zip(prompts, prompts[1:], strict=False)],
+                        "cache_n": [answers[f"{pass_name}{i}.{j}"].get("cache_n") for j in range(len(prompts))]})
+        self._load(ref_t, slots=1, cache_ram=0)
+        cold = cold_answers(ref_t, self.fixture, sent, cfg.tokens)
+        for name, got in answers.items():
+            why = got["error"] if "error" in got else compare(cold[name], got, self.near_tie)
+            if why:
+                i, j = (int(x) for x in name.removeprefix(pass_name).split("."))
+                findings.append(ServerFinding("rewind-failed" if "error" in got else "rewind-diverged", None,
+                                              f"conversation {i}{'' if erase else ' (back to back)'}, request {j} "
+                                              f"({out[i]['lengths'][j]} tokens, {out[i]['shared'][j]} shared with the "
+                                              f"one before, {got.get('cache_n')} from the cache): {why}", prompt=name,
+                                              answer=got.get("tokens")))
         return out, findings
 
     def _load(self, t: Target, **params: Any) -> None:
@@ -292,11 +300,16 @@ class PrefixCache:
         return findings, rounds
 
 
+ANSWER = -1  # in a rewind conversation's prompt: the answer to the request before it, sent back as a chat client does
+
+
 def rewind_conversations(n_vocab: int, seed: int) -> list[list[list[int]]]:
     """One client's conversations that go back: for prompts of 6 to 40 tokens, the prompt then the prompt cut back
-    to k tokens with 3 new ones (k = 2, 3, 4, half, two before the end), and the prompt, a second turn of 6 more,
-    then that turn cut back to 3 with 3 new ones. The lengths straddle the tiny fixtures' sliding windows (4-8
-    tokens) and the server's checkpoints (taken 4 tokens before a prompt's end)."""
+    to k tokens with 3 new ones (k = 2, 3, 4, half, two before the end); the prompt, a second turn of 6 more, then
+    that turn cut back to 3 with 3 new ones; and the prompt, the second turn, a third that carries the second's
+    answer (ANSWER) and 5 more, then the second turn continued otherwise (the checkpoint the second turn left must
+    outlive the third's). The lengths straddle the tiny fixtures' sliding windows (4-8 tokens) and the server's
+    checkpoints (taken 4 tokens before a prompt's end)."""
     rng = np.random.Generator(np.random.PCG64(seed + 7))
 
     def toks(n: int) -> list[int]:
@@ -309,6 +322,8 @@ def rewind_conversations(n_vocab: int, seed: int) -> list[list[list[int]]]:
             convs.append([p, p[:k] + toks(3)])
         p, turn = toks(n), toks(6)
         convs.append([p, p + turn, p + turn[:3] + toks(3)])
+        p, turn = toks(n), toks(6)
+        convs.append([p, p + turn, p + turn + [ANSWER] + toks(5), p + turn + toks(4)])
     return convs
 
 

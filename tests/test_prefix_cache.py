@@ -253,7 +253,7 @@ def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
     cfg = pc.PrefixCacheConfig(rounds=1, tokens=6)
     a, b = pc.report(path, cfg), pc.report(path, cfg)
-    assert len(a.extra["rewinds"]) == 27 and a.findings, format_report(a.native)
+    assert len(a.extra["rewinds"]) == 32 and a.findings, format_report(a.native)
     assert {(f.phase, f.cause["kind"]) for f in a.findings} == {("rewind-diverged", pc.EARLIER)}
     assert all("(back to back)" in f.message and f.reproduced for f in a.findings)
     known = known_upstream()

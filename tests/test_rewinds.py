@@ -5,15 +5,19 @@ from fuzz import prefix_cache as pc
 
 
 def test_the_rewind_conversations_are_seeded_and_go_back():
-    """27 conversations: per prompt length (6, 8, 12, 24, 40) the prompt cut back to 2, 3, 4, half and two before
-    its end (fewer where those coincide), and one with a second turn cut back inside; the same seed, the same ones."""
+    """32 conversations: per prompt length (6, 8, 12, 24, 40) the prompt cut back to 2, 3, 4, half and two before
+    its end (fewer where those coincide), one with a second turn cut back inside, and one whose third turn carries
+    the second's answer before the second turn is continued otherwise; the same seed, the same ones."""
     convs = pc.rewind_conversations(64, 0)
     assert convs == pc.rewind_conversations(64, 0) and convs != pc.rewind_conversations(64, 1)
-    assert len(convs) == 27 and [len(c) for c in convs].count(3) == 5
+    assert len(convs) == 32 and [len(c) for c in convs].count(3) == 5 and [len(c) for c in convs].count(4) == 5
     assert [pc.shared_prefix(c[0], c[1]) >= k for c, k in zip(convs[:4], (2, 3, 4, 4), strict=True)] == [True] * 4
     assert [len(c[0]) for c in convs if len(c) == 3] == [6, 8, 12, 24, 40]
     second = [c for c in convs if len(c) == 3][-1]
     assert second[1][:40] == second[0] and second[2][:43] == second[1][:43]
+    p, turn, third, again = [c for c in convs if len(c) == 4][-1]
+    assert turn[:40] == p and third[:46] == turn and third[46] == pc.ANSWER and len(third) == 52
+    assert again[:46] == turn and len(again) == 50 and pc.ANSWER not in again
     assert pc.shared_prefix([1, 2, 3], [1, 2, 4]) == 2 and pc.shared_prefix([], [1]) == 0
 
 
