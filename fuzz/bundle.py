@@ -532,13 +532,13 @@ def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any],
 
 
 def use_recorded_build(build: dict[str, Any], path: Path) -> None:
-    """Activate the build a bundle records (built again, or taken from the cache): the same spec and patch series,
-    and the same tree content (its cache key) — a tree that has changed since is refused, naming both."""
+    """Activate the build a bundle records (built again, or taken from the cache): the same spec, patch series and
+    backend, and the same tree content (its cache key) — a tree that has changed since is refused, naming both."""
     from targets.builds import activate, resolve
 
     spec = build.get("spec", "pinned")
     patches = (build.get("patches") or {}).get("dir")
-    b = resolve(spec, patches, from_env=False)  # (the pinned build has no key: nothing to compare)
+    b = resolve(spec, patches, from_env=False, backend=build.get("backend"))  # (the bare pinned build has no key)
     if build.get("key") and b.identity.get("key") != build["key"]:
         raise UserError(f"{path}: made on build {build['key']} of {spec}" + (f" + {patches}" if patches else "")
                         + f"; that now builds as {b.identity.get('key')} (the tree or the patches changed): check "

@@ -35,7 +35,7 @@ import typer
 
 from fuzz.bundle import bundle_findings
 from fuzz.certificate import admit, certificate, read_certificate, roster
-from fuzz.cli import LlamaCppOpt, PatchesOpt, use_build
+from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt, use_build
 from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.determinism import DeterminismConfig
 from fuzz.handoff import HandoffConfig
@@ -1066,18 +1066,20 @@ def aggregate(
 def build_cmd(
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     as_json: Annotated[bool, Opt("--json", help="print the build's identity as JSON")] = False,
 ) -> int:
     """Build a llama.cpp (or take it from the cache) and check its API, without running anything: what a workflow's
     builder job runs once, so test jobs only download it. Prints where it is ($FAMILY_CERTIFY_CACHE/builds/KEY)."""
     from targets.builds import resolve
 
-    b = resolve(llama_cpp, patches)
+    b = resolve(llama_cpp, patches, backend=backend)
     where = b.bindings.parent if b.bindings else "the pinned install (.venv) and scripts/build_llama_server.sh"
     if as_json:
         print(json.dumps({**b.identity, "path": str(where), "seconds": round(b.seconds, 1)}, indent=1))
     else:
-        print(f"{b.spec}: {'built in ' + format(b.seconds, '.0f') + ' s' if b.seconds else 'ready'}: {where}")
+        print(f"{b.spec}{'' if b.backend == 'cpu' else ' (' + b.backend + ')'}: "
+              f"{'built in ' + format(b.seconds, '.0f') + ' s' if b.seconds else 'ready'}: {where}")
     return 0
 
 

@@ -54,6 +54,9 @@ LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build
                                         "[env: FAMILY_CERTIFY_LLAMA_CPP]")]
 PatchesOpt = Annotated[Path | None, Opt(help="apply this patch series (*.patch, in name order) onto the build's tree "
                                              "[env: FAMILY_CERTIFY_PATCHES]")]
+BackendOpt = Annotated[str | None, Opt(help="the ggml backend the build compiles in: cpu (default), blas, vulkan, "
+                                            "cuda or metal; one build per tree and backend, cached; on vulkan, cuda "
+                                            "and metal every layer runs on the device [env: FAMILY_CERTIFY_BACKEND]")]
 
 
 @app.command("run")
@@ -65,9 +68,10 @@ def run_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
 ) -> int:
     """Load FIXTURE in the target and greedy-decode; print what llama.cpp reports."""
-    use_build(llama_cpp, patches)
+    use_build(llama_cpp, patches, backend)
     path = fixture_path(fixture)
     toks = parse_tokens(prompt)
     with open_target(target) as t:
@@ -112,6 +116,7 @@ def sweep_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -130,7 +135,7 @@ def sweep_cmd(
             raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
         cfg = WireConfig(wire=wire, cuts=cuts, stages=stages, tokens=tokens, **prompt_fields(prompt, prompt_len),
                          chunk=chunk, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-        return run_oracle("wire", fixture, cfg, report, bundle, (llama_cpp, patches))
+        return run_oracle("wire", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
     ph = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not ph or set(ph) - set(PHASES):
         raise UserError(f"--phases {phases!r}: choose from {','.join(PHASES)}")
@@ -140,7 +145,7 @@ def sweep_cmd(
     cfg = SweepConfig(cuts=cuts, stages=stages, tokens=tokens, **prompt_fields(prompt, prompt_len), chunk=chunk,
                       n_seq=n_seq, n_ubatch=n_ubatch, phases=ph, period=period, target=target, timeout=timeout,
                       seed=seed, workdir=keep)
-    return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
@@ -157,18 +162,18 @@ def build_label(commit: str | None) -> str:
     return (commit[:9] if commit else "commit unknown") + build_note(current_identity(), tick="")
 
 
-def use_build(spec: str | None, patches: Path | None) -> None:
-    """--llama-cpp / --patches: the build every worker of this command runs, built (or taken from the cache) and
-    its API checked before anything else runs."""
+def use_build(spec: str | None, patches: Path | None, backend: str | None = None) -> None:
+    """--llama-cpp / --patches / --backend: the build every worker of this command runs, built (or taken from the
+    cache) and its API checked before anything else runs."""
     from targets.builds import use
 
-    b = use(spec, patches)
+    b = use(spec, patches, backend)
     if b.seconds:
         print(f"built {b.spec} in {b.seconds:.0f} s (cached for later runs)")
 
 
 def run_oracle(name: str, fixture: str, cfg: object, report: Path | None, bundle: Path | None,
-               build: tuple[str | None, Path | None] = (None, None)) -> int:
+               build: tuple[str | None, Path | None, str | None] = (None, None, None)) -> int:
     """Every oracle command's body: the build, then run, print, write the report, bundle each distinct finding;
     exit 1 on any."""
     use_build(*build)
@@ -242,6 +247,7 @@ def handoff_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -260,7 +266,7 @@ def handoff_cmd(
                         "--tokens at least 1")
     cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, **given, chunk=chunk, modes=ms,
                            n_ubatch=n_ubatch, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    return run_oracle("handoff", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("handoff", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("determinism")
@@ -280,6 +286,7 @@ def determinism_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     keep: KeepOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -295,7 +302,7 @@ def determinism_cmd(
                                 flash_attn=flash_attn_list(flash_attn), repeats=repeats, tokens=tokens,
                                 **prompt_fields(prompt, prompt_len), cuts=cuts,
                                 stages=stages, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
-    return run_oracle("determinism", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("determinism", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("isolation")
@@ -311,6 +318,7 @@ def isolation_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
@@ -322,7 +330,7 @@ def isolation_cmd(
     cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol,
                               noise_factor=noise_factor, flash_attn=flash_attn_list(flash_attn), target=target,
                               timeout=timeout, seed=seed)
-    return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("memory")
@@ -346,6 +354,7 @@ def memory_cmd(
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
@@ -364,7 +373,7 @@ def memory_cmd(
     cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
                            noise_factor=noise_factor, program=given,
                            engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
-    return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("prefix-cache")
@@ -378,6 +387,7 @@ def prefix_cache_cmd(
     kv_unified: KvUnifiedOpt = False,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 120.0,
     seed: SeedOpt = 0,
@@ -392,7 +402,7 @@ def prefix_cache_cmd(
         raise UserError(f"--n-ctx {n_ctx} leaves {n_ctx // slots} cells per slot; give each slot at least 64")
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
                                kv_unified=kv_unified, timeout=timeout, seed=seed)
-    return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("radix")
@@ -421,6 +431,7 @@ def radix_cmd(
     kv_unified: KvUnifiedOpt = False,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     report: ReportOpt = None,
     timeout: TimeoutOpt = 60.0,
     seed: SeedOpt = 0,
@@ -433,7 +444,7 @@ def radix_cmd(
     cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
                          tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, tree=tree,
                          schedules=schedules, target=target, kv_unified=kv_unified, timeout=timeout, seed=seed)
-    return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches))
+    return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("skippy")
@@ -473,6 +484,7 @@ def campaign_cmd(
                                    "decides)")] = 0,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
 ) -> int:
     """Random legal specs × oracles × their configurations until the budget is spent; each finding reproduced,
     deduplicated by family and fingerprint, shrunk and bundled once; resumable (same --out) and shardable. Exit 1
@@ -487,7 +499,7 @@ def campaign_cmd(
     if not oracles and server_binary() is None:
         oracles = [o for o in cp.ORACLES if o != "radix"]
         print(f"skipped: radix ({NO_SERVER})")
-    use_build(llama_cpp, patches)
+    use_build(llama_cpp, patches, backend)
     c = cp.Campaign(out, families=family, oracles=oracles, target=target, seed=seed, shard=cp.parse_shard(shard))
     st = c.run(seconds, cases)
     print(cp.summary_text(st), end="")

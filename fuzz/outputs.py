@@ -80,11 +80,12 @@ def build_name(b: dict[str, Any]) -> str:
 
 
 def build_note(b: dict[str, Any], tick: str = "`") -> str:
-    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, tree hash and patch
-    series when not the pinned build."""
-    if b.get("spec", "pinned") == "pinned" and not b.get("patches"):
+    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, backend, tree hash
+    and patch series when not the pinned build."""
+    if b.get("spec", "pinned") == "pinned" and not b.get("patches") and b.get("backend", "cpu") == "cpu":
         return ""
     out = f" (build {tick}{b.get('spec')}{tick}"
+    out += f", backend {tick}{b['backend']}{tick}" if b.get("backend", "cpu") != "cpu" else ""
     out += f", tree {tick}{b['tree_sha256'][:12]}{tick}" if b.get("tree_sha256") else ""
     p = b.get("patches")
     out += f", patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}" if p else ""

@@ -42,6 +42,8 @@ BUILD = {"type": "object", "required": ["llama_cpp_commit", "toolkit"], "propert
     "tree_sha256": {"type": "string", "description": "the source tree after the patches, every file's path and bytes"},
     "bindings_sha256": STR_OR_NULL,
     "options": {"type": "array", "items": {"type": "string"}, "description": "the CMake options it was built with"},
+    "backend": {"enum": ["blas", "vulkan", "cuda", "metal"], "description": "--backend: the ggml backend compiled in "
+                "beside the CPU one (absent: cpu, no other)"},
     "key": {"type": "string", "description": "its cache key ($FAMILY_CERTIFY_CACHE/builds/KEY)"}}}
 
 FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "description": "what stays fixed while "

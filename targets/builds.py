@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from synth.errors import UserError
+from targets.backends import check_backend, tree_problem
 from targets.cmake_build import (
-    CMAKE_OPTIONS,
     BuildError,
     built,
+    cmake_options,
     copy_bindings,
     copy_server,
     extract_sdist,
@@ -53,6 +54,7 @@ from targets.native import cache_dir
 
 ENV = "FAMILY_CERTIFY_LLAMA_CPP"  # the build spec, for workflows (the --llama-cpp option wins)
 PATCHES_ENV = "FAMILY_CERTIFY_PATCHES"
+BACKEND_ENV = "FAMILY_CERTIFY_BACKEND"  # the ggml backend to build with, for workflows (the --backend option wins)
 IDENTITY_ENV = "FAMILY_CERTIFY_BUILD"  # set in a worker's environment: the identity of the build it runs
 # the structs the bindings pass by value or read fields of, and the constants that version the state format
 STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_model_quantize_params",
@@ -75,6 +77,11 @@ class Build:
             return self.architectures
         return parse_arch_names(sdist_files(PINNED, ("src/llama-arch.cpp",))[0].decode("utf-8", "replace"),
                                 "the pinned tree")
+
+    @property
+    def backend(self) -> str:
+        """The ggml backend compiled in beside the CPU one (the identity names it unless it is cpu)."""
+        return self.identity.get("backend", "cpu")
 
     def env(self) -> dict[str, str]:
         """The environment a worker runs this build in."""
@@ -159,9 +166,10 @@ def activate(build: Build) -> Build:
     return build
 
 
-def use(spec: str | None = None, patches: str | Path | None = None) -> Build:
-    """The command line's --llama-cpp / --patches (or the environment's): resolved, built if needed, activated."""
-    return activate(resolve(spec, patches))
+def use(spec: str | None = None, patches: str | Path | None = None, backend: str | None = None) -> Build:
+    """The command line's --llama-cpp / --patches / --backend (or the environment's): resolved, built if needed,
+    activated."""
+    return activate(resolve(spec, patches, backend=backend))
 
 
 # ---- sources ---------------------------------------------------------------------------------------------
@@ -321,24 +329,27 @@ def requested(spec: str | None = None, patches: str | Path | None = None, *, fro
     return spec, Path(patches) if patches else None
 
 
-_RESOLVED: dict[tuple[str, str | None], Build] = {}  # per process: extracting and hashing take seconds
+_RESOLVED: dict[tuple[str, str | None, str], Build] = {}  # per process: extracting and hashing take seconds
 
 
-def resolve(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True) -> Build:
+def resolve(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True,
+            backend: str | None = None) -> Build:
     """The build a spec names, built now if it is not cached. Bad input (no such version or tree, a patch that does
-    not apply, an API the worker cannot drive) raises UserError before anything is built. A bundle's recorded
-    build is resolved with from_env False: the environment's patch series must not apply to it."""
+    not apply, an API the worker cannot drive, a backend this machine cannot build or run) raises UserError before
+    anything is built. A bundle's recorded build is resolved with from_env False: the environment's patch series
+    and backend must not apply to it."""
     spec, series = requested(spec, patches, from_env=from_env)
-    if spec == "pinned" and series is None:
+    backend = check_backend(backend or (os.environ.get(BACKEND_ENV) if from_env else None) or "cpu")
+    if spec == "pinned" and series is None and backend == "cpu":
         return Build("pinned", pinned_identity())
-    memo = (spec, str(series.resolve()) if series else None)  # (a tree or patch edited mid-run: not expected)
+    memo = (spec, str(series.resolve()) if series else None, backend)  # (a tree or patch edited mid-run: not expected)
     if memo in _RESOLVED:
         return _RESOLVED[memo]
-    _RESOLVED[memo] = b = _resolve(spec, series)
+    _RESOLVED[memo] = b = _resolve(spec, series, backend)
     return b
 
 
-def _resolve(spec: str, series: Path | None) -> Build:
+def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
     files = patch_series(series) if series else []
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
         work = Path(tmp)
@@ -366,6 +377,9 @@ def _resolve(spec: str, series: Path | None) -> Build:
         for h in (src / "include" / "llama.h", src / "ggml" / "include" / "ggml.h"):
             shutil.copy(h, ref / h.name)
         applied = apply_patches(src, files)
+        problem = tree_problem(backend, src)
+        if problem:
+            raise UserError(problem)
         identity["patches"] = ({"dir": str(series.resolve()), "files": [n for n, _ in applied],
                                 "sha256": hashlib.sha256(json.dumps(applied).encode()).hexdigest()}
                                if series else None)
@@ -381,7 +395,9 @@ def _resolve(spec: str, series: Path | None) -> Build:
         identity["tree_sha256"] = tree_hash(src)
         archs = tree_architectures(src)
         identity["bindings_sha256"] = tree_hash(py) if not own_bindings else None
-        identity["options"] = list(CMAKE_OPTIONS)
+        identity["options"] = list(cmake_options(backend))
+        if backend != "cpu":  # (a cpu build's identity and key stay what they were before backends were options)
+            identity["backend"] = backend
         key = hashlib.sha256(json.dumps({k: identity[k] for k in ("tree_sha256", "bindings_sha256", "options",
                                                                   "llama_cpp_python")}, sort_keys=True)
                              .encode()).hexdigest()[:16]
@@ -389,8 +405,11 @@ def _resolve(spec: str, series: Path | None) -> Build:
         dest = cache_dir() / "builds" / key
         if cached_build(dest, identity["tree_sha256"]):
             return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", architectures=archs)
-        label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "")
-        seconds, built_from = cmake_build(src, py, dest, label, cache_dir() / "builds" / f"work-{base}")
+        label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "") \
+            + (f" ({backend})" if backend != "cpu" else "")
+        # a backend builds in its own work directory: other options in the cpu one would make it configure afresh
+        work_dir = cache_dir() / "builds" / (f"work-{base}" + (f"-{backend}" if backend != "cpu" else ""))
+        seconds, built_from = cmake_build(src, py, dest, label, work_dir, backend)
         if built_from != identity["tree_sha256"]:  # (the tree hashed above is the tree synced and compiled)
             shutil.rmtree(dest, ignore_errors=True)
             raise UserError(f"--llama-cpp {label}: the build was compiled from another tree ({built_from[:12]}, "
@@ -414,7 +433,8 @@ def git_commit(tree: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) -> tuple[float, str]:
+def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path, backend: str = "cpu") \
+        -> tuple[float, str]:
     """One CMake build of the tree (targets/cmake_build.py: synced into `work`, built incrementally there) installed
     as a worker runs it: dest/py/llama_cpp (the bindings' python files, lib/ the libraries) and dest/bin
     (llama-server, the libraries beside it for its $ORIGIN rpath). Returns the seconds it took and the digest of the
@@ -422,7 +442,7 @@ def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path) ->
     t0 = time.perf_counter()
     stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
     try:
-        with built(src, work, spec) as (out, built_from):
+        with built(src, work, spec, backend) as (out, built_from):
             shutil.rmtree(stage, ignore_errors=True)
             stage.mkdir(parents=True)
             copy_bindings(bindings, out, stage / "py" / "llama_cpp")

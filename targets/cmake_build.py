@@ -46,23 +46,38 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAK
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
 TARGETS = ("llama", "llama-server")
+# the ggml backend compiled in beside the CPU one: its CMake options, added to CMAKE_OPTIONS. cpu adds none (the
+# build everything else is); blas routes large matrix products to OpenBLAS; the GPU backends need their toolchain
+# and a device (targets/backends.py checks both before anything is built)
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "cpu": (),
+    "blas": ("-DGGML_BLAS=ON", "-DGGML_BLAS_VENDOR=OpenBLAS"),
+    "vulkan": ("-DGGML_VULKAN=ON",),
+    "cuda": ("-DGGML_CUDA=ON",),
+    "metal": ("-DGGML_METAL=ON",),
+}
 
 
-def options_id() -> str:
-    """A short name for CMAKE_OPTIONS: the pinned build's outputs carry it (scripts/bootstrap.sh rebuilds a cached
-    wheel or llama-server built with other options)."""
-    return hashlib.sha256(" ".join(CMAKE_OPTIONS).encode()).hexdigest()[:12]
+def cmake_options(backend: str = "cpu") -> tuple[str, ...]:
+    """CMAKE_OPTIONS with the backend's options added (cpu: CMAKE_OPTIONS as they are)."""
+    return CMAKE_OPTIONS + BACKEND_OPTIONS[backend]
+
+
+def options_id(backend: str = "cpu") -> str:
+    """A short name for the build's CMake options: the pinned build's outputs carry it (scripts/bootstrap.sh rebuilds
+    a cached wheel or llama-server built with other options)."""
+    return hashlib.sha256(" ".join(cmake_options(backend)).encode()).hexdigest()[:12]
 
 
 OPTIONS_MARK = "family-certify-options"  # in a build directory: options_id() of its last configure
 
 
-def forget_other_options(build: Path) -> bool:
+def forget_other_options(build: Path, backend: str = "cpu") -> bool:
     """A build directory configured with other options (or before they were marked) loses its CMake cache, so the
     next configure starts from CMake's defaults: an option the old cache holds (GGML_AVX2 off, as a native
     configure leaves it) would otherwise outlive the change. True if it was forgotten."""
     mark = build / OPTIONS_MARK
-    if (build / "CMakeCache.txt").is_file() and (not mark.is_file() or mark.read_text().strip() != options_id()):
+    if (build / "CMakeCache.txt").is_file() and (not mark.is_file() or mark.read_text().strip() != options_id(backend)):
         (build / "CMakeCache.txt").unlink()
         return True
     return False
@@ -149,7 +164,7 @@ def read_built_from(work: Path) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def built(src: Path, work: Path, label: str) -> Iterator[tuple[Path, str]]:
+def built(src: Path, work: Path, label: str, backend: str = "cpu") -> Iterator[tuple[Path, str]]:
     """The tree built: `src` synced into work/src, configured and compiled in work/build (both kept for the next
     build of this tree); yields the directory holding the libraries and llama-server and the content digest of the
     tree they were verified to be compiled from (tree_digest), under the work directory's lock (one build at a time
@@ -171,11 +186,11 @@ def built(src: Path, work: Path, label: str) -> Iterator[tuple[Path, str]]:
         stale = set() if compiled is None else {rel for rel, h in want.items() if compiled.get(rel) != h}
         changed = sync_tree(src, work / "src", stale=stale, newer_than=stamp)
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        forget_other_options(build)
+        forget_other_options(build, backend)
         fresh = not (build / "CMakeCache.txt").is_file()
         say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
             + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
-        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *CMAKE_OPTIONS]),
+        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *cmake_options(backend)]),
                  ("compile", ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)])]
         for what, argv in steps:
             log = work / f"{what}.log"
@@ -186,7 +201,7 @@ def built(src: Path, work: Path, label: str) -> Iterator[tuple[Path, str]]:
                 raise BuildError(f"{label}: the build failed ({what}; log {log}): " + " | ".join(tail)[-600:])
             say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
             if what == "configure":
-                (build / OPTIONS_MARK).write_text(options_id() + "\n")
+                (build / OPTIONS_MARK).write_text(options_id(backend) + "\n")
         # what was compiled is what was asked for: the synced tree still holds exactly src's content
         got = file_digests(work / "src")
         if got != want:

@@ -35,6 +35,40 @@ def build_commit() -> str | None:
     raw = os.environ.get("FAMILY_CERTIFY_BUILD")
     return json.loads(raw).get("llama_cpp_commit") if raw else PINNED_LLAMA_CPP_COMMIT
 
+
+def build_backend() -> str:
+    """The ggml backend the build this worker runs was compiled with (its identity names it unless it is cpu)."""
+    raw = os.environ.get("FAMILY_CERTIFY_BUILD")
+    return json.loads(raw).get("backend", "cpu") if raw else "cpu"
+
+
+# backends on a device of their own (targets/backends.py OFFLOADING), by the name ggml registers them under: the
+# worker offloads every layer to one device of it, as a runtime serving on that device does
+DEVICE_BACKENDS = {"vulkan": "Vulkan", "cuda": "CUDA", "metal": "MTL"}
+GGML_DEV_CPU = 0  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
+
+
+def ggml_devices(L: Any) -> list[tuple[int, str, str, str]]:
+    """The devices ggml registered in this process: (handle, backend name, device name, description)."""
+    g = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml.so"))
+    g.ggml_backend_dev_count.restype = ctypes.c_size_t
+    g.ggml_backend_dev_get.restype = ctypes.c_void_p
+    g.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for f in ("ggml_backend_dev_name", "ggml_backend_dev_description", "ggml_backend_reg_name"):
+        getattr(g, f).restype = ctypes.c_char_p
+        getattr(g, f).argtypes = [ctypes.c_void_p]
+    g.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    g.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        if g.ggml_backend_dev_type(d) == GGML_DEV_CPU:
+            continue
+        out.append((d, g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)).decode(),
+                    g.ggml_backend_dev_name(d).decode(), g.ggml_backend_dev_description(d).decode()))
+    return out
+
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
             "capture": True, "trace": False, "n_rs_seq": 0}
@@ -111,6 +145,11 @@ def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int
 
 class LlamaWorker:
     def __init__(self) -> None:
+        self.backend = build_backend()
+        if self.backend == "vulkan":
+            # ggml's Vulkan backend skips a CPU-type device (Mesa's lavapipe, a machine without a GPU) unless it is
+            # named: the first device the Vulkan loader lists, unless the user chose (GGML_VK_VISIBLE_DEVICES)
+            os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
         L = self.L = llama_bindings()
         self.ggml = ggml_base(L)
         # capture and log callbacks, argmax
@@ -125,15 +164,29 @@ class LlamaWorker:
         self.params: dict[str, Any] = {}
         self.kv_unified = False  # the loaded context's KV layout (one stream for every sequence)
         self.info: dict[str, Any] = {}
+        # (the NULL-terminated device list, its name) to offload to: picked at the first load, where a backend
+        # without a device is reported as that load's failure
+        self.device: tuple[ctypes.Array, str] | None = None
         self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
         self.callback_seconds = 0.0  # part of it spent in a Python eval callback (subtracted)
+
+    def _pick_device(self) -> tuple[ctypes.Array, str]:
+        """The first device of the build's backend; none is a load failure (the build cannot run here)."""
+        want = DEVICE_BACKENDS[self.backend]
+        devs = [d for d in ggml_devices(self.L) if d[1] == want]
+        if not devs:
+            raise RequestError("load_failed", f"backend {self.backend}: ggml registered no {want} device on this "
+                                              "machine (for Vulkan: is a driver installed, mesa-vulkan-drivers "
+                                              "without a GPU?)")
+        handle, _, name, desc = devs[0]
+        return (ctypes.c_void_p * 2)(handle, None), f"{name} ({desc})"
 
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
         return {"protocol": PROTOCOL_VERSION, "target": "llama-cpp",
                 "llama_cpp_python": self.L.__version__, "llama_cpp_commit": build_commit(),
                 "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON and not os.environ.get("FAMILY_CERTIFY_BUILD"),
-                "helpers": self.native.kind,
+                "helpers": self.native.kind, "backend": self.backend,
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
@@ -157,12 +210,21 @@ class LlamaWorker:
         t0 = time.perf_counter()
         model = self.model
         if model is None:
+            if self.backend in DEVICE_BACKENDS and self.device is None:
+                self.device = self._pick_device()
             mp = L.llama_model_default_params()
             if "mmap" in req:  # (llama.cpp's default otherwise: auto)
                 mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if req["mmap"] else L.LLAMA_LOAD_MODE_NONE
+            if self.device:  # every layer (and the output) on the one device, as a runtime on that device runs
+                mp.devices = ctypes.cast(self.device[0], ctypes.c_void_p)
+                mp.n_gpu_layers = -1
+            else:  # the CPU (and BLAS: it takes matrix products from the CPU backend; nothing is offloaded)
+                mp.n_gpu_layers = 0
             model = L.llama_model_load_from_file(str(path).encode(), mp)
             if not model:
                 raise RequestError("load_failed", "load: " + self._last_error("failed to load model"))
+            if self.device:
+                self._check_offloaded(L, model)
         cp = L.llama_context_default_params()
         cp.n_ctx = params["n_ctx"]
         cp.n_batch = params["n_batch"]
@@ -189,7 +251,20 @@ class LlamaWorker:
             raise RequestError("load_failed", "load: " + self._last_error("failed to create context"))
         self.model, self.model_key, self.ctx, self.params = model, key, ctx, params
         self.info = self._model_info()
-        return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6), "model_reused": model_reused}
+        return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6), "model_reused": model_reused,
+                "device": self.device[1] if self.device else "CPU"}
+
+    def _check_offloaded(self, L: Any, model: Any) -> None:
+        """Every layer went to the device, as llama.cpp reports it ("offloaded N/M layers to GPU"); else the run
+        would certify the CPU while it names the device: a load failure."""
+        lines = self.native.log_lines()
+        m = next((re.search(r"offloaded (\d+)/(\d+) layers", ln) for ln in reversed(lines)
+                  if "offloaded" in ln), None)
+        if m is None or m.group(1) != m.group(2):
+            L.llama_model_free(model)
+            self.model = self.model_key = None
+            raise RequestError("load_failed", f"load: backend {self.backend}: not every layer was offloaded to "
+                                              f"{self.device[1]} ({m.group(0) if m else 'llama.cpp said nothing'})")
 
     def op_info(self, _req: dict) -> dict:
         self._need_model()

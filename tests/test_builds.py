@@ -319,7 +319,7 @@ def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp
 
 def test_resolve_is_memoized_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(builds, "_resolve", lambda spec, series: calls.append(spec) or builds.Build(spec, {}))
+    monkeypatch.setattr(builds, "_resolve", lambda spec, series, backend: calls.append(spec) or builds.Build(spec, {}))
     monkeypatch.setattr(builds, "_RESOLVED", {})
     a, b = builds.resolve("pypi:0.0.1"), builds.resolve("pypi:0.0.1")
     assert a is b and calls == ["pypi:0.0.1"]
