@@ -130,13 +130,14 @@ def test_run_lanes_for_a_row(tmp_path):
 def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
     """Rows at a time run in processes: an error one raises (here: its fixture cannot be written, its directory is a
     file) is raised in the caller once the row beside it finished, and no other row starts."""
-    from fuzz.certify import _as_is, run_rows
+    from fuzz.certify import LaneOptions, _as_is, run_rows
 
     m = load_manifest(ROOT / "family_tiers.toml")
     told = []
     (tmp_path / "a-file").write_text("not a directory")
-    tasks = [(m.row("mamba"), ["parity"], "llama-cpp", tmp_path / "a-file")] + \
-        [(m.row(k), ["parity"], "llama-cpp", tmp_path) for k in ("lfm2", "llama", "qwen3", "qwen2", "rwkv6")]
+    tasks = [(m.row("mamba"), ["parity"], "llama-cpp", tmp_path / "a-file", LaneOptions())] + \
+        [(m.row(k), ["parity"], "llama-cpp", tmp_path, LaneOptions())
+         for k in ("lfm2", "llama", "qwen3", "qwen2", "rwkv6")]
     with pytest.raises(OSError):
         run_rows(tasks, 2, _as_is, lambda i, res: told.append((i, res.lane, res.status)))
     assert {i for i, _, _ in told} <= {1}, told  # lfm2, the row that was running beside it

@@ -43,8 +43,14 @@ def test_compare_judges_clear_steps_and_skips_near_ties():
 @pytest.mark.parametrize("family,knobs", [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}),
                                           ("mamba2", {"layers": 4})])
 def test_concurrent_duplicate_inserts_are_clean(fixtures, family, knobs):
+    """The rounds and the rewind conversations are clean; the only findings, on the models that go back through
+    checkpoints (recurrent, hybrid), are the known back-to-back one (corpora/repros/mamba-prefix-cache-rewind-
+    diverged): an earlier conversation's state, each conversation right from an erased slot."""
     rep = PrefixCache(fixtures(family, **knobs), PrefixCacheConfig(rounds=3, tokens=6)).run()
-    assert rep["status"] == "pass", rep["findings"]
+    other = [f for f in rep["findings"] if not (f["kind"] == "rewind-diverged" and f["cause"]
+                                                  and f["cause"]["kind"] == pc.EARLIER)]
+    assert not other, other
+    assert bool(rep["findings"]) == (family != "llama"), rep["findings"]
     assert len(rep["rounds"]) == 3 and all(not r["busy_after"] for r in rep["rounds"])
     assert any(c > 0 for r in rep["rounds"] for c in r["cache_n"]), "the cache was never used"
 
