@@ -968,6 +968,7 @@ def run_cmd(
     out: OutOpt = None,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     require_lanes: Annotated[bool, Opt("--require-lanes", help="a skipped lane fails the run (missing)")] = False,
     cuts: CutsOpt = None,
     stages: StagesOpt = None,
@@ -975,7 +976,7 @@ def run_cmd(
 ) -> int:
     """Run each selected row's lanes; print one line per lane; exit 1 if any lane fails or is missing."""
     m: Manifest = load_manifest(manifest)
-    use_build(llama_cpp, patches)
+    use_build(llama_cpp, patches, backend)
     plan = lane_plan(m, tier, rows, lane, jobs=job)
     if not plan:
         return nothing_planned(job)
@@ -1001,13 +1002,14 @@ def scan(
     out: OutOpt = None,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
+    backend: BackendOpt = None,
     jobs: JobsOpt = 1,
 ) -> int:
     """Every selected row (every tier) through sweep, wire, hand-off, isolation and determinism at every cut — what
     the lanes' period cuts and single splits do not reach; on clean upstream the result must be 0 unexplained
     findings. Same outputs as `run`."""
     m: Manifest = load_manifest(manifest)
-    use_build(llama_cpp, patches)
+    use_build(llama_cpp, patches, backend)
     plan = lane_plan(m, tier, rows, lane, scan=True)
     check_jobs(jobs)
     run = run_battery(plan, target, out, manifest=m.path, command="family-certify scan " + " ".join(sys.argv[2:]),

@@ -85,7 +85,8 @@ def test_a_recorded_backend_is_rebuilt_on_replay(no_build, monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("prog,args", [("family-certify", ["build"]), ("fuzz", ["sweep", "qwen3"]),
-                                       ("fuzz", ["run", "llama"])])
+                                       ("fuzz", ["run", "llama"]), ("family-certify", ["run", "qwen3"]),
+                                       ("family-certify", ["scan", "qwen3"])])
 def test_a_name_that_is_no_backend_is_refused(prog, args):
     line = one_line_exit_2(run_cli(prog, *args, "--backend", "opencl"))
     assert "--backend opencl: not a backend" in line and "cpu, blas, vulkan, cuda, metal" in line
