@@ -50,6 +50,7 @@ from fuzz.prefix_cache import (
     load_server,
     noise_line,
     placement_noise,
+    shared_prefix,
 )
 from fuzz.progress import Progress
 from synth.errors import UserError
@@ -773,8 +774,7 @@ class Radix:
         """REUSE_POLICY: prompt tokens the server must reuse from the slot's own tokens."""
         if not held or self.swa:
             return 0
-        lcp = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b),
-                   min(len(held), len(prompt)))
+        lcp = shared_prefix(held, prompt)
         if self.full_attention_only:
             return min(lcp, len(prompt) - 1)
         return len(held) if lcp == len(held) and len(prompt) > len(held) else 0
