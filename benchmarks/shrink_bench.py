@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fuzz.bundle import bundle_findings
-from fuzz.oracles import get_oracle
+from fuzz.oracles.registry import get_oracle
+from fuzz.repro.bundle import bundle_findings
 from synth.make import resolve, write_fixture
 from synth.manifest import load_manifest
 from synth.spec import Knobs

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep, SweepConfig
 from synth.make import resolve, write_fixture
 from synth.spec import Knobs
 

@@ -9,18 +9,18 @@ from typing import Annotated
 
 import typer
 
-from fuzz import bundle as bd
-from fuzz import determinism as det
-from fuzz import handoff as ho
-from fuzz import isolation as iso
-from fuzz import memory as mem
-from fuzz import prefix_cache as pc
-from fuzz import radix as rx
-from fuzz.contract import describe
-from fuzz.fixtures import fixture_path, parse_tokens
-from fuzz.oracles import get_oracle
-from fuzz.schedule import PHASES
-from fuzz.sweep import SweepConfig
+from fuzz.engine.contract import describe
+from fuzz.engine.fixtures import fixture_path, parse_tokens
+from fuzz.engine.schedule import PHASES
+from fuzz.oracles import determinism as det
+from fuzz.oracles import handoff as ho
+from fuzz.oracles import isolation as iso
+from fuzz.oracles import memory as mem
+from fuzz.oracles import prefix_cache as pc
+from fuzz.oracles import radix as rx
+from fuzz.oracles.registry import get_oracle
+from fuzz.oracles.sweep import SweepConfig
+from fuzz.repro import bundle as bd
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from targets import TARGETS_HELP, open_target
@@ -129,7 +129,7 @@ def sweep_cmd(
 ) -> int:
     """Full model vs K-stage chain at every cut: token-exact and bit-exact, localized on divergence."""
     if wire != "f32":
-        from fuzz.wire import WIRES, WireConfig
+        from fuzz.oracles.wire import WIRES, WireConfig
 
         if wire not in WIRES:
             raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
@@ -156,7 +156,7 @@ def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
 
 def build_label(commit: str | None) -> str:
     """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
-    from fuzz.outputs import build_note
+    from fuzz.engine.contract import build_note
     from targets.builds import current_identity
 
     return (commit[:9] if commit else "commit unknown") + build_note(current_identity(), tick="")
@@ -462,8 +462,8 @@ def skippy_cmd(
     bundle: BundleOpt = None,
 ) -> int:
     """skippy's split serving vs its unsplit serving, and skippy-correctness's own lanes, on the fixture's cut sets
-    (fuzz/skippy.py); every case one of the users' outcomes."""
-    from fuzz.skippy import CHECKS, SkippyRunConfig
+    (fuzz/oracles/skippy.py); every case one of the users' outcomes."""
+    from fuzz.oracles.skippy import CHECKS, SkippyRunConfig
 
     cfg = SkippyRunConfig(checks=tuple(check) if check else CHECKS, cuts=cuts, period=period, tokens=tokens,
                           prompt_len=prompt_len, seed=seed, target=target)
@@ -489,7 +489,7 @@ def campaign_cmd(
     """Random legal specs × oracles × their configurations until the budget is spent; each finding reproduced,
     deduplicated by family and fingerprint, shrunk and bundled once; resumable (same --out) and shardable. Exit 1
     while the campaign holds a finding."""
-    from fuzz import campaign as cp
+    from fuzz.repro import campaign as cp
     from targets.llama_server_worker import NO_SERVER, server_binary
 
     seconds = cp.parse_budget(budget)
@@ -513,8 +513,7 @@ def campaign_merge_cmd(
     dirs: Annotated[list[Path], typer.Argument(help="shards' campaign directories")],
 ) -> int:
     """Shards of one campaign (`fuzz campaign --shard I/N`) as one directory: counts summed, each finding once."""
-    from fuzz import campaign as cp
-
+    from fuzz.repro import campaign as cp
     st = cp.merge(out, dirs)
     print(cp.summary_text(st), end="")
     return cp.exit_code(st)
@@ -532,8 +531,7 @@ def inputs_cmd(
     """Coverage-guided fuzzing (atheris) of what this toolkit reads: whatever the bytes of a GGUF file, a manifest,
     a repro bundle or a layer package's manifest, reading them must work or end as one line and exit 2 — anything
     else is a finding."""
-    from fuzz import inputs
-
+    from fuzz.repro import inputs
     if kind not in inputs.KINDS:
         raise UserError(f"input kind {kind!r}: use one of {', '.join(inputs.KINDS)}")
     if runs < 1 or seed < 0 or (seconds is not None and seconds < 1):
@@ -546,7 +544,7 @@ def inputs_cmd(
             crashes[0].name.split("-")[0])
         exc = what or next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
                             and ("Error" in ln or "Exception" in ln)), "an exception")
-        print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.inputs {kind} {crashes[0]})")
+        print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.repro.inputs {kind} {crashes[0]})")
         return 1
     if rc != 0:
         raise UserError(f"the fuzzer stopped with exit code {rc} and no saved input: {log.strip().splitlines()[-1:]}")

@@ -6,7 +6,7 @@ cache size, a slot-save directory) and waits until it is healthy; `complete` sen
 concurrently if asked; `submit` starts one operation (a streamed completion, a completion disconnected after k
 tokens, a slot save, restore or erase) without waiting, and `await` waits for its progress ("prompt": its first
 token streamed, i.e. its prompt processed; "done") — the engine orders operations against each other's progress
-with these two (fuzz/radix.py). `slots` and `metrics` read the server's own accounts. A llama-server that dies is
+with these two (fuzz radix). `slots` and `metrics` read the server's own accounts. A llama-server that dies is
 reported as an error of kind `server_crash` with its last stderr lines; it dies with its worker (PDEATHSIG).
 """
 

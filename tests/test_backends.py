@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_builds import one_line_exit_2
 
-from fuzz.schemas import validate
+from fuzz.certify.schemas import validate
 from targets import backends, builds
 from targets.cmake_build import BACKEND_OPTIONS, CMAKE_OPTIONS, cmake_options, options_id
 
@@ -76,7 +76,7 @@ def test_the_bare_pinned_build_is_still_the_venvs_install(monkeypatch):
 
 
 def test_a_recorded_backend_is_rebuilt_on_replay(no_build, monkeypatch, tmp_path):
-    from fuzz.bundle import use_recorded_build
+    from fuzz.repro.bundle import use_recorded_build
 
     seen = []
     monkeypatch.setattr(builds, "activate", lambda b: seen.append(b) or b)
@@ -152,7 +152,7 @@ def test_the_installer_knows_the_packages_the_check_names():
 
 def test_the_schemas_name_every_backend_but_cpu():
     """A report's build names its backend unless it is cpu (every report before backends existed still validates)."""
-    from fuzz.schemas import BUILD
+    from fuzz.certify.schemas import BUILD
 
     assert BUILD["properties"]["backend"]["enum"] == [b for b in BACKEND_OPTIONS if b != "cpu"]
     assert "backend" not in BUILD["required"]

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from fuzz.bundle import load_case
+from fuzz.repro.bundle import load_case
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.make import resolve, write_fixture

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.contract import build_identity
-from fuzz.isolation import IsolationConfig
-from fuzz.oracles import ORACLES
+from fuzz.engine.contract import build_identity
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.registry import ORACLES
 from targets import builds
 from targets.cmake_build import BUILT_FROM, OPTIONS_MARK, built, forget_other_options, options_id, sync_tree
 
@@ -264,7 +264,7 @@ def test_another_libllama_under_the_pinned_bindings_is_refused(monkeypatch):
     ("finding", "crash", "unchanged"), ("pass", "missing", "broke"), ("skipped", "unsupported", "unchanged")])
 def test_the_bump_verdict_of_a_lane(base, candidate, want):
     """A lane's verdict from its status on each build (known and numerics count as passing: their lanes ran)."""
-    from fuzz.bump import verdict
+    from fuzz.certify.bump import verdict
 
     assert verdict(base, candidate) == want
 
@@ -274,7 +274,7 @@ def test_a_crossing_moves_no_more_than_the_builds_differ():
     builds' own runs differ by; builds that agree bit for bit must cross bit for bit."""
     import numpy as np
 
-    from fuzz.bump import crossing
+    from fuzz.certify.bump import crossing
 
     want = np.array([[1.0, 3.0, 2.0], [0.0, 0.5, 2.0]])
     assert crossing(want.copy(), want, 0.0) == ("crosses", 0.0)
@@ -289,7 +289,7 @@ def test_a_crossing_moves_no_more_than_the_builds_differ():
 def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
     """The mixed-build chain on two workers of the same build is the same-build chain: it must cross both ways,
     bit-exact — M-RoPE rows included (their embeddings are fed with four positions per token)."""
-    from fuzz import bump as bp
+    from fuzz.certify import bump as bp
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -305,7 +305,7 @@ def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
 def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp_path):
     """Replaying a bundle made on the pinned build, with FAMILY_CERTIFY_PATCHES set (a canary job's environment),
     runs the pinned build: the environment names what a command certifies, not what a bundle recorded."""
-    from fuzz.bundle import use_recorded_build
+    from fuzz.repro.bundle import use_recorded_build
 
     monkeypatch.setenv(builds.PATCHES_ENV, str(tmp_path / "no-such-series"))
     with pytest.raises(Exception, match="no-such-series"):

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from fuzz import bump as bp
+from fuzz.certify import bump as bp
 
 from conftest import ROOT, run_cli
 

@@ -87,7 +87,7 @@ def test_broken_bundles_are_one_line_errors(tmp_path):
 def test_a_fingerprint_carries_the_cause_and_an_older_one_still_matches():
     """The cause analysis' verdict is part of what shrinking keeps fixed (a leak cannot shrink into a cell-position
     difference); a bundle recorded before the cause was in fingerprints still replays (its keys all agree)."""
-    from fuzz.contract import Finding, fingerprint, matches
+    from fuzz.engine.contract import Finding, fingerprint, matches
 
     leak = Finding(oracle="isolation", status="finding", message="m", phase="unified-kv", seq=1,
                    cause={"kind": "batch", "detail": "other neighbours change it"})
@@ -130,9 +130,9 @@ def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, 
     moving cut 5 onto the first recurrent layer after cut 1 leaves trailing layers the bisection drops."""
     from dataclasses import dataclass
 
-    from fuzz import oracles
-    from fuzz.bundle import Case, shrink
-    from fuzz.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.engine.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.oracles import registry as oracles
+    from fuzz.repro.bundle import Case, shrink
 
     @dataclass
     class RuleConfig:
@@ -140,7 +140,7 @@ def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, 
         target: str = "rule"
 
     def run(fixture, cfg):
-        from fuzz.stages import FixtureStages
+        from fuzz.engine.stages import FixtureStages
 
         st = FixtureStages(fixture)
         cuts = [int(c) for c in cfg.cuts.split(",")]
@@ -158,7 +158,7 @@ def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, 
     got, rep = case.run()
     sh = shrink(case, got[0], rep, tmp_path)
     assert "moved cut 5 to 3 → cuts [1, 3]" in sh.log, sh.log
-    from fuzz.bundle import spec_of
+    from fuzz.repro.bundle import spec_of
 
     assert (spec_of(sh.case.fixture).pattern, sh.case.cuts) == ("RRAR", [1, 3]), sh.log
 
@@ -169,11 +169,11 @@ def test_prompt_tokens_are_deleted_ddmin_style(fixtures, tmp_path, monkeypatch):
     length would lose token 9 (it is last); deletion keeps exactly the two tokens the rule needs."""
     from dataclasses import dataclass
 
-    from fuzz import oracles
-    from fuzz.bundle import Case, shrink
-    from fuzz.contract import FINDING, Finding, Oracle, make_report
-    from fuzz.schedule import main_prompt
-    from fuzz.stages import FixtureStages
+    from fuzz.engine.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.engine.schedule import main_prompt
+    from fuzz.engine.stages import FixtureStages
+    from fuzz.oracles import registry as oracles
+    from fuzz.repro.bundle import Case, shrink
 
     @dataclass
     class PromptRule:
@@ -211,9 +211,9 @@ def test_a_finding_whose_shrinking_raises_is_bundled_unshrunk_and_said_in_one_li
     lose the finding: it is bundled as reported (its own case, not shrunk) and the error is one line."""
     from dataclasses import dataclass
 
-    from fuzz import bundle as bd
-    from fuzz import oracles
-    from fuzz.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.engine.contract import FINDING, Finding, Oracle, make_report
+    from fuzz.oracles import registry as oracles
+    from fuzz.repro import bundle as bd
 
     @dataclass
     class Steps:

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from fuzz.campaign import case_config, merge, parse_budget, parse_shard
-from fuzz.schemas import validate
+from fuzz.certify.schemas import validate
+from fuzz.repro.campaign import case_config, merge, parse_budget, parse_shard
 from synth.errors import UserError
 from synth.strategies import random_spec
 
@@ -123,8 +123,8 @@ def test_a_known_upstream_abort_is_known_under_any_layout_variant_and_cut(tmp_pa
 
 
 def test_known_findings_match_by_assert_and_layout_not_by_the_shrunk_configuration():
-    from fuzz.campaign import abort_of, known_repro, known_upstream
-    from fuzz.contract import CRASH, FINDING, Finding
+    from fuzz.engine.contract import CRASH, FINDING, Finding
+    from fuzz.repro.campaign import abort_of, known_repro, known_upstream
 
     known = known_upstream()
     where = "/tmp/pip-req-build-x/vendor/llama.cpp/ggml/src/ggml.c:2099: GGML_ASSERT(ggml_can_repeat(b, a)) failed"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fuzz.certificate import admit, boundary, certificate, even_cuts, layer_letters, roster
-from fuzz.schemas import validate
+from fuzz.certify.certificate import admit, boundary, certificate, even_cuts, layer_letters, roster
+from fuzz.certify.schemas import validate
 from synth.errors import UserError
 from synth.make import resolve, write_fixture
 from synth.manifest import load_manifest

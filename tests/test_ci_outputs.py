@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fuzz.outputs import junit_xml, summary_md
-from fuzz.schemas import validate
+from fuzz.certify.outputs import junit_xml, summary_md
+from fuzz.certify.schemas import validate
 from synth.manifest import load_manifest
 
 from conftest import ROOT, run_cli
@@ -154,7 +154,7 @@ def test_junit_and_summary_say_each_status_their_way():
 def test_durations_refresh_from_runs_what_they_ran(tmp_path):
     """`durations RUN... --into FILE`: each row × lane the runs ran takes its seconds (the later run wins), a skipped
     or missing lane keeps its old entry, entries no run reports stay; the file is one `matrix --shards` reads."""
-    from fuzz.outputs import run_report, write_outputs
+    from fuzz.certify.outputs import run_report, write_outputs
 
     into = tmp_path / "durations.json"
     into.write_text(json.dumps({"schema": 1, "seconds": {"qwen3/load": 1.0, "qwen3/handoff": 9.0,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fuzz.bundle import replay
+from fuzz.repro.bundle import replay
 
 from conftest import ROOT, run_cli
 

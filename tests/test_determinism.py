@@ -3,7 +3,7 @@ schedule changes are reported under the explicit policy; a thread-dependent muta
 
 import pytest
 
-from fuzz.determinism import Determinism, DeterminismConfig
+from fuzz.oracles.determinism import Determinism, DeterminismConfig
 
 from conftest import run_cli
 
@@ -98,7 +98,7 @@ def test_a_logit_jump_across_kernels_is_traced_to_its_routing_near_tie(tmp_path)
     tokens — 80x what kernel rounding moves any other tier-1 row's logits. The worst such pair is traced: at prompt
     token 13, layer 2's router scores for experts 0 and 2 move by about 2e-4 each, in opposite directions, across a
     gap of 4.1e-4 — another expert, then other indexer keys in every later layer. Numerics, named, not a finding."""
-    from fuzz.determinism import LOGIT_JUMP, format_determinism
+    from fuzz.oracles.determinism import LOGIT_JUMP, format_determinism
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -121,8 +121,8 @@ def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near
     """Kernel pairs that are not bit-exact are numerics while they move logits by rounding (below LOGIT_JUMP); past
     it, with the same tokens, only a traced routing flip at a near-tie (its measured score move named) excuses the
     move — a move of whole logits with no such choice is a finding, whatever its size."""
-    from fuzz.determinism import LOGIT_JUMP, cases
-    from fuzz.parity import routing_near_tie
+    from fuzz.engine.parity import routing_near_tie
+    from fuzz.oracles.determinism import LOGIT_JUMP, cases
 
     def status(max_abs, cause=None):
         pair = {"pair": ["a", "b"], "class": "ubatch/chunking/flash-attn", "bit_exact": False, "tokens_equal": True,

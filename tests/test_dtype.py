@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep, SweepConfig
 from synth.dtype import DTYPES
 from synth.families import FAMILIES
 from synth.gguf_io import GGUFFile, Raw, read_all, write_gguf
@@ -142,8 +142,8 @@ def test_a_q4_k_finding_shrinks_to_two_layers_at_the_width_its_blocks_need(tmp_p
     """The shrinker's candidates are made from the spec in its dtype: the mutant's finding on an 8-layer q4_k llama
     shrinks to 2 layers cut at 1 and vocab 8, but its width stays 256 — a Q4_K block's 256 values (narrower, the
     matmuls would be f32 and the bug gone)."""
-    from fuzz.bundle import bundle_findings
-    from fuzz.oracles import get_oracle
+    from fuzz.oracles.registry import get_oracle
+    from fuzz.repro.bundle import bundle_findings
 
     path = _make(tmp_path, "llama", layers=8, dtype="q4_k", embd=256)
     oracle = get_oracle("sweep")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 
-from fuzz.bundle import bundle_findings
-from fuzz.campaign import layout_family
-from fuzz.contract import Report
-from fuzz.handoff import HandoffConfig
-from fuzz.isolation import IsolationConfig
-from fuzz.oracles import ORACLES
-from fuzz.sweep import SweepConfig
+from fuzz.engine.contract import Report
+from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.registry import ORACLES
+from fuzz.oracles.sweep import SweepConfig
+from fuzz.repro.bundle import bundle_findings
+from fuzz.repro.campaign import layout_family
 from synth.families import FAMILIES
 from synth.inspect import inspect_file
 from synth.make import write_fixture

@@ -5,7 +5,7 @@ pass."""
 
 import pytest
 
-from fuzz.inputs import KINDS, fuzz_inputs
+from fuzz.repro.inputs import KINDS, fuzz_inputs
 
 from conftest import run_cli
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fuzz.certify import LaneResult, known
-from fuzz.isolation import Isolation, IsolationConfig, format_report, is_numerics
-from fuzz.parity import first_rounding_flip
+from fuzz.certify.commands import LaneResult, known
+from fuzz.engine.parity import first_rounding_flip
+from fuzz.oracles.isolation import Isolation, IsolationConfig, format_report, is_numerics
 from synth.errors import UserError
 from synth.manifest import load_manifest
 
@@ -89,7 +89,7 @@ def test_placement_through_a_16_bit_rounding_flip_is_named(fixtures):
 
 
 def test_a_rounding_flip_is_an_ulp_that_rounds_to_another_16_bit_number():
-    """fuzz.parity.first_rounding_flip on two hand-made graphs: an f16 operand's product whose f32 input differs by
+    """parity.first_rounding_flip on two hand-made graphs: an f16 operand's product whose f32 input differs by
     two ulps across the f16 rounding midpoint of 1 + 2^-11 (a flip, found though the rows hold the values in other
     places: cells), the same two ulps away from a midpoint (no flip), and inputs further apart than rounding (not a
     near-tie: not named)."""
@@ -263,7 +263,7 @@ def test_a_batch_shape_excuse_is_bounded():
     """The same bits with other neighbours say no data leaks in; they do not say how far a batch's shape may move
     a sequence. Below a whole logit, or within 4x the batch-shape control, it is numerics; a whole logit or more only
     with the near-tie choice that turned the rounding into it named; a cell-position difference only with one."""
-    from fuzz.isolation import is_numerics
+    from fuzz.oracles.isolation import is_numerics
 
     shape = {"kind": "batch shape", "control": 0.01, "bound": 0.04}
     assert is_numerics({**shape, "moved": 0.125})

@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from fuzz.bundle import Case, _smaller_model
+from fuzz.repro.bundle import Case, _smaller_model
 from synth.cli import make
 from synth.families import get_family
 from synth.make import write_fixture

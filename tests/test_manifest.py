@@ -130,7 +130,7 @@ def test_run_lanes_for_a_row(tmp_path):
 def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
     """Rows at a time run in processes: an error one raises (here: its fixture cannot be written, its directory is a
     file) is raised in the caller once the row beside it finished, and no other row starts."""
-    from fuzz.certify import LaneOptions, _as_is, run_rows
+    from fuzz.certify.commands import LaneOptions, _as_is, run_rows
 
     m = load_manifest(ROOT / "family_tiers.toml")
     told = []
@@ -189,7 +189,7 @@ def test_a_bump_runs_two_rows_at_a_time_too(tmp_path):
 
 @pytest.mark.llama
 def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
-    from fuzz.certify import lane_reject
+    from fuzz.certify.commands import lane_reject
 
     row = load_manifest(ROOT / "family_tiers.toml").row("gpt2")
     path = fixtures("gpt2")
@@ -220,7 +220,7 @@ def test_every_rows_fixture_loads_and_decodes(llama, tmp_path, row):
 
 
 def test_every_mutant_has_a_catching_lane_in_the_manifest():
-    from fuzz.certify import CATCHERS
+    from fuzz.certify.commands import CATCHERS
     from targets.mutants import MUTANTS
 
     assert set(CATCHERS) == set(MUTANTS)

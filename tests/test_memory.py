@@ -8,11 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from fuzz.campaign import known_repro, known_upstream
-from fuzz.certify import lane_memory
-from fuzz.contract import KNOWN, PASS
-from fuzz.fixtures import fixture_path
-from fuzz.memory import (
+from fuzz.certify.commands import lane_memory
+from fuzz.engine.contract import KNOWN, PASS
+from fuzz.engine.fixtures import fixture_path
+from fuzz.oracles.memory import (
     Memory,
     MemoryConfig,
     Model,
@@ -30,7 +29,8 @@ from fuzz.memory import (
     report,
     without_neighbours,
 )
-from fuzz.oracles import get_oracle
+from fuzz.oracles.registry import get_oracle
+from fuzz.repro.campaign import known_repro, known_upstream
 from synth.errors import UserError
 from synth.manifest import load_manifest
 
@@ -402,7 +402,7 @@ def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
     follows a shift or a removal with the same operation on the same sequence about BURST of the time."""
     import numpy as np
 
-    from fuzz.memory import BURST, burst
+    from fuzz.oracles.memory import BURST, burst
 
     class Mach:
         model = Model(3)

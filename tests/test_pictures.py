@@ -1,4 +1,4 @@
-"""fuzz.pictures: the SVGs say what the report says (cells, marks, layer kinds, labels), byte for byte the same
+"""fuzz.repro.pictures: the SVGs say what the report says (cells, marks, layer kinds, labels), byte for byte the same
 each time. Reports are built by hand; no llama.cpp needed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fuzz.pictures import (
+from fuzz.repro.pictures import (
     STATUS_COLOURS,
     battery_picture,
     handoff_grid,

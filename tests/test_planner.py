@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fuzz.sweep import cut_sets
+from fuzz.engine.stages import cut_sets
 from synth.errors import UserError
 
 from conftest import ROOT, run_cli
@@ -84,7 +84,7 @@ def test_the_parity_lane_splits_where_the_planner_would_and_says_what_it_never_c
 
 
 def sweep_report(cuts: str, sets: list[list[int]]):
-    from fuzz.contract import Report
+    from fuzz.engine.contract import Report
 
     return Report(oracle="sweep", fixture="f.gguf", sha256="0" * 64, arch="jamba", n_layer=8, kinds="", layers=[],
                   target="llama-cpp", build={}, config={"cuts": cuts},
@@ -95,7 +95,7 @@ def test_a_lane_that_ran_fewer_cut_sets_than_planned_is_missing(fixtures):
     """Planned = executed per cut set (check_cuts): the parity lane of an 8-layer jamba plans the 7 single cuts; a
     run at its spec that reports 6 of them makes the lane missing, naming the cut set; a run at another spec (a
     planner's) does not count; all 7 pass; a lane without cut sets (isolation) is left alone."""
-    from fuzz.certify import LaneResult, check_cuts
+    from fuzz.certify.commands import LaneResult, check_cuts
     from synth.manifest import load_manifest
 
     row = load_manifest(ROOT / "family_tiers.toml").row("jamba")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fuzz import prefix_cache as pc
-from fuzz.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare, format_report
+from fuzz.oracles import prefix_cache as pc
+from fuzz.oracles.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare, format_report
 from targets import open_target
 from targets.llama_server_worker import server_binary
 
@@ -65,7 +65,7 @@ def test_a_unified_layout_tells_where_a_sequence_sits_from_the_cache(fixtures):
     fixture: where the co-batched filler's cells land depends on when the server batches it, and with tied indexer
     keys that moves this fixture's answer anywhere from a few 1e-3 to ~0.8 (the llama fixture's bound is pinned in
     test_radix.py)."""
-    from fuzz.prefix_cache import ServerFinding
+    from fuzz.oracles.prefix_cache import ServerFinding
     from targets import close_all
 
     pc = PrefixCache(fixtures("deepseek32", layers=6, indexer_top_k=4),
@@ -100,7 +100,7 @@ def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):
     """The probe after a schedule is as long as the server's real slots allow — llama.cpp pads the 160 cells asked
     per slot to 256 (a probe sized from what was asked left 104 cells of every slot unchecked) — so a slot holding
     more than PROBE_SLACK cells cannot take it: every slot takes it, and none takes one token more."""
-    import fuzz.prefix_cache as pc
+    import fuzz.oracles.prefix_cache as pc
     from synth.inspect import inspect_file
 
     path = fixtures("llama", layers=4)
@@ -251,7 +251,7 @@ def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_
     llama-server answers every rewind as uncached from an erased slot; the reuse it records is the same run after
     run. Back to back on the slot it does not (an upstream finding, corpora/repros/mamba-prefix-cache-rewind-
     diverged): every such finding has the earlier conversation as its cause and is that known repro."""
-    from fuzz.campaign import known_repro, known_upstream
+    from fuzz.repro.campaign import known_repro, known_upstream
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 

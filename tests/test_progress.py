@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from fuzz.progress import Progress
+from fuzz.engine.progress import Progress
 
 from conftest import BIN
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzz.radix import (
+from fuzz.certify.schemas import validate
+from fuzz.oracles.radix import (
     CHECKPOINT_OFFSET,
     LANE_PLANS,
     Op,
@@ -36,7 +37,6 @@ from fuzz.radix import (
     tree_names,
     tree_prompts,
 )
-from fuzz.schemas import validate
 from synth.errors import UserError
 from targets import close_all, open_target
 from targets.llama_server_worker import server_binary
@@ -265,9 +265,9 @@ def test_a_unified_cache_forfeits_an_idle_slot_at_another_clients_start(binary, 
     assert ops[1]["A1"][0] == 0 and unified["runs"][0]["promised"] == 0
     assert {k: v[1] for k, v in ops[0].items()} == {k: v[1] for k, v in ops[1].items()}
     # a bundle replays the layout it was found in
-    from fuzz.prefix_cache import ORACLE as PREFIX_CACHE
-    from fuzz.prefix_cache import PrefixCacheConfig
-    from fuzz.radix import ORACLE as RADIX
+    from fuzz.oracles.prefix_cache import ORACLE as PREFIX_CACHE
+    from fuzz.oracles.prefix_cache import PrefixCacheConfig
+    from fuzz.oracles.radix import ORACLE as RADIX
 
     assert RADIX.case_config(RadixConfig(kv_unified=True))["kv_unified"] is True
     assert PREFIX_CACHE.case_config(PrefixCacheConfig(kv_unified=True))["kv_unified"] is True
@@ -382,8 +382,8 @@ def test_a_sequence_continuing_into_cells_another_freed_keeps_its_rows_and_moves
     rows stay the cold run's bytes at every position, and with B left in place A is bit-exact with the cold run; but
     attention now meets A's cells in another order and CPU flash attention accumulates V in f16, so its logits move
     by ~6e-2 — enough to flip the second token, whose cold margin is 3e-2. With flash attention off: bit-exact."""
-    from fuzz.parity import context_params
-    from fuzz.radix import prompt_tree
+    from fuzz.engine.parity import context_params
+    from fuzz.oracles.radix import prompt_tree
     from synth.make import write_fixture
     from synth.spec import ModelSpec
     from targets.kvstate import kv_caches

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.determinism import DeterminismConfig
-from fuzz.isolation import IsolationConfig
-from fuzz.oracles import ORACLES
+from fuzz.oracles.determinism import DeterminismConfig
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.registry import ORACLES
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
 REAL = os.environ.get("FAMILY_CERTIFY_REAL_GGUF")

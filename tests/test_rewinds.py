@@ -1,7 +1,7 @@
 """The prefix-cache lane's rewind conversations and the bump's reuse comparison, judged without llama-server (the
 server side: tests/test_prefix_cache.py)."""
 
-from fuzz import prefix_cache as pc
+from fuzz.oracles import prefix_cache as pc
 
 
 def test_the_rewind_conversations_are_seeded_and_go_back():
@@ -22,10 +22,9 @@ def test_the_rewind_conversations_are_seeded_and_go_back():
 
 
 def test_a_bump_whose_candidate_reuses_less_broke_and_one_that_reuses_more_did_not():
-    """The bump compares the prefix-cache lane's rewind reuse across builds (fuzz.bump.reuse_regression): fewer
+    """The bump compares the prefix-cache lane's rewind reuse across builds (fuzz.certify.bump.reuse_regression): fewer
     prompt tokens from the cache on any request is a regression, named; the same or more is not."""
-    from fuzz import bump as bp
-
+    from fuzz.certify import bump as bp
     def lane(cache_n):
         rewinds = [{"lengths": [6, 5], "shared": [0, 2], "cache_n": c} for c in cache_n]
         return {"row": "laguna", "lane": "prefix-cache", "status": "pass", "detail": "ok",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.schemas import validate
+from fuzz.certify.schemas import validate
 from synth.manifest import SCAN_LANES, load_manifest
 
 from conftest import ROOT, run_cli

@@ -1,5 +1,5 @@
 """schemas/: the JSON Schemas users validate our outputs with. The committed files are the definitions in
-fuzz/schemas.py, each a valid draft 2020-12 schema, and real outputs of every oracle, of bundles (the committed
+fuzz/certify/schemas.py, each a valid draft 2020-12 schema, and real outputs of every oracle, of bundles (the committed
 corpora included) and of a family-certify run satisfy them — and a wrong one does not."""
 
 import json
@@ -7,8 +7,8 @@ import json
 import jsonschema
 import pytest
 
-from fuzz.bundle import load_case, migrate
-from fuzz.schemas import DIR, schemas, validate
+from fuzz.certify.schemas import DIR, schemas, validate
+from fuzz.repro.bundle import load_case, migrate
 
 from conftest import ROOT, run_cli
 
@@ -16,7 +16,7 @@ from conftest import ROOT, run_cli
 def test_committed_schemas_are_the_definitions():
     assert sorted(p.name for p in DIR.glob("*.schema.json")) == sorted(schemas())
     for name, schema in schemas().items():
-        assert json.loads((DIR / name).read_text()) == schema, f"regenerate: python -m fuzz.schemas ({name})"
+        assert json.loads((DIR / name).read_text()) == schema, f"regenerate: python -m fuzz.certify.schemas ({name})"
         jsonschema.Draft202012Validator.check_schema(schema)
 
 

@@ -1,4 +1,4 @@
-"""fuzz/shards.py: CI shards of whole rows, balanced by measured lane seconds (pure Python, no llama.cpp)."""
+"""fuzz/certify/shards.py: CI shards of whole rows, balanced by measured lane seconds (pure Python, no llama.cpp)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz.shards import DEFAULT_SECONDS, load_durations, plan_shards, row_seconds
+from fuzz.certify.shards import DEFAULT_SECONDS, load_durations, plan_shards, row_seconds
 from synth.errors import UserError
 from synth.manifest import load_manifest
 

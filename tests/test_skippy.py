@@ -1,4 +1,4 @@
-"""The skippy adapter (targets/skippy.py, targets/skippy_worker.py, fuzz/skippy.py): its config and identity checks,
+"""The skippy adapter (targets/skippy.py, targets/skippy_worker.py, the skippy oracle): its config and identity checks,
 the users' outcome words, report reading — and, against the fake skippy (tests/fake_skippy/, the real llama.cpp
 under skippy's CLI and HTTP), the lanes: clean on the correct fake; the fakes that mis-handle a boundary, load a
 dropped family, write a malformed report or hang each fail the lane that must catch them."""
@@ -182,7 +182,7 @@ def test_the_correct_fake_passes_every_lane(tmp_path):
     assert [(r["wire"], r["status"]) for r in wire] == [("f16", "pass"), ("bf16", "pass"), ("q8_0", "pass")]
     run = json.loads((out / "report.json").read_text())
     assert run["build"]["skippy"]["abi"] == "0.1.67" and run["build"]["key"].startswith("skippy-0000")
-    from fuzz.outputs import merge  # an aggregate refuses a shard of another skippy build
+    from fuzz.certify.outputs import merge  # an aggregate refuses a shard of another skippy build
 
     other = {**run, "build": {**run["build"], "key": "skippy-1111-abi-0.1.68"}}
     plan = [(p["row"], p["lanes"]) for p in run["plan"]]
@@ -217,7 +217,7 @@ def test_b1_fake_fails_the_prefix_cache_lane_and_shrinks_to_rar(tmp_path):
 
 @pytest.mark.llama
 def test_b5_fake_fails_state_handoff_where_a_stage_holds_two_kv_widths(tmp_path):
-    from fuzz.skippy import SkippyRunConfig, report
+    from fuzz.oracles.skippy import SkippyRunConfig, report
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -269,7 +269,7 @@ def test_a_malformed_report_is_a_harness_finding_never_a_pass(tmp_path):
 
 @pytest.mark.llama
 def test_a_hanging_fake_times_out_and_leaves_nothing_running(tmp_path):
-    from fuzz.skippy import SkippyRunConfig, report
+    from fuzz.oracles.skippy import SkippyRunConfig, report
     from synth.make import resolve, write_fixture
     from synth.spec import Knobs
 
@@ -329,7 +329,7 @@ def test_b5_fake_fails_laguna_handoff_lane_with_a_bundle(tmp_path):
 def test_a_gated_f16_flip_at_a_near_tie_is_numerics_not_a_finding(tmp_path):
     """qwen3next at cut 3 over the f16 codec flips step 1, where the unsplit model's top-2 margin is 2.5e-3 (the
     pinned llama.cpp's own logits: skippy gives none): excused as our wire oracle excuses it (< 1e-2)."""
-    from fuzz.skippy import SkippyRunConfig, report
+    from fuzz.oracles.skippy import SkippyRunConfig, report
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -345,7 +345,7 @@ def test_a_gated_f16_flip_at_a_near_tie_is_numerics_not_a_finding(tmp_path):
 def test_layer_packages_and_stage_artifacts_serve_like_runtime_slices(tmp_path):
     """load_mode layer-package (a `synth package` v1 directory as model_path: where B1 first lived) and
     artifact-slice (each stage's own GGUF): the same answers; the B1 fake is caught the same way."""
-    from fuzz.skippy import SkippyRunConfig, report
+    from fuzz.oracles.skippy import SkippyRunConfig, report
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 

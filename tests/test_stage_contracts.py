@@ -3,7 +3,7 @@
 
 import pytest
 
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep, SweepConfig
 from synth.stage import slice_model
 
 pytestmark = pytest.mark.llama
@@ -84,7 +84,7 @@ def test_a_shared_stage_computes_what_the_whole_stage_computes(fixtures, tmp_pat
     the same n_vocab and, fed token ids, gives the same logits bit for bit as from the whole stage (`synth stage`)."""
     import numpy as np
 
-    from fuzz.parity import context_params
+    from fuzz.engine.parity import context_params
     from synth.gguf_io import GGUFFile
     from synth.stage import SourceModel, stage_path
     from targets import open_target

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from fuzz.parity import first_differing_node, node_key
-from fuzz.stages import pattern_period
-from fuzz.sweep import Sweep, SweepConfig, cut_sets, format_report
+from fuzz.engine.parity import first_differing_node, node_key
+from fuzz.engine.stages import cut_sets, pattern_period
+from fuzz.oracles.sweep import Sweep, SweepConfig, format_report
 from synth.errors import UserError
 from synth.gguf_io import KV, read_all, write_gguf
 from synth.stage import StageInfo, Unsupported, slice_model

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus as cp
-from fuzz.schemas import validate
+from fuzz.certify import corpus as cp
+from fuzz.certify.schemas import validate
 from synth.errors import UserError
 from synth.manifest import load_manifest
 

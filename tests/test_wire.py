@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fuzz.wire import Wire, WireConfig, reference
+from fuzz.oracles.wire import Wire, WireConfig, reference
 from synth.manifest import WIRES as MANIFEST_WIRES
 from targets.wire import WIRES, roundtrip_rows
 
@@ -68,12 +68,12 @@ def test_bad_wire_options_are_one_line_errors(fixtures):
 
 
 def test_activation_ints_are_ggmls_quantization_of_a_matrix_products_input():
-    """fuzz.parity.activation_ints: q8_0 (and q8_1: the same integers) are gguf-py's q8_0 quantizer's; q8_K takes
+    """fuzz.engine.parity.activation_ints: q8_0 (and q8_1: the same integers) are gguf-py's q8_0 quantizer's; q8_K takes
     the block's (first) value of largest magnitude to −127."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
 
-    from fuzz.parity import activation_ints
+    from fuzz.engine.parity import activation_ints
 
     rows = (np.random.default_rng(3).standard_normal((6, 64)) * 2).astype(np.float32)
     rows[1, :32] = 0.0
@@ -90,10 +90,10 @@ def test_activation_ints_are_ggmls_quantization_of_a_matrix_products_input():
 
 
 def test_a_requantization_flip_is_an_f16_rounding_that_crosses_a_quantization_step():
-    """fuzz.parity.first_requantization_flip on hand-made graphs: a q4_0 product whose f32 input, the same but for
+    """parity.first_requantization_flip on hand-made graphs: a q4_0 product whose f32 input, the same but for
     an f16 rounding, has one value on each side of a q8_0 midpoint (a flip: one value moves); the same inputs into
     an f32 product (no activation quantization: none); inputs further apart than an f16 rounding (not named)."""
-    from fuzz.parity import first_requantization_flip
+    from fuzz.engine.parity import first_requantization_flip
 
     base = np.linspace(-1, 1, 32).astype(np.float32)
     base[0] = -1.0  # amax 1: the q8_0 grid is 1/127

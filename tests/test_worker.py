@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fuzz.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep, SweepConfig
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from targets import open_target
@@ -139,7 +139,7 @@ def test_a_llama_cpp_mutants_worker_is_kept_idle_too_and_judges_each_load_afresh
     B1 with its worker
     taken from the idle ones still decides per model: it drops the state of an attention-first stage of jamba, then
     imports a mamba stage (recurrent first layer) intact, then drops jamba's again."""
-    from fuzz.handoff import HandoffConfig, report
+    from fuzz.oracles.handoff import HandoffConfig, report
     from targets import target as tg
 
     def idle_pids():
@@ -319,8 +319,7 @@ def test_a_worker_alone_spins_briefly_a_worker_beside_others_waits_passively_and
 def test_rows_run_side_by_side_share_the_cores(monkeypatch):
     """`--jobs N` runs each row in a process of its own: that process says the cores are shared before any worker
     starts, so its workers wait passively."""
-    from fuzz import certify
-
+    from fuzz.certify import commands as certify
     _unset(monkeypatch, "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "FAMILY_CERTIFY_PROGRESS")
 
     class Events:

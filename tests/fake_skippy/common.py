@@ -258,7 +258,7 @@ class StageWorker:
         """Decode a batch at positions pos0.. (split into n_batch chunks if larger): the boundary rows (n × n_embd)
         of a stage that is not last, the argmax of the last row of the last stage (logits: with that row's
         logits, as (argmax, row))."""
-        from fuzz.parity import pos_per_token
+        from fuzz.engine.parity import pos_per_token
 
         n = len(tokens) if tokens is not None else len(rows)
         out: list[np.ndarray] = []

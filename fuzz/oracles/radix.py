@@ -38,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.prefix_cache import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report, make_report
+from fuzz.engine.progress import Progress
+from fuzz.oracles.prefix_cache import (
     NEAR_TIE,
     ServerCrash,
     busy_slots,
@@ -52,7 +53,6 @@ from fuzz.prefix_cache import (
     placement_noise,
     shared_prefix,
 )
-from fuzz.progress import Progress
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file

@@ -30,7 +30,7 @@ def load_durations(path: str | Path) -> dict[str, float]:
 
 def read_durations(path: str | Path) -> tuple[dict[str, float], str]:
     """A durations file's table and note; UserError (one line) if it is not one."""
-    fix = 'expected {"schema": 1, "seconds": {"ROW/LANE": seconds, ...}} (see fuzz/shards.py)'
+    fix = 'expected {"schema": 1, "seconds": {"ROW/LANE": seconds, ...}} (see fuzz/certify/shards.py)'
     text = read_text(path, "durations file", fix)
     try:
         data = json.loads(text)
@@ -59,7 +59,7 @@ def measured(results: list[dict[str, Any]]) -> dict[str, float]:
             if x["status"] not in NOT_MEASURED}
 
 
-NOTE_TAIL = ("; rows or lanes missing here are estimated by their lane's median (fuzz/shards.py). Refresh: "
+NOTE_TAIL = ("; rows or lanes missing here are estimated by their lane's median (fuzz/certify/shards.py). Refresh: "
              "`family-certify durations OUT...` with the --out directories of real runs (CI's aggregate uploads one).")
 
 

@@ -21,25 +21,25 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.bundle import bundle_findings, finding_key
-from fuzz.contract import CRASH, matches
-from fuzz.determinism import DeterminismConfig
-from fuzz.handoff import HandoffConfig
-from fuzz.isolation import IsolationConfig
-from fuzz.memory import MemoryConfig
-from fuzz.oracles import ORACLES as ORACLES_BY_NAME
-from fuzz.oracles import get_oracle
-from fuzz.progress import Progress
-from fuzz.radix import LANE_PLANS, RadixConfig
-from fuzz.sweep import SweepConfig
-from fuzz.wire import WireConfig
+from fuzz.engine.contract import CRASH, matches
+from fuzz.engine.progress import Progress
+from fuzz.oracles.determinism import DeterminismConfig
+from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.memory import MemoryConfig
+from fuzz.oracles.radix import LANE_PLANS, RadixConfig
+from fuzz.oracles.registry import ORACLES as ORACLES_BY_NAME
+from fuzz.oracles.registry import get_oracle
+from fuzz.oracles.sweep import SweepConfig
+from fuzz.oracles.wire import WireConfig
+from fuzz.repro.bundle import bundle_findings, finding_key
 from synth.errors import UserError, read_json
 from synth.families import FAMILIES
 from synth.make import write_fixture
 from synth.strategies import random_spec
 
 STATE = "campaign.json"
-REPROS = Path(__file__).resolve().parent.parent / "corpora" / "repros"
+REPROS = Path(__file__).resolve().parents[2] / "corpora" / "repros"
 ORACLES = ("sweep", "handoff", "isolation", "determinism", "wire", "radix", "memory")
 MAX_LAYERS = 8
 

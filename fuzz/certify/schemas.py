@@ -1,7 +1,7 @@
 """JSON Schemas of what the toolkit writes for others to read: an oracle's report (`--report`, a bundle's
 report.json), a family-certify run (`run --out DIR`/report.json, `--report`) and a repro bundle's bundle.json.
 
-The definitions live here once; `schemas/*.schema.json` are generated from them (`python -m fuzz.schemas`) and
+The definitions live here once; `schemas/*.schema.json` are generated from them (`python -m fuzz.certify.schemas`) and
 committed self-contained (no cross-file references), so a user's CI validates with any JSON Schema tool. A test
 keeps the committed files equal to these definitions and validates real outputs against them.
 """
@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fuzz.bundle import SCHEMA as BUNDLE_SCHEMA
-from fuzz.contract import REPORT_SCHEMA, STATUSES
-from fuzz.corpus import CLASSES as CORPUS_CLASSES
-from fuzz.oracles import ORACLES
-from fuzz.outputs import RUN_SCHEMA
+from fuzz.certify.corpus import CLASSES as CORPUS_CLASSES
+from fuzz.certify.outputs import RUN_SCHEMA
+from fuzz.engine.contract import REPORT_SCHEMA, STATUSES
+from fuzz.oracles.registry import ORACLES
+from fuzz.repro.bundle import SCHEMA as BUNDLE_SCHEMA
 
-DIR = Path(__file__).resolve().parent.parent / "schemas"
+DIR = Path(__file__).resolve().parents[2] / "schemas"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 INT_OR_NULL = {"type": ["integer", "null"]}

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fuzz.configs import check_config
-from fuzz.contract import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import (
     CRASH,
     FAILING,
     FINDING,
@@ -43,7 +43,7 @@ from fuzz.contract import (
     make_report,
     select,
 )
-from fuzz.parity import (
+from fuzz.engine.parity import (
     Trace,
     compare,
     context_params,
@@ -54,10 +54,9 @@ from fuzz.parity import (
     run_script,
     script_steps,
 )
-from fuzz.progress import Progress
-from fuzz.schedule import Step, main_prompt, prompt_tokens, sequential_steps
-from fuzz.stages import FixtureStages, stage_ranges
-from fuzz.sweep import cut_sets
+from fuzz.engine.progress import Progress
+from fuzz.engine.schedule import Step, main_prompt, prompt_tokens, sequential_steps
+from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import StageInfo, Unsupported

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
-from fuzz.schedule import prompt_tokens
+from fuzz.engine.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
+from fuzz.engine.schedule import prompt_tokens
 from synth.stage import Unsupported
 
 UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
@@ -190,7 +190,7 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
-    """The prefix-cache lane's rewind conversations (fuzz.prefix_cache), from its reports."""
+    """The prefix-cache lane's rewind conversations (fuzz.oracles.prefix_cache), from its reports."""
     return [c for rep in lane.get("reports", []) if rep.get("oracle") == "prefix-cache"
             for c in rep.get("rewinds") or []]
 
@@ -228,7 +228,8 @@ SYMBOL = {UNCHANGED: "·", BROKE: "❌ broke", FIXED: "✅ fixed", NEWLY_UNSUPPO
 
 def bump_md(rep: dict[str, Any]) -> str:
     """One screen: the verdict, both builds, the grid of what changed, and each change in a line."""
-    from fuzz.outputs import build_note, one_line
+    from fuzz.certify.outputs import one_line
+    from fuzz.engine.contract import build_note
 
     rows = rep["results"]
     broke = [x for x in rows if x["verdict"] in FAILED]
@@ -279,7 +280,7 @@ def merge_bumps(reports: list[dict[str, Any]], plan: list[tuple[str, list[str]]]
     """Shards' bump reports as one, against the plan (every planned row × lane, and a cross-build lane per runnable
     row): a planned lane no shard reported is `missing` and fails the merge, like a broken one; shards on other
     builds or another manifest are refused."""
-    from fuzz.outputs import build_name
+    from fuzz.engine.contract import build_name
     from synth.errors import UserError
 
     if not reports:
@@ -308,10 +309,9 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0) -
     the fixture's first period cut, teacher-forced with the base's greedy tokens. Each chain's logits are compared
     with the unsplit run of the build that computed them (stage 1's): bit-exact `crosses`, the same greedy choices
     `crosses (numerics)`, else `wrong`. {"status": "unsupported"} when the fixture has no expressible split."""
-    from fuzz.parity import pos_per_token, run_chain, run_script, script_steps
-    from fuzz.schedule import sequential_steps
-    from fuzz.stages import FixtureStages
-    from fuzz.sweep import cut_sets
+    from fuzz.engine.parity import pos_per_token, run_chain, run_script, script_steps
+    from fuzz.engine.schedule import sequential_steps
+    from fuzz.engine.stages import FixtureStages, cut_sets
     from targets import open_target
 
     st = FixtureStages(Path(path), shared=False)  # (as before: each build loads whole stage files)

@@ -4,7 +4,7 @@ reading them must either work or
 raise UserError — which every command turns into exit code 2 and one line. Any other exception is a finding: the
 input that raised it is saved, and the command exits 1.
 
-Run `python -m fuzz.inputs KIND [libFuzzer flags] CORPUS_DIR` to drive atheris directly; `fuzz inputs` builds a
+Run `python -m fuzz.repro.inputs KIND [libFuzzer flags] CORPUS_DIR` to drive atheris directly; `fuzz inputs` builds a
 seed corpus (fixtures synth makes, the manifest, the committed bundles, a package), runs it in a child process
 for a fixed number of runs and seed (same seed, same inputs) or a time budget, and reports.
 """
@@ -24,10 +24,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from fuzz.progress import Progress
+from fuzz.engine.progress import Progress
 from synth.errors import UserError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_COUNTER = re.compile(r"^#(\d+)\s")  # libFuzzer's status lines: "#4096	pulse  cov: ..."
 KINDS = ("gguf", "manifest", "bundle", "package")
 
@@ -60,7 +60,7 @@ def check_manifest(data: bytes, tmp: Path) -> None:
 
 def check_bundle(data: bytes, tmp: Path) -> None:
     """What `fuzz replay` does before it runs anything: read and check bundle.json next to its fixture."""
-    from fuzz.bundle import load_case
+    from fuzz.repro.bundle import load_case
 
     d = tmp / "bundle"
     d.mkdir(exist_ok=True)
@@ -146,7 +146,7 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
     with tempfile.TemporaryDirectory(prefix="fuzz-inputs-") as d:
         work, corpus = Path(d), Path(d) / "corpus"
         seed_corpus(kind, corpus, work)
-        cmd = [sys.executable, "-m", "fuzz.inputs", kind, f"-runs={runs}", f"-seed={seed}", f"-max_len={max_len}",
+        cmd = [sys.executable, "-m", "fuzz.repro.inputs", kind, f"-runs={runs}", f"-seed={seed}", f"-max_len={max_len}",
                f"-artifact_prefix={out}/", "-print_final_stats=1", str(corpus)]
         if seconds:
             cmd.insert(-1, f"-max_total_time={seconds}")
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> None:
     work = Path(os.environ.get("FAMILY_CERTIFY_INPUTS_WORK") or tempfile.mkdtemp(prefix="fuzz-inputs-"))
     custom = [] if kind in CHECKS else [kind.partition(":")[0].split(".")[0]]
     with atheris.instrument_imports(include=["synth", "fuzz", *custom]):  # coverage guides the search
-        import fuzz.bundle  # noqa: F401
+        import fuzz.repro.bundle  # noqa: F401
         import synth.inspect  # noqa: F401
         import synth.manifest  # noqa: F401
         import synth.package  # noqa: F401

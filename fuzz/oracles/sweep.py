@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
 import os
-import shlex
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import (
     CRASH,
     FAILING,
     FINDING,
@@ -38,7 +35,7 @@ from fuzz.contract import (
     make_report,
     select,
 )
-from fuzz.parity import (
+from fuzz.engine.parity import (
     Divergence,
     RunFailure,
     Trace,
@@ -54,9 +51,9 @@ from fuzz.parity import (
     script_trace,
     tokens_equal,
 )
-from fuzz.progress import Progress
-from fuzz.schedule import PHASES, Schedule, batch_width, build_schedule, main_prompt
-from fuzz.stages import FixtureStages, Slicer, stage_ranges
+from fuzz.engine.progress import Progress
+from fuzz.engine.schedule import PHASES, Schedule, batch_width, build_schedule, main_prompt
+from fuzz.engine.stages import FixtureStages, Slicer, cut_sets, stage_ranges
 from synth.errors import UserError
 from synth.families import family_for_arch
 from synth.gguf_io import token_embeddings
@@ -99,7 +96,7 @@ class CutResult:
     stage: int | None = None
     where: str | None = None
     layer: int | str | None = None
-    node: dict[str, Any] | None = None  # the first graph node of `layer` whose bits differ (fuzz.parity)
+    node: dict[str, Any] | None = None  # the first graph node of `layer` whose bits differ (fuzz.engine.parity)
     max_abs_dlogit: float = 0.0
     tokens_equal: bool | None = None
     reproduced: bool | None = None
@@ -138,86 +135,6 @@ class SweepReport:
                 "kinds": self.kinds, "target": self.target, "llama_cpp_commit": self.llama_cpp_commit,
                 "config": self.config, "control": self.control, "summary": self.summary,
                 "results": [r.to_dict() for r in self.results], "timing": self.timing}
-
-
-# ---- cut sets -------------------------------------------------------------------------------------------
-PLANNER = "planner:"  # --cuts planner:CMD: the cut sets a runtime's topology planner chooses for the model
-
-
-def planner_cuts(command: str, model: str | os.PathLike, n_layer: int, stages: int) -> list[list[int]]:
-    """The cut sets a planner command chooses: `CMD MODEL.gguf STAGES` prints one cut set per line (the layers at
-    which stages 2..K start, comma-separated; '#' lines are comments). A planner that fails or prints something
-    else is bad input."""
-    argv = [*shlex.split(command), str(model), str(stages)]
-    if not argv[:-2]:
-        raise UserError("--cuts planner:CMD: name the planner command, e.g. planner:'plan-split --json'")
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise UserError(f"--cuts planner:{command}: no such program {argv[0]!r}; put it on PATH or give its path") \
-            from None
-    except subprocess.TimeoutExpired:
-        raise UserError(f"--cuts planner:{command}: no answer within 120 s for {model} ({stages} stages)") from None
-    last = (done.stderr.strip().splitlines() or [""])[-1]
-    if done.returncode != 0:
-        raise UserError(f"--cuts planner:{command}: exited {done.returncode} for {Path(model).name} ({stages} "
-                        f"stages): {last or 'no message'}")
-    lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if not lines:
-        raise UserError(f"--cuts planner:{command}: chose no cut set for {Path(model).name} ({stages} stages)")
-    try:
-        sets = cut_sets(";".join(lines), n_layer, stages, 1)
-    except UserError:
-        raise UserError(f"--cuts planner:{command}: printed {' | '.join(lines)[:80]!r} for {Path(model).name}, not "
-                        f"cut sets in 1..{n_layer - 1} (one per line, cuts comma-separated, e.g. '12' or '8,16')") \
-            from None
-    wrong = [cs for cs in sets if len(cs) != stages - 1]
-    if wrong:
-        raise UserError(f"--cuts planner:{command}: chose {','.join(map(str, wrong[0]))} for {stages} stages; a "
-                        f"set of {stages - 1} cut(s) was expected")
-    return sets
-
-
-def cut_sets(spec: str, n_layer: int, stages: int, period: int, model: str | os.PathLike | None = None) \
-        -> list[list[int]]:
-    """The cut sets a spec names for a model of n_layer layers: all, period (every cut offset modulo the interleave
-    period), none, explicit lists ('3;5;2,6'), or planner:CMD (what CMD chooses for `model`)."""
-    if spec.startswith(PLANNER):
-        if model is None:
-            raise UserError(f"--cuts {spec}: a planner needs the model's file")
-        return planner_cuts(spec[len(PLANNER):], model, n_layer, stages)
-    if n_layer < 2:
-        raise UserError(f"the model has {n_layer} layer; a split needs at least 2")
-    if stages < 2 or stages > n_layer:
-        raise UserError(f"--stages {stages}: must be in 2..{n_layer} (the model has {n_layer} layers)")
-    singles = list(range(1, n_layer))
-    if spec == "none":
-        return [[]]  # one stage: the whole model (state hand-off and determinism of the unsplit model)
-    if spec == "all":
-        pool = singles
-    elif spec == "period":
-        # every cut offset modulo the interleave period: the first cut with each residue
-        seen: dict[int, int] = {}
-        for c in singles:
-            seen.setdefault(c % period, c)
-        pool = sorted(seen.values())
-    else:
-        sets = []
-        for part in spec.split(";"):
-            try:
-                cs = sorted(int(x) for x in part.replace(" ", "").split(",") if x)
-            except ValueError:
-                raise UserError(f"--cuts {spec!r}: expected all, period, or cut lists like '3;5;2,6'") from None
-            if not cs or any(not 0 < c < n_layer for c in cs) or len(set(cs)) != len(cs):
-                raise UserError(f"--cuts {spec!r}: each cut must be in 1..{n_layer - 1}, distinct within a set")
-            sets.append(cs)
-        return sets
-    sets = [[c] for c in pool] if stages == 2 else \
-        [list(cs) for cs in itertools.combinations(pool if spec == "period" else singles, stages - 1)]
-    if not sets:
-        raise UserError(f"--cuts {spec} --stages {stages}: no cut sets (only {len(pool)} cut offset(s) with period "
-                        f"{period}); use fewer --stages or --cuts all")
-    return sets
 
 
 @dataclass

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
-from fuzz.parity import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
+from fuzz.engine.parity import (
     TOP_K_NODES,
     context_params,
     first_rounding_flip,
@@ -43,7 +43,7 @@ from fuzz.parity import (
     token_slice,
     top_k_near_tie,
 )
-from fuzz.schedule import prompt_tokens, sequential_steps
+from fuzz.engine.schedule import prompt_tokens, sequential_steps
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target
@@ -315,7 +315,7 @@ class Isolation:
         turns the cells' summation order into a different result — a MoE routing choice (llama.cpp's integer
         `ffn_moe_*` nodes: expert argsort / top-k) whose values differ, or a value a matrix product rounds to f16 /
         bf16 (the softmax probabilities times an f16 V cache, a K row stored in an f16 cache) that rounds otherwise
-        (fuzz.parity). A routing choice is named first: a 16-bit rounding moves a value by that type's step, a
+        (fuzz.engine.parity). A routing choice is named first: a 16-bit rounding moves a value by that type's step, a
         route choice moves it by another expert's whole output. (Integer nodes over KV cells, like DSA's top-k,
         hold cell indices that differ between the two placements anyway: not compared.) None if the target cannot
         trace or no such choice differs."""

@@ -12,7 +12,7 @@ server, the slot erased between conversations: a prompt, then the same prompt cu
 around the tiny fixtures' sliding windows and the server's context checkpoints, where a restore decides what is
 reused. Every answer must equal the uncached reference too, and how many prompt tokens each request took from the
 cache is recorded: with one client that count is deterministic, so a bump compares it across two builds
-(fuzz.bump: a candidate that reuses less broke).
+(fuzz.certify.bump: a candidate that reuses less broke).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, close_all, open_target

@@ -29,7 +29,7 @@ from typing import Any
 
 from synth.errors import UserError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIR = ROOT / "corpora" / "upstream"
 CLASSES = {
     "state": "state save/restore (whole context, per sequence, partial)",
@@ -148,8 +148,7 @@ def run_check(entry: Entry, fixture: Path, env: dict[str, str] | None = None) ->
 
 def entry_result(entry: Entry, bump: dict[str, Any], check: dict[str, Any], pinned_check: dict[str, Any],
                  seconds: float) -> dict[str, Any]:
-    from fuzz import bump as bp
-
+    from fuzz.certify import bump as bp
     broke = [x for x in bump["results"] if x["verdict"] in bp.FAILED]
     return {"entry": entry.name, "upstream": entry.upstream, "title": entry.title, "class": entry.klass,
             "threads": list(entry.threads), "row": entry.row, "caught": bool(broke),

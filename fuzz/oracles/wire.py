@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import (
     CRASH,
     FAILING,
     FINDING,
@@ -41,7 +41,7 @@ from fuzz.contract import (
     Report,
     make_report,
 )
-from fuzz.parity import (
+from fuzz.engine.parity import (
     TOP_K_NODES,
     Trace,
     context_params,
@@ -57,9 +57,8 @@ from fuzz.parity import (
     token_rows,
     top_k_near_tie,
 )
-from fuzz.schedule import build_schedule, main_prompt
-from fuzz.stages import FixtureStages, stage_ranges
-from fuzz.sweep import cut_sets
+from fuzz.engine.schedule import build_schedule, main_prompt
+from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from targets import Failure, Target, close_all, open_target
@@ -218,7 +217,7 @@ class Wire:
         """Why the f16 wire flips a clear-margin token, or None (a finding): the same split fed f32 rows across every
         boundary gives the unsplit model's tokens (so the wire's rounding alone moves them), and at a boundary that
         rounding reaches a matrix product with quantized weights that quantizes its activations to other integers
-        (fuzz.parity.first_requantization_flip): an f16 ulp become a step of the activations' 8-bit grid."""
+        (fuzz.engine.parity.first_requantization_flip): an f16 ulp become a step of the activations' 8-bit grid."""
         prev, fed = first, []
         for s in range(1, len(stages)):
             path, st = stages[s]

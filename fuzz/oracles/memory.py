@@ -45,10 +45,21 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, UNSUPPORTED, Finding, Oracle, Report, fingerprint, make_report
-from fuzz.parity import context_params, pos_per_token
-from fuzz.stages import FixtureStages
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import (
+    CRASH,
+    FINDING,
+    NUMERICS,
+    PASS,
+    UNSUPPORTED,
+    Finding,
+    Oracle,
+    Report,
+    fingerprint,
+    make_report,
+)
+from fuzz.engine.parity import context_params, pos_per_token
+from fuzz.engine.stages import FixtureStages
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file

@@ -13,7 +13,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fuzz.contract import FAILING, KNOWN, MISSING, SKIPPED, STATUSES, UNSUPPORTED, build_identity
+from fuzz.engine.contract import (
+    FAILING,
+    KNOWN,
+    MISSING,
+    SKIPPED,
+    STATUSES,
+    UNSUPPORTED,
+    build_identity,
+    build_name,
+    build_note,
+)
 from synth.errors import UserError, read_json
 from synth.manifest import LANES
 
@@ -72,24 +82,6 @@ def merge(runs: list[dict[str, Any]], plan: list[tuple[str, list[str]]], manifes
     return run_report(lanes, plan=plan, manifest=manifest, target=runs[0]["target"] if runs else "",
                       llama_cpp_commit=None, wall_s=max((r["wall_s"] for r in runs), default=0.0),
                       command="family-certify aggregate", build=runs[0]["build"] if runs else None)
-
-
-def build_name(b: dict[str, Any]) -> str:
-    """A build in one word: its cache key (a built tree), else its llama.cpp commit (the pinned build)."""
-    return str(b.get("key") or b.get("llama_cpp_commit"))
-
-
-def build_note(b: dict[str, Any], tick: str = "`") -> str:
-    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, backend, tree hash
-    and patch series when not the pinned build."""
-    if b.get("spec", "pinned") == "pinned" and not b.get("patches") and b.get("backend", "cpu") == "cpu":
-        return ""
-    out = f" (build {tick}{b.get('spec')}{tick}"
-    out += f", backend {tick}{b['backend']}{tick}" if b.get("backend", "cpu") != "cpu" else ""
-    out += f", tree {tick}{b['tree_sha256'][:12]}{tick}" if b.get("tree_sha256") else ""
-    p = b.get("patches")
-    out += f", patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}" if p else ""
-    return out + ")"
 
 
 def summary_md(run: dict[str, Any], *, links: str = "") -> str:

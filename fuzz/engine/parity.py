@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.schedule import Step
+from fuzz.engine.schedule import Step
 from targets import Failure, Reply, Target
 
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE

@@ -28,10 +28,9 @@ from typing import Any
 
 from jsonschema import ValidationError
 
-from fuzz.contract import FAILING, KNOWN, MISSING, PASS, UNSUPPORTED
-from fuzz.outputs import build_name
-from fuzz.schemas import validate
-from fuzz.stages import KIND_LETTER
+from fuzz.certify.schemas import validate
+from fuzz.engine.contract import FAILING, KNOWN, MISSING, PASS, UNSUPPORTED, build_name
+from fuzz.engine.stages import KIND_LETTER
 from synth.errors import UserError, read_json
 from synth.inspect import inspect_file
 from synth.make import resolve, write_fixture

@@ -1,7 +1,7 @@
 """Repro bundles: a finding shrunk to a minimal failing fixture, in a directory anyone can attach to a bug report
 and replay with one command: `fuzz replay DIR`.
 
-Everything here reads the oracle contract (fuzz/contract.py, fuzz/oracles.py): a bundle is a `Case` (oracle,
+Everything here reads the oracle contract (engine/contract.py, oracles/registry.py): a bundle is a `Case` (oracle,
 fixture, cut set, the oracle's config) plus the fingerprint of its finding. Shrinking keeps that fingerprint
 fixed (oracle, status, phase, stage, where, the kinds of layer at the cut and at the divergence), so it cannot
 slide to another bug (as test-case reducers do). Coarse first: it narrows the run to the finding's
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fuzz.configs import config_from
-from fuzz.contract import CRASH, FINDING, Finding, Report, describe, matches
-from fuzz.oracles import ORACLES, get_oracle
-from fuzz.parity import describe_node
-from fuzz.schedule import main_prompt
+from fuzz.engine.configs import config_from
+from fuzz.engine.contract import CRASH, FINDING, Finding, Report, describe, matches
+from fuzz.engine.parity import describe_node
+from fuzz.engine.schedule import main_prompt
+from fuzz.oracles.registry import ORACLES, get_oracle
 from synth.errors import UserError, read_json
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
@@ -354,7 +354,7 @@ def _smaller_model(case: Case, spec: ModelSpec, path: Path, *, drop_first: int =
 
 def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case) -> Path:
     """fixture.gguf + bundle.json + report.json + README.md (+ picture.svg); replay with `fuzz replay out_dir`."""
-    from fuzz.pictures import report_picture
+    from fuzz.repro.pictures import report_picture
 
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -2,7 +2,7 @@
 declares (its config type, how it runs, how its findings are fingerprinted, narrowed and shrunk).
 
 The CLI commands, family-certify's lanes, repro bundles, `fuzz replay` and the shrinker read only this contract
-(fuzz/oracles.py is the registry), so a new oracle is one module with an `ORACLE` at its end. An oracle's own
+(fuzz/oracles/registry.py is the registry), so a new oracle is one module with an `ORACLE` at its end. An oracle's own
 per-case records stay in `Report.results` (a cut set, a sequence, a schedule pair), in the same vocabulary.
 """
 
@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from fuzz.stages import KIND_LETTER
+from fuzz.engine.stages import KIND_LETTER
 from synth.inspect import inspect_file
 
 REPORT_SCHEMA = 2  # 1: each oracle's own shape (until 0.1.0); 2: this contract
@@ -42,6 +42,24 @@ def build_identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:
     return {**identity(llama_cpp_commit), "toolkit": toolkit_version()}
 
 
+def build_name(b: dict[str, Any]) -> str:
+    """A build in one word: its cache key (a built tree), else its llama.cpp commit (the pinned build)."""
+    return str(b.get("key") or b.get("llama_cpp_commit"))
+
+
+def build_note(b: dict[str, Any], tick: str = "`") -> str:
+    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, backend, tree hash
+    and patch series when not the pinned build."""
+    if b.get("spec", "pinned") == "pinned" and not b.get("patches") and b.get("backend", "cpu") == "cpu":
+        return ""
+    out = f" (build {tick}{b.get('spec')}{tick}"
+    out += f", backend {tick}{b['backend']}{tick}" if b.get("backend", "cpu") != "cpu" else ""
+    out += f", tree {tick}{b['tree_sha256'][:12]}{tick}" if b.get("tree_sha256") else ""
+    p = b.get("patches")
+    out += f", patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}" if p else ""
+    return out + ")"
+
+
 def toolkit_version() -> str:
     try:
         return version("family-certify")
@@ -65,7 +83,7 @@ class Finding:
     seq: int | None = None
     where: str | None = None  # boundary or logits
     layer: int | str | None = None  # the first differing layer (source index)
-    node: dict[str, Any] | None = None  # the first differing graph node (fuzz.parity.describe_node)
+    node: dict[str, Any] | None = None  # the first differing graph node (fuzz.engine.parity.describe_node)
     cause: dict[str, Any] | None = None  # the cause analysis' verdict, {kind, detail, ...}
     reproduced: bool | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)  # stable identity for shrinking and dedup
@@ -208,7 +226,7 @@ class Oracle:
     reduce: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     case_fields: tuple[str, ...] = ()  # config fields a bundle records (the rest come from the bundle or defaults)
     # fingerprint fields that name an upstream bug whatever the family: an oracle over llama.cpp code every family
-    # shares (its memory operations) matches a committed repro by these alone (fuzz.campaign.known_repro)
+    # shares (its memory operations) matches a committed repro by these alone (fuzz.repro.campaign.known_repro)
     known_key: tuple[str, ...] = ()
 
     def case_config(self, cfg: Any) -> dict[str, Any]:

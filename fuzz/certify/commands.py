@@ -33,22 +33,22 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from fuzz.bundle import bundle_findings
-from fuzz.certificate import admit, certificate, read_certificate, roster
+from fuzz.certify.certificate import admit, certificate, read_certificate, roster
+from fuzz.certify.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
+from fuzz.certify.shards import load_durations, measured, plan_shards, refresh_durations
 from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt, use_build
-from fuzz.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
-from fuzz.determinism import DeterminismConfig
-from fuzz.handoff import HandoffConfig
-from fuzz.isolation import IsolationConfig
-from fuzz.memory import MemoryConfig
-from fuzz.oracles import ORACLES
-from fuzz.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
-from fuzz.prefix_cache import PrefixCacheConfig
-from fuzz.progress import Progress
-from fuzz.radix import LANE_PLANS, RadixConfig
-from fuzz.shards import load_durations, measured, plan_shards, refresh_durations
-from fuzz.stages import FixtureStages
-from fuzz.sweep import PLANNER, SweepConfig, cut_sets
+from fuzz.engine.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.engine.progress import Progress
+from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
+from fuzz.oracles.determinism import DeterminismConfig
+from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.memory import MemoryConfig
+from fuzz.oracles.prefix_cache import PrefixCacheConfig
+from fuzz.oracles.radix import LANE_PLANS, RadixConfig
+from fuzz.oracles.registry import ORACLES
+from fuzz.oracles.sweep import SweepConfig
+from fuzz.repro.bundle import bundle_findings
 from synth.cliutil import new_app, run
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -113,7 +113,7 @@ def unclassified_architectures(m: Manifest, names: list[str]) -> bool:
     return bool(missing)
 
 
-DURATIONS = Path(__file__).resolve().parent.parent / ".github" / "family-certify-durations.json"
+DURATIONS = Path(__file__).resolve().parents[2] / ".github" / "family-certify-durations.json"
 
 
 @app.command()
@@ -171,7 +171,7 @@ def durations(runs: Annotated[list[Path], typer.Argument(help="directories writt
 class LaneResult:
     row: str
     lane: str
-    status: str  # one of fuzz.contract.STATUSES
+    status: str  # one of fuzz.engine.contract.STATUSES
     detail: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
@@ -223,7 +223,7 @@ class LaneOptions:
 
 
 def lane_cuts(row: Row, lane: str) -> str | None:
-    """The cut sets a lane splits the row's fixture at (a cut spec of fuzz.sweep.cut_sets, 2 stages), or None for a
+    """The cut sets a lane splits the row's fixture at (a cut spec of stages.cut_sets, 2 stages), or None for a
     lane that does not split at cut sets: what the lanes run and what a run plans (check_cuts)."""
     if lane in ("parity", "dtype-all", "wire-all", "handoff-all", "determinism-chains"):
         return "all"
@@ -363,7 +363,7 @@ def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None
     """The row's split (as the parity lane cuts it) with the hidden states crossing each boundary in each of the
     row's wire types (or `wires`): every stage after a boundary bit-exact with the reference conversion; tokens vs
     the unsplit model gated (f16) or measured (bf16, q8_0)."""
-    from fuzz.wire import WireConfig
+    from fuzz.oracles.wire import WireConfig
 
     wires = wires or row.wires
     if not wires:
@@ -435,7 +435,7 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """Rounds of concurrent duplicate inserts and one client's rewind conversations (fuzz.prefix_cache), then the
+    """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on 48 schedules of prompt
     trees drawn per schedule — counted, no time limit — in both KV layouts llama-server has: one cache per slot (-np
     given) and one for all slots (its default without -np)."""
@@ -489,8 +489,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
     """Each finding of the reports (by id) → the committed upstream repro it is (corpora/repros, matched by what
-    it is: fuzz.campaign.known_repro), or None."""
-    from fuzz.campaign import known_repro, known_upstream
+    it is: fuzz.repro.campaign.known_repro), or None."""
+    from fuzz.repro.campaign import known_repro, known_upstream
 
     known = known_upstream()
     family = str(row.recipe.get("family", row.key))
@@ -526,7 +526,7 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
     if lane == "handoff" and row.tier == 1:
         # and at the prompt offsets one either side of each constant a prefill crosses (the ubatch, the sliding
         # window, a delta-net chunk), the prompt prefilled in chunks of 64 so a chunk really reaches them
-        from fuzz.handoff import structural_offsets
+        from fuzz.oracles.handoff import structural_offsets
 
         offs = structural_offsets(path, SPLIT_UBATCH)
         edges = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64, modes=plain,
@@ -590,9 +590,9 @@ def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneR
 
 
 def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
-    """A lane against skippy (fuzz/skippy.py): the lane's cut sets through skippy's stages and its own correctness
+    """A lane against skippy (oracles/skippy.py): the lane's cut sets through skippy's stages and its own correctness
     lanes; the dtype lane on the row's fixture made in each dtype."""
-    from fuzz.skippy import lane_config, lane_detail
+    from fuzz.oracles.skippy import lane_config, lane_detail
 
     expect = row.expect.get("skippy", "")
     if expect.startswith("unsupported:"):  # the row's fixture cannot reach skippy's surface (the manifest says why)
@@ -714,7 +714,7 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
     distinct finding of a failing lane reproduced, shrunk and bundled under bundles/."""
     if out is None:
         return
-    from fuzz.pictures import report_picture
+    from fuzz.repro.pictures import report_picture
 
     for i, rep in enumerate(res.reports):
         if res.lane == "dtype" and rep.status not in FAILING:
@@ -861,7 +861,7 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
         next((x.data.get("llama_cpp_commit") for x in lanes if x.data.get("llama_cpp_commit")), None)
     build = None
     if target.startswith("skippy:"):  # the receipt names the skippy build: an aggregate refuses to mix two
-        from fuzz.contract import build_identity
+        from fuzz.engine.contract import build_identity
         from targets.skippy import identity
 
         sk = identity(target[len("skippy:"):])
@@ -871,7 +871,7 @@ def run_battery(plan: list[tuple[Row, list[str]]], target: str, out: Path | None
                      manifest=manifest_identity(manifest), target=target, llama_cpp_commit=commit,
                      wall_s=time.perf_counter() - t0, command=command, build=build)
     if out is not None:
-        from fuzz.pictures import battery_picture
+        from fuzz.repro.pictures import battery_picture
 
         if battery_picture(run["results"], out / "pictures" / "battery.svg", LANES):
             run["picture"] = "pictures/battery.svg"
@@ -1041,8 +1041,7 @@ def aggregate(
     if bumps:  # shards of `family-certify bump`
         if len(bumps) != len(dirs):
             raise UserError("aggregate: some directories hold bump reports, others runs; aggregate one kind at a time")
-        from fuzz import bump as bp
-
+        from fuzz.certify import bump as bp
         rep = bp.merge_bumps(bumps, plan, {r.key for r in selected if r.runnable}, manifest=manifest_identity(m.path))
         return finish_bump(rep, out, report)
     # rows not runnable on the pinned llama.cpp get no shard (matrix plans runnable rows): unsupported, with why
@@ -1054,7 +1053,7 @@ def aggregate(
             for sub in ("bundles", "pictures"):
                 if (d / sub).is_dir():
                     shutil.copytree(d / sub, out / sub, dirs_exist_ok=True)
-        from fuzz.pictures import battery_picture
+        from fuzz.repro.pictures import battery_picture
 
         if battery_picture(run["results"], out / "pictures" / "battery.svg", LANES):
             run["picture"] = "pictures/battery.svg"
@@ -1132,7 +1131,7 @@ def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, ma
                 options: LaneOptions = LaneOptions()) -> dict[str, Any]:
     """The per-bump gate on two resolved builds (base, candidate): the plan's lanes on each (the base's run taken
     as given when base_run is), a cross-build lane per row, a verdict per row x lane; the bump report."""
-    from fuzz import bump as bp
+    from fuzz.certify import bump as bp
     from targets.builds import activate, resolve
 
     t0 = time.perf_counter()
@@ -1180,8 +1179,7 @@ def read_bump(d: Path) -> dict[str, Any] | None:
 
 def finish_bump(rep: dict[str, Any], out: Path | None, report: Path | None) -> int:
     """A bump's verdict: one line of totals, a line per lane that changed; summary.md, junit.xml, report.json."""
-    from fuzz import bump as bp
-
+    from fuzz.certify import bump as bp
     print(", ".join(f"{v} {k}" for k, v in rep["totals"].items()) + f"; wall {rep['wall_s']:.0f} s")
     for x in rep["results"]:
         if x["verdict"] != bp.UNCHANGED:
@@ -1298,7 +1296,7 @@ def corpus(
     server --patches ENTRY`: every row of the tier and those jobs' lanes, nothing per bug) and through its direct
     check; the pinned build through the same once. Prints caught/escaped per entry. Exit 1 if the pinned build
     fails the gate or a check, a check does not show its bug, or the gate catches fewer than 90 %."""
-    from fuzz import corpus as cp
+    from fuzz.certify import corpus as cp
     from targets.builds import activate, resolve
 
     m = load_manifest(manifest)

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import (
     CRASH,
     FINDING,
     NUMERICS,
@@ -48,9 +48,10 @@ from fuzz.contract import (
     make_report,
     select,
 )
-from fuzz.stages import KIND_LETTER, pattern_period
-from fuzz.sweep import cut_sets
-from fuzz.wire import NEAR_TIE  # a gated flip where the unsplit model's top-2 margin is below this is not judged
+from fuzz.engine.stages import KIND_LETTER, cut_sets, pattern_period
+from fuzz.oracles.wire import (
+    NEAR_TIE,  # a gated flip where the unsplit model's top-2 margin is below this is not judged
+)
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target, open_target

@@ -1,10 +1,10 @@
-"""The oracle registry: every oracle module's `ORACLE` (fuzz/contract.py), by name. The CLI, family-certify's
+"""The oracle registry: every oracle module's `ORACLE` (fuzz/engine/contract.py), by name. The CLI, family-certify's
 lanes, repro bundles, `fuzz replay` and the shrinker look oracles up here and nowhere else."""
 
 from __future__ import annotations
 
-from fuzz import determinism, handoff, isolation, memory, prefix_cache, radix, skippy, sweep, wire
-from fuzz.contract import Oracle
+from fuzz.engine.contract import Oracle
+from fuzz.oracles import determinism, handoff, isolation, memory, prefix_cache, radix, skippy, sweep, wire
 from synth.errors import UserError
 
 ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE for m in (sweep, handoff, determinism, isolation, memory,

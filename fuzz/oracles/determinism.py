@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.configs import check_config
-from fuzz.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
-from fuzz.parity import (
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
+from fuzz.engine.parity import (
     Trace,
     compare,
     context_params,
@@ -44,9 +44,8 @@ from fuzz.parity import (
     script_steps,
     token_rows,
 )
-from fuzz.schedule import Step, main_prompt, sequential_steps
-from fuzz.stages import FixtureStages
-from fuzz.sweep import cut_sets
+from fuzz.engine.schedule import Step, main_prompt, sequential_steps
+from fuzz.engine.stages import FixtureStages, cut_sets
 from synth.errors import UserError
 from synth.stage import Unsupported
 from targets import Failure, close_all, open_target
