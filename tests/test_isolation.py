@@ -9,7 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fuzz.certify.commands import LaneResult, known
+from fuzz.certify.battery import known
+from fuzz.certify.lanes import LaneResult
 from fuzz.engine.parity import first_rounding_flip
 from fuzz.oracles.isolation import Isolation, IsolationConfig, format_report, is_numerics
 from synth.errors import UserError

@@ -114,6 +114,16 @@ def test_make_row_equals_make_with_the_recipe(tmp_path):
     assert r.returncode == 2 and "no row" in r.stderr
 
 
+def test_every_lane_the_manifest_names_has_one_runner():
+    """The lane table (fuzz/certify/lanes.py) and the manifest's lanes (the battery's and the scan's) are the same
+    names: a lane added to one and not the other fails here, not as a KeyError mid-run."""
+    from fuzz.certify.lanes import LANE_RUNNERS
+    from synth.manifest import LANES, SCAN_LANES
+
+    assert set(LANE_RUNNERS) == set(LANES) | set(SCAN_LANES)
+    assert len(LANE_RUNNERS) == 17
+
+
 @pytest.mark.llama
 def test_run_lanes_for_a_row(tmp_path):
     shutil.copy(ROOT / "family_tiers.toml", tmp_path)
@@ -130,7 +140,8 @@ def test_run_lanes_for_a_row(tmp_path):
 def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
     """Rows at a time run in processes: an error one raises (here: its fixture cannot be written, its directory is a
     file) is raised in the caller once the row beside it finished, and no other row starts."""
-    from fuzz.certify.commands import LaneOptions, _as_is, run_rows
+    from fuzz.certify.battery import _as_is, run_rows
+    from fuzz.certify.lanes import LaneOptions
 
     m = load_manifest(ROOT / "family_tiers.toml")
     told = []
@@ -189,7 +200,7 @@ def test_a_bump_runs_two_rows_at_a_time_too(tmp_path):
 
 @pytest.mark.llama
 def test_reject_lane_checks_each_targets_expectation(llama, fixtures):
-    from fuzz.certify.commands import lane_reject
+    from fuzz.certify.lanes import lane_reject
 
     row = load_manifest(ROOT / "family_tiers.toml").row("gpt2")
     path = fixtures("gpt2")

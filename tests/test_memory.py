@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fuzz.certify.commands import lane_memory
+from fuzz.certify.lanes import lane_memory
 from fuzz.engine.contract import KNOWN, PASS
 from fuzz.engine.fixtures import fixture_path
 from fuzz.oracles.memory import (

@@ -95,7 +95,7 @@ def test_a_lane_that_ran_fewer_cut_sets_than_planned_is_missing(fixtures):
     """Planned = executed per cut set (check_cuts): the parity lane of an 8-layer jamba plans the 7 single cuts; a
     run at its spec that reports 6 of them makes the lane missing, naming the cut set; a run at another spec (a
     planner's) does not count; all 7 pass; a lane without cut sets (isolation) is left alone."""
-    from fuzz.certify.commands import LaneResult, check_cuts
+    from fuzz.certify.lanes import LaneResult, check_cuts
     from synth.manifest import load_manifest
 
     row = load_manifest(ROOT / "family_tiers.toml").row("jamba")

@@ -319,7 +319,7 @@ def test_a_worker_alone_spins_briefly_a_worker_beside_others_waits_passively_and
 def test_rows_run_side_by_side_share_the_cores(monkeypatch):
     """`--jobs N` runs each row in a process of its own: that process says the cores are shared before any worker
     starts, so its workers wait passively."""
-    from fuzz.certify import commands as certify
+    from fuzz.certify import battery as certify
     _unset(monkeypatch, "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "FAMILY_CERTIFY_PROGRESS")
 
     class Events:

@@ -26,14 +26,23 @@ an error; taken and wrong is `broke`."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fuzz.certify.battery import run_battery, write_certificate
+from fuzz.certify.lanes import NO_OPTIONS, LaneOptions
+from fuzz.certify.outputs import manifest_identity, write_outputs
 from fuzz.engine.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
 from fuzz.engine.schedule import prompt_tokens
+from synth.make import write_fixture
+from synth.manifest import Manifest, Row
 from synth.stage import Unsupported
+from targets import open_target
 
 UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
 VERDICTS = (BROKE, MISSING, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
@@ -376,3 +385,71 @@ def with_chains(cross: dict[str, Any], chains: dict[str, Any]) -> dict[str, Any]
         bad = "; ".join(f"{k}: {v['detail']}" for k, v in chains["chains"].items() if v["status"] == "wrong")
         return out | {"verdict": BROKE, "detail": f"a mixed-build chain goes wrong: {bad}; {cross['detail']}"}
     return out | {"detail": f"{cross['detail']}; mixed chains (cut {chains['cuts']}) {said}"}
+
+
+def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, manifest: Manifest, command: str,
+                out: Path | None, jobs: int, base_run: dict[str, Any] | None = None,
+                options: LaneOptions = NO_OPTIONS) -> dict[str, Any]:
+    """The per-bump gate on two resolved builds (base, candidate): the plan's lanes on each (the base's run taken
+    as given when base_run is), a cross-build lane per row, a verdict per row x lane; the bump report."""
+    from targets.builds import activate, resolve
+
+    t0 = time.perf_counter()
+    runs = {"base": base_run} if base_run is not None else {}
+    for which, b in builds.items():
+        if which in runs:
+            continue
+        activate(b)
+        print(f"== {which}: {b.spec}" + (f" + {b.identity['patches']['files']}" if b.identity.get("patches") else ""),
+              flush=True)
+        runs[which] = run_battery(plan, "llama-cpp", out / which if out else None, manifest=manifest.path,
+                                  command=f"{command} ({which})", jobs=jobs, options=options)
+        if out is not None:
+            write_outputs(out / which, runs[which])
+            write_certificate(out / which, runs[which], manifest)
+    activate(resolve("pinned", from_env=False))
+    cross = {}
+    with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
+            open_target("llama-cpp", env=builds["base"].env()) as ta, \
+            open_target("llama-cpp", env=builds["candidate"].env()) as tb:
+        for row, _ in plan:
+            if not row.runnable:
+                continue
+            path = Path(d) / f"{row.key}.gguf"
+            write_fixture(row.spec(), path)
+            cross[row.key] = with_chains(cross_build(str(path), row.spec().n_vocab, ta, tb),
+                                            mixed_chains(str(path), {k: b.env() for k, b in builds.items()}))
+            print(f"{row.key:<16} {CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} "
+                  f"{cross[row.key]['detail']}", flush=True)
+    return bump_report(runs["base"]["build"], runs["candidate"]["build"],
+                          verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
+                          build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
+                          manifest=manifest_identity(manifest.path))
+
+
+def read_bump(d: Path) -> dict[str, Any] | None:
+    """The bump report a shard directory holds, or None when it holds something else (a run's report, nothing)."""
+    f = d / "report.json" if d.is_dir() else d
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("kind") == "family-certify-bump" else None
+
+
+def finish_bump(rep: dict[str, Any], out: Path | None, report: Path | None) -> int:
+    """A bump's verdict: one line of totals, a line per lane that changed; summary.md, junit.xml, report.json."""
+    print(", ".join(f"{v} {k}" for k, v in rep["totals"].items()) + f"; wall {rep['wall_s']:.0f} s")
+    for x in rep["results"]:
+        if x["verdict"] != UNCHANGED:
+            print(f"  {x['verdict'].upper()}: {x['row']} / {x['lane']}: {x['detail']}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (out / "summary.md").write_text(bump_md(rep))
+        (out / "junit.xml").write_bytes(bump_junit(rep))
+        print(f"wrote {out}/summary.md, junit.xml, report.json")
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(rep, indent=2) + "\n")
+    return rep["exit_code"]

@@ -1,0 +1,543 @@
+"""The manifest's lanes: each lane is a function of the row (its fixture on disk, the target) that runs one or more
+oracles with the lane's settings and says, in one LaneResult, what the lane certifies; LANE_RUNNERS is the table
+from a lane's name (family_tiers.toml) to its function. A lane's cut sets come from `lane_cuts`, and `check_cuts`
+holds it to them (planned = executed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.engine.contract import FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
+from fuzz.oracles.determinism import DeterminismConfig
+from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.isolation import IsolationConfig
+from fuzz.oracles.memory import MemoryConfig
+from fuzz.oracles.prefix_cache import PrefixCacheConfig
+from fuzz.oracles.radix import LANE_PLANS, RadixConfig
+from fuzz.oracles.registry import ORACLES
+from fuzz.oracles.sweep import SweepConfig
+from synth.dtype import DTYPES, MADE_SCALES
+from synth.errors import UserError
+from synth.families import get_family
+from synth.make import write_fixture
+from synth.manifest import Row
+from targets import Target
+from targets.llama_server_worker import NO_SERVER, server_binary
+
+PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
+
+
+WIDE_BLOCKS = {name for name, q in DTYPES.items() if q in MADE_SCALES}  # 256-wide blocks
+
+
+@dataclass
+class LaneResult:
+    row: str
+    lane: str
+    status: str  # one of fuzz.engine.contract.STATUSES
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    reports: list[Report] = field(default_factory=list)  # every oracle run of the lane
+    cases: list[dict[str, Any]] = field(default_factory=list)  # each report's case config (for bundling)
+    bundles: list[str] = field(default_factory=list)  # relative to the run's --out directory
+    pictures: list[str] = field(default_factory=list)
+
+    def add(self, rep: Report, case: dict[str, Any]) -> Report:
+        """One more oracle run of the lane: the lane's status is then the worst of its runs."""
+        self.reports.append(rep)
+        self.cases.append(case)
+        self.status = worst([r.status for r in self.reports])
+        return rep
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "lane": self.lane, "status": self.status, "detail": self.detail,
+                "seconds": round(self.seconds, 2), "data": self.data, "bundles": self.bundles,
+                "pictures": self.pictures, "reports": [r.to_dict() for r in self.reports]}
+
+
+def oracle_run(name: str, path: Path, cfg: Any) -> tuple[Report, dict[str, Any]]:
+    o = ORACLES[name]
+    return o.run(path, cfg), o.case_config(cfg)
+
+
+def lane_load(row: Row, path: Path, target: Target) -> LaneResult:
+    loaded = target.load(str(path))
+    if not loaded.ok:
+        return LaneResult(row.key, "load", FINDING, loaded.failure.message, {"loaded": False})
+    out = target.generate(PROMPT, 32, chunk=5)
+    if not out.ok:
+        return LaneResult(row.key, "load", FINDING, out.failure.message, {"loaded": True})
+    toks, logits = out.data["tokens"], out.data["logits"]
+    ok = bool(np.isfinite(logits).all()) and len(set(toks)) >= 2
+    finite = bool(np.isfinite(logits).all())
+    return LaneResult(row.key, "load", PASS if ok else FINDING,
+                      f"{loaded.data['arch']}, 32 tokens, {len(set(toks))} distinct, finite={finite}",
+                      {"loaded": True, "distinct": len(set(toks)), "bytes": path.stat().st_size,
+                       "llama_cpp_commit": loaded.data.get("llama_cpp_commit")})
+
+
+@dataclass(frozen=True)
+class LaneOptions:
+    """What a run adds to its rows' lanes: the cut sets a runtime's topology planner chooses (`--cuts planner:CMD`,
+    for each of `stages`), split beside the parity lane's every-cut sweep."""
+    planner: str | None = None
+    stages: tuple[int, ...] = (2,)
+
+
+NO_OPTIONS = LaneOptions()  # a run's lanes without a planner
+
+
+def lane_cuts(row: Row, lane: str) -> str | None:
+    """The cut sets a lane splits the row's fixture at (a cut spec of stages.cut_sets, 2 stages), or None for a
+    lane that does not split at cut sets: what the lanes run and what a run plans (check_cuts)."""
+    if lane in ("parity", "dtype-all", "wire-all", "handoff-all", "determinism-chains"):
+        return "all"
+    if lane in ("boundary-sweep", "determinism"):
+        return "period"
+    if lane == "fixed-split":
+        return str(max(1, row.spec().n_layer // 2))
+    if lane in ("dtype", "wire", "handoff"):  # as the parity lane cuts, or by the period where the row sweeps it
+        return "period" if "boundary-sweep" in row.lanes else "all"
+    return None
+
+
+CUT_ORACLES = ("sweep", "wire", "handoff", "determinism")  # the oracles whose results name their cut sets
+
+
+def check_cuts(row: Row, lane: str, path: Path, res: LaneResult) -> LaneResult:
+    """Planned = executed, per cut set: every run of a splitting oracle at the lane's own cut spec must have run
+    every cut set the spec gives the fixture (a result each, unsupported included), and a lane that splits must
+    have run one (or recorded that every split was refused); else the lane is missing. The planned sets go into
+    the lane's data."""
+    spec = lane_cuts(row, lane)
+    if spec is None or res.status == SKIPPED or res.status in FAILING:
+        return res
+    st = FixtureStages(path, period=row.sweep_period)
+    planned = cut_sets(spec, len(st.kinds), 2, st.period)
+    res.data["cuts"] = {"spec": spec, "planned": planned}
+    runs = [r for r in res.reports if r.oracle in CUT_ORACLES and r.config.get("cuts") == spec]
+    want = {tuple(c) for c in planned}
+    for r in runs:
+        short = sorted(want - {tuple(x["cuts"]) for x in r.results if x.get("cuts") is not None})
+        if short:
+            return replace(res, status=MISSING, detail=f"planned cut sets not executed by {r.oracle}: "
+                           f"{'; '.join(','.join(map(str, c)) for c in short)} — {res.detail}")
+    refused = {tuple(c) for c in res.data.get("every_split_refused", [])}
+    if not runs and refused != want:
+        return replace(res, status=MISSING, detail=f"no run at the planned cut sets ({spec}) — {res.detail}")
+    return res
+
+
+def lane_sweep(row: Row, path: Path, lane: str, target_spec: str, options: LaneOptions = NO_OPTIONS) \
+        -> LaneResult:
+    cuts = lane_cuts(row, lane) or "all"
+    cfg = SweepConfig(cuts=cuts, tokens=16, period=row.sweep_period if cuts == "period" else None,
+                      target=target_spec)
+    rep, case = oracle_run("sweep", path, cfg)
+    res = LaneResult(row.key, lane, rep.status, sweep_detail(rep), {"summary": rep.summary,
+                     "control": rep.extra["control"]}, reports=[rep], cases=[case])
+    if lane == "fixed-split":
+        return res
+    # again with the batches real stages see: a prefill chunk of 37 rows (hidden states, past the first stage)
+    # split by llama.cpp into ubatches of 16, 16 and 5 — larger than n_ubatch and not a multiple of it
+    shaped = res.add(*oracle_run("sweep", path, replace(cfg, prompt_len=40, chunk=37, n_ubatch=SPLIT_UBATCH)))
+    res.detail = f"ubatch 64, chunk 7: {res.detail} | ubatch {SPLIT_UBATCH}, chunk 37: " + (
+        sweep_detail(shaped) if shaped.findings else f"{shaped.summary[PASS]}/{len(shaped.results)} pass")
+    if lane == "parity" and options.planner:
+        planned = [planner_sweep(res, path, replace(cfg, cuts=options.planner, stages=k), rep)
+                   for k in options.stages if k <= row.spec().n_layer]
+        res.data["planner"] = planned
+        res.detail += "".join(f" | planner, {p['stages']} stages: {p['summary']}" for p in planned)
+    return res
+
+
+def planner_sweep(res: LaneResult, path: Path, cfg: SweepConfig, every: Report) -> dict[str, Any]:
+    """The planner's cut sets swept like the lane's (added to the lane: a chosen cut that diverges fails it), and
+    how they compare with the every-cut sweep: the cuts the planner never chooses (certified or not by the sweep),
+    and the sets it chose that the toolkit refuses (a stage contract's reason) or that fail."""
+    rep = res.add(*oracle_run("sweep", path, cfg))
+    chose = [r["cuts"] for r in rep.results]
+    used = {c for cs in chose for c in cs}
+    never = [r["cuts"][0] for r in every.results if r["cuts"][0] not in used]
+    refused = [{"cuts": r["cuts"], "reason": r.get("reason") or ""} for r in rep.results if r["status"] == UNSUPPORTED]
+    failing = [{"cuts": r["cuts"], "status": r["status"]} for r in rep.results if r["status"] in FAILING]
+    certified = sum(r["status"] == PASS for r in every.results if r["cuts"][0] in never)
+    summary = (f"chose {'; '.join(','.join(map(str, cs)) for cs in chose)}: {counts(rep)}; never chooses "
+               f"{len(never)} of the {len(every.results)} single cuts the sweep ran ({certified} of them certified)"
+               + (f"; chose and refused: {', '.join(','.join(map(str, x['cuts'])) for x in refused)} "
+                  f"({refused[0]['reason']})" if refused else ""))
+    return {"stages": cfg.stages, "command": cfg.cuts.removeprefix(PLANNER), "chose": chose, "never_chose": never,
+            "refused": refused, "failing": failing, "summary": summary}
+
+
+SPLIT_UBATCH = 16  # the lanes' second batch shape: chunks of 37 rows split into ubatches of 16, 16, 5
+
+
+def counts(rep: Report) -> str:
+    return ", ".join(f"{v} {k}" for k, v in rep.summary.items() if v)
+
+
+def sweep_detail(rep: Report) -> str:
+    reasons = sorted({r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")})
+    return (f"{len(rep.results)} cut sets: {counts(rep)}; control {rep.extra['control'].get('status')}"
+            + (f"; unsupported: {reasons[0]}" if reasons else "")
+            + (f"; first: {rep.findings[0].message}" if rep.findings else ""))
+
+
+def worst(statuses: list[str]) -> str:
+    """A lane of several runs: its first failing status; else pass if any run passed; else unsupported."""
+    return next((s for s in statuses if s in FAILING), PASS if PASS in statuses else UNSUPPORTED)
+
+
+def lane_dtype(row: Row, workdir: Path, target_spec: str, *, cuts: str | None = None, lane: str = "dtype",
+               dtypes: list[str] | None = None) -> LaneResult:
+    """The row's fixture with its matmul weights in each of the row's dtypes (or `dtypes`; gguf-py's quantizers),
+    split as the parity lane splits it (or at `cuts`): every cut set bit-exact with the unsplit model of the same
+    dtype."""
+    dtypes = dtypes or row.dtypes
+    if not dtypes:
+        return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
+    cuts = cuts or lane_cuts(row, lane)
+    res = LaneResult(row.key, lane, UNSUPPORTED)
+    parts, why = [], ""
+    for dtype in dtypes:
+        path, knobs = dtype_fixture(row, dtype, workdir)
+        rep = res.add(*oracle_run("sweep", path, SweepConfig(cuts=cuts, period=row.sweep_period, tokens=8,
+                                                             target=target_spec)))
+        why = why or next((r["reason"] for r in rep.results if r["status"] == UNSUPPORTED and r.get("reason")), "")
+        label = f"{dtype}@{knobs.embd}" if knobs.embd else dtype
+        parts.append(f"{label}: {sweep_detail(rep)}" if rep.status in FAILING else
+                     f"{label} {rep.summary[PASS]}/{len(rep.results)}")
+    res.detail = f"cut sets passing per dtype ({cuts}): " + ", ".join(parts) + \
+        (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
+    return res
+
+
+def dtype_fixture(row: Row, dtype: str, workdir: Path) -> tuple[Path, Any]:
+    """The row's fixture with its matmul weights in this dtype (and its knobs)."""
+    path = workdir / f"{row.key}.{dtype}.gguf"
+    knobs = replace(row.knobs(), dtype=dtype)
+    if dtype in WIDE_BLOCKS and knobs.embd is None:  # their blocks hold 256 values: rows of 256
+        knobs = replace(knobs, embd=256)
+    write_fixture(get_family(str(row.recipe["family"])).resolve(knobs), path)
+    return path, knobs
+
+
+def lane_wire(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "wire",
+              wires: list[str] | None = None) -> LaneResult:
+    """The row's split (as the parity lane cuts it) with the hidden states crossing each boundary in each of the
+    row's wire types (or `wires`): every stage after a boundary bit-exact with the reference conversion; tokens vs
+    the unsplit model gated (f16) or measured (bf16, q8_0)."""
+    from fuzz.oracles.wire import WireConfig
+
+    wires = wires or row.wires
+    if not wires:
+        return LaneResult(row.key, lane, SKIPPED, "no wires for this row; set wires in [tiers.N] or the row")
+    cuts = cuts or lane_cuts(row, lane)
+    res = LaneResult(row.key, lane, UNSUPPORTED)
+    parts = []
+    for w in wires:
+        try:
+            rep = res.add(*oracle_run("wire", path, WireConfig(wire=w, cuts=cuts, period=row.sweep_period,
+                                                               tokens=8, target=target_spec)))
+        except UserError as e:  # a wire the model's width cannot carry (q8_0 blocks of 32)
+            parts.append(f"{w}: unsupported ({e})")
+            continue
+        m = [r["vs_unsplit"] for r in rep.results if r.get("vs_unsplit")]
+        agree = min((x["token_agreement"] for x in m), default=None)
+        parts.append(f"{w}: {rep.findings[0].message}" if rep.findings else
+                     f"{w} {rep.summary[PASS]}/{len(rep.results)}" + (
+                         f" (tokens ≥ {agree:.0%}, max |Δlogit| {max(x['max_abs_dlogit'] for x in m):.2g})" if m
+                         else ""))
+    why = next((r["reason"] for rep in res.reports for r in rep.results if r["status"] == UNSUPPORTED), "")
+    res.detail = f"cut sets passing per wire ({cuts}): " + ", ".join(parts) + \
+        (f"; unsupported: {why}" if res.status == UNSUPPORTED and why else "")
+    return res
+
+
+def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
+    rep, case = oracle_run("isolation", path, IsolationConfig(target=target_spec))
+    if not rep.findings:
+        worst_d = max((r["max_abs_dlogit"] for r in rep.results if r["status"] == PASS), default=0.0)
+        numerics = f"; {len(rep.numerics)} moved by numerics, not leaks ({rep.numerics[0].cause['kind']})" \
+            if rep.numerics else ""
+        detail = (f"{rep.config['n_seq']} sequences per batch, KV unified and per sequence, flash attention "
+                  f"{'/'.join('on' if x else 'off' for x in rep.config['flash_attn'])}: max |Δlogit| vs alone "
+                  f"{worst_d:.1e} (tolerance {rep.config['tol']:g}){numerics}")
+    else:
+        f = rep.findings[0]
+        detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "isolation", rep.status, detail, reports=[rep], cases=[case])
+
+
+def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts) on the model, and on its second
+    half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on attention). A finding that is a
+    committed upstream repro (corpora/repros, matched by its check, operation and cause whatever the family) is
+    known; any other fails the lane."""
+    n = row.spec().n_layer
+    runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec))]
+    if n > 1:
+        runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4,
+                                                               stage=f"{n // 2}:{n}")))
+    reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
+    repros = known_findings(row, reps)
+    new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
+    runs = [r for rep in reps for r in rep.results]
+    did = (f"{len(runs)} programs (model and stage {n // 2}:{n}), {sum(r['steps'] for r in runs)} operations, "
+           f"{sum(r['checks'] for r in runs)} logits checks")
+    if new:
+        f = new[0]
+        cause = f"; cause: {f.cause['kind']}" if f.cause else ""
+        return LaneResult(row.key, "memory", f.status, f"{len(new)} findings; first: {f.message} after "
+                          f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}",
+                          reports=reps, cases=cases)
+    names = sorted({r for r in repros.values() if r})
+    if names:
+        return LaneResult(row.key, "memory", KNOWN, f"{did}; only upstream's known memory bugs: {', '.join(names)}",
+                          data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
+    return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
+
+
+def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
+    radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on 48 schedules of prompt
+    trees drawn per schedule — counted, no time limit — in both KV layouts llama-server has: one cache per slot (-np
+    given) and one for all slots (its default without -np)."""
+    if server_binary() is None:
+        return LaneResult(row.key, "prefix-cache", SKIPPED,
+                          NO_SERVER)
+    server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
+    reps, cases = [], []
+    for unified in (False, True):
+        for oracle, cfg in (("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
+                            ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
+                                                  kv_unified=unified)),
+                            # prompt trees drawn per schedule: divergence points anywhere, at and just before a
+                            # prompt's end, around the sliding window; random clients, PCT interleavings
+                            ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=48,
+                                                  budget=0.0, tokens=6, target=server, kv_unified=unified))):
+            rep, case = oracle_run(oracle, path, cfg)
+            reps.append(rep)
+            cases.append(case)
+    rounds = [r for r in reps if r.oracle == "prefix-cache"]
+    scheds = [r for r in reps if r.oracle == "radix"]
+    repros = known_findings(row, reps)
+    bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
+    if bad is None:
+        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
+        rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
+        noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
+        moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
+        detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
+                  f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
+                  f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
+                  f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache; "
+                  f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
+                  f"turns, host cache; {sum(r.extra['explored'] for r in scheds if r.config.get('tree') == 'drawn')} "
+                  f"on drawn prompt trees): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
+                  f"reused (promised {sum(x['promised'] for r in scheds for x in r.results)})"
+                  + (f"; one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
+                     f"{noise['near_tie']:.1g} not judged" if noise and noise["placement"] is not None else "")
+                  + (f"; {moved} answers moved by the shared KV cache, not the prompt cache" if moved else ""))
+        names = sorted({n for n in repros.values() if n})
+        if names:  # every finding is a committed upstream repro: known, named
+            return LaneResult(row.key, "prefix-cache", KNOWN, f"{detail}; only upstream's known findings: "
+                              f"{', '.join(names)}", data={"known": [f"corpora/repros/{n}" for n in names]},
+                              reports=reps, cases=cases)
+    else:
+        f = next(f for f in bad.findings if repros[id(f)] is None)
+        layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
+        detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+    return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps, cases=cases)
+
+
+def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
+    """Each finding of the reports (by id) → the committed upstream repro it is (corpora/repros, matched by what
+    it is: fuzz.repro.campaign.known_repro), or None."""
+    from fuzz.repro.campaign import known_repro, known_upstream
+
+    known = known_upstream()
+    family = str(row.recipe.get("family", row.key))
+    return {id(f): known_repro(known, family, f) for rep in reps for f in rep.findings}
+
+
+def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
+        -> LaneResult:
+    cuts = cuts or lane_cuts(row, lane)
+    cfg = HandoffConfig(cuts=cuts, period=row.sweep_period, prompt_len=8, tokens=3, target=target_spec)
+    rep, case = oracle_run("handoff", path, cfg)
+    refused = None
+    if rep.summary[UNSUPPORTED] == len(rep.results):  # no split expressible: hand off the unsplit model's state
+        why = rep.results[0].get("reason")
+        refused = [r["cuts"] for r in rep.results]
+        cfg = replace(cfg, cuts="none", period=None)
+        rep, case = oracle_run("handoff", path, cfg)
+        cuts = f"none; every split unsupported: {why}"
+    detail = f"{len(rep.results)} cut sets ({cuts}): {counts(rep)}"
+    if rep.findings:
+        detail += f"; first: {rep.findings[0].message}"
+    elif rep.status == UNSUPPORTED:
+        detail += f"; {rep.results[0].get('reason')}"
+    res = LaneResult(row.key, lane, rep.status, detail, {"summary": rep.summary}, reports=[rep], cases=[case])
+    if refused is not None:
+        res.data["every_split_refused"] = refused
+    # again with prefill chunks of 5 rows split into ubatches of 3 and 2 (larger than n_ubatch, not a multiple);
+    # the busy mode (a live neighbour in the importing context) ran above: it is about the neighbour, not the shape
+    plain = tuple(m for m in cfg.modes if m != "busy")
+    shaped = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=3, modes=plain)))
+    res.detail += " | ubatch 3, chunk 5: " + (f"first: {shaped.findings[0].message}" if shaped.findings
+                                             else counts(shaped))
+    if lane == "handoff" and row.tier == 1:
+        # and at the prompt offsets one either side of each constant a prefill crosses (the ubatch, the sliding
+        # window, a delta-net chunk), the prompt prefilled in chunks of 64 so a chunk really reaches them
+        from fuzz.oracles.handoff import structural_offsets
+
+        offs = structural_offsets(path, SPLIT_UBATCH)
+        edges = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64, modes=plain,
+                                                             offsets=tuple(offs), prompt_len=max(offs) + 2)))
+        res.detail += f" | offsets {','.join(map(str, offs))} (ubatch {SPLIT_UBATCH}, chunk 64): " + (
+            f"first: {edges.findings[0].message}" if edges.findings else counts(edges))
+    return res
+
+
+def lane_determinism(row: Row, path: Path, target_spec: str, *, cfg: DeterminismConfig | None = None,
+                     lane: str = "determinism") -> LaneResult:
+    # the lane's chains too: every cut offset modulo the interleave, under every schedule (ubatch, chunking,
+    # flash attention), bit-exact with the full model under the same schedule
+    cfg = cfg or DeterminismConfig(repeats=2, tokens=8, cuts="period", period=row.sweep_period)
+    rep, case = oracle_run("determinism", path, replace(cfg, target=target_spec))
+    if rep.findings:
+        return LaneResult(row.key, lane, rep.status, f"{len(rep.findings)} findings; first: {rep.findings[0].message}",
+                          reports=[rep], cases=[case])
+    n_pairs = sum(r["case"] == "pair" and r["status"] == NUMERICS for r in rep.results)
+    schedules = sum(r["case"] == "same-schedule" for r in rep.results)
+    chains = sum(r["case"] == "chain" and r["status"] == PASS for r in rep.results)
+    return LaneResult(row.key, lane, PASS,
+                      f"{schedules} schedules: same-schedule and threads-only bit-exact"
+                      + (f", {chains} chains bit-exact with the full model" if chains else "")
+                      + f"; {n_pairs} ubatch/chunking/flash-attn pairs not bit-exact (not promised upstream)"
+                      + "".join(f" — |Δlogit| {p['max_abs']:.2g} in {p['pair'][1]}: {p['cause']['kind']}"
+                                + (f" ({p['cause']['node']}, token {p['cause']['token']})" if "node" in p["cause"]
+                                   else "")
+                                for p in rep.extra.get("pairs", []) if p.get("cause") and p["tokens_equal"])
+                      + (f"; {len(rep.numerics)} token flips explained as numerics ({rep.numerics[0].cause['kind']})"
+                         if rep.numerics else ""),
+                      reports=[rep], cases=[case])
+
+
+def lane_reject(row: Row, path: Path, target: Target, target_spec: str) -> LaneResult:
+    """A dropped family against the target's expectation: a clean 'unsupported family' refusal, or (for upstream
+    llama.cpp, which keeps every arch) a normal load."""
+    want = row.expect.get(target_spec) or row.expect.get(target_spec.split(":")[0], "")
+    loaded = target.load(str(path))
+    if want.startswith("rejects"):
+        def refused(r: Any) -> bool:
+            return not r.ok and r.failure.kind == "error" and "unsupported" in r.failure.message.lower()
+
+        ok = refused(loaded)
+        detail = loaded.failure.message if not loaded.ok else "loaded; expected a clean 'unsupported family' error"
+        if ok and target_spec.startswith("skippy:"):  # and its stages too: no split may fall through to a config
+            n = row.spec().n_layer
+            split = target.call("split", path=str(path), cuts=[max(1, n // 2)], n_layer=n, model_id="fixture")
+            ok = refused(split)
+            detail = f"serve-openai: {detail}; serve-binary at cut {max(1, n // 2)}: " + (
+                split.failure.message if not split.ok else "its stages started; expected a clean 'unsupported "
+                                                           "family' error")
+        return LaneResult(row.key, "reject", PASS if ok else FINDING, detail)
+    if want == "loads":
+        return LaneResult(row.key, "reject", PASS if loaded.ok else FINDING,
+                          f"expected for {target_spec}: loads" + ("" if loaded.ok else f"; {loaded.failure.message}"))
+    return LaneResult(row.key, "reject", SKIPPED, f"no expectation for target {target_spec} in the manifest")
+
+
+def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path) -> LaneResult:
+    """A lane against skippy (oracles/skippy.py): the lane's cut sets through skippy's stages and its own correctness
+    lanes; the dtype lane on the row's fixture made in each dtype."""
+    from fuzz.oracles.skippy import lane_config, lane_detail
+
+    expect = row.expect.get("skippy", "")
+    if expect.startswith("unsupported:"):  # the row's fixture cannot reach skippy's surface (the manifest says why)
+        return LaneResult(row.key, lane, UNSUPPORTED, expect.removeprefix("unsupported:").strip())
+    if lane == "load" and row.expect.get("skippy", "").startswith("rejects"):
+        return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
+                                                      "that it does so cleanly")
+    if lane == "memory":
+        return LaneResult(row.key, lane, UNSUPPORTED, "the memory lane drives llama.cpp's memory API (seq_rm, seq_cp, "
+                                                      "state get/set per sequence); skippy's OpenAI API exposes none")
+    cfg = lane_config(row, lane, target_spec)
+    if cfg is None:
+        return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not driven through skippy yet")
+    paths = [path]
+    if lane == "dtype":
+        if not row.dtypes:
+            return LaneResult(row.key, lane, SKIPPED, "no dtypes for this row; set dtypes in [tiers.N] or the row")
+        paths = [dtype_fixture(row, dtype, workdir)[0] for dtype in row.dtypes]
+    res = LaneResult(row.key, lane, UNSUPPORTED)
+    parts = []
+    for p in paths:
+        rep = res.add(*oracle_run("skippy", p, cfg))
+        if lane != "dtype":
+            parts.append(lane_detail(rep))
+        else:  # one word per dtype unless it failed
+            dtype = p.stem.split(".")[-1]
+            parts.append(f"{dtype}: {lane_detail(rep)}" if rep.status in FAILING else
+                         f"{dtype} {rep.summary[PASS]}/{len(rep.results)}")
+    res.detail = ("skippy serve at L/2, cases passing per dtype: " if lane == "dtype" else "") + \
+        (", " if lane == "dtype" else " | ").join(parts)
+    res.data["skippy"] = res.reports[0].extra.get("skippy", {}) if res.reports else {}
+    return res
+
+
+@dataclass(frozen=True)
+class LaneCall:
+    """What a lane is given: the row, the lane's name, the row's fixture on disk, the open target and its spec, a
+    work directory for fixtures the lane makes, the run's options."""
+    row: Row
+    lane: str
+    path: Path
+    target: Target
+    target_spec: str
+    workdir: Path
+    options: LaneOptions
+
+
+# every lane of the manifest (synth.manifest.LANES and the scan's) → how it runs; a test holds the two equal
+LANE_RUNNERS: dict[str, Callable[[LaneCall], LaneResult]] = {
+    "load": lambda c: lane_load(c.row, c.path, c.target),
+    "parity": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
+    "boundary-sweep": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
+    "fixed-split": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
+    "dtype": lambda c: lane_dtype(c.row, c.workdir, c.target_spec),
+    "wire": lambda c: lane_wire(c.row, c.path, c.target_spec),
+    "isolation": lambda c: lane_isolation(c.row, c.path, c.target_spec),
+    "memory": lambda c: lane_memory(c.row, c.path, c.target_spec),
+    "prefix-cache": lambda c: lane_prefix_cache(c.row, c.path, c.target_spec),
+    "handoff": lambda c: lane_handoff(c.row, c.path, c.target_spec),
+    "determinism": lambda c: lane_determinism(c.row, c.path, c.target_spec),
+    "reject": lambda c: lane_reject(c.row, c.path, c.target, c.target_spec),
+    # the scan's lanes: every cut, the row's dtypes (else its artifact's; q8_0 when it names none), the f16 gate
+    "handoff-all": lambda c: lane_handoff(c.row, c.path, c.target_spec, cuts="all", lane=c.lane),
+    "dtype-all": lambda c: lane_dtype(c.row, c.workdir, c.target_spec, cuts="all", lane=c.lane,
+                                      dtypes=c.row.dtypes or c.row.artifact_dtypes() or ["q8_0"]),
+    "wire-all": lambda c: lane_wire(c.row, c.path, c.target_spec, cuts="all", lane=c.lane,
+                                    wires=c.row.wires or ["f16"]),
+    "determinism-full": lambda c: lane_determinism(c.row, c.path, c.target_spec, cfg=DeterminismConfig(),
+                                                   lane=c.lane),  # the fuzz determinism defaults, unsplit
+    "determinism-chains": lambda c: lane_determinism(c.row, c.path, c.target_spec, lane=c.lane,
+                                                     cfg=DeterminismConfig(cuts="all", repeats=2, tokens=8)),
+}
+
+
+def run_lane(row: Row, lane: str, path: Path, target: Target, target_spec: str, workdir: Path,
+             options: LaneOptions = NO_OPTIONS) -> LaneResult:
+    if target_spec.startswith("skippy:") and lane != "reject":
+        return lane_skippy(row, lane, path, target, target_spec, workdir)
+    return LANE_RUNNERS[lane](LaneCall(row, lane, path, target, target_spec, workdir, options))
