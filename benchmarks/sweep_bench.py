@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fuzz.oracles.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep
+from fuzz.oracles.sweep_report import SweepConfig
 from synth.make import resolve, write_fixture
 from synth.spec import Knobs
 

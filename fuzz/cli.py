@@ -13,13 +13,14 @@ from fuzz.engine.contract import describe
 from fuzz.engine.fixtures import fixture_path, parse_tokens
 from fuzz.engine.schedule import PHASES
 from fuzz.oracles import determinism as det
-from fuzz.oracles import handoff as ho
 from fuzz.oracles import isolation as iso
-from fuzz.oracles import memory as mem
 from fuzz.oracles import prefix_cache as pc
 from fuzz.oracles import radix as rx
+from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
+from fuzz.oracles.handoff_state import HandoffConfig
+from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.registry import get_oracle
-from fuzz.oracles.sweep import SweepConfig
+from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.repro import bundle as bd
 from synth.cliutil import new_app, run
 from synth.errors import UserError
@@ -242,7 +243,7 @@ def handoff_cmd(
     prompt: PromptOpt = None,
     chunk: Annotated[int, Opt(help="prefill chunk size")] = 5,
     modes: Annotated[str, Opt(help="full (into a fresh context), partial (a rollback), busy (into a context where "
-                                   "another sequence is live)")] = ",".join(ho.MODES),
+                                   "another sequence is live)")] = ",".join(HANDOFF_MODES),
     n_ubatch: Annotated[int, Opt(help="llama.cpp's ubatch rows (n_batch 64)")] = 64,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
@@ -258,13 +259,13 @@ def handoff_cmd(
     (and roll back partial state); continuations must equal the uninterrupted run, and state bytes must hold
     what each stage holds (recurrent state included when the stage's first layer is attention: B1)."""
     ms = tuple(m.strip() for m in modes.split(",") if m.strip())
-    if not ms or set(ms) - set(ho.MODES):
-        raise UserError(f"--modes {modes!r}: choose from {','.join(ho.MODES)}")
+    if not ms or set(ms) - set(HANDOFF_MODES):
+        raise UserError(f"--modes {modes!r}: choose from {','.join(HANDOFF_MODES)}")
     given = prompt_fields(prompt, prompt_len)
     if given["prompt_len"] < 3 or chunk < 1 or tokens < 1:
         raise UserError("--prompt-len (or --prompt) must be at least 3 tokens (two hand-off offsets), --chunk and "
                         "--tokens at least 1")
-    cfg = ho.HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, **given, chunk=chunk, modes=ms,
+    cfg = HandoffConfig(cuts=cuts, stages=stages, tokens=tokens, **given, chunk=chunk, modes=ms,
                            n_ubatch=n_ubatch, period=period, target=target, timeout=timeout, seed=seed, workdir=keep)
     return run_oracle("handoff", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
@@ -370,7 +371,7 @@ def memory_cmd(
         except (OSError, ValueError) as e:
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
-    cfg = mem.MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
+    cfg = MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
                            noise_factor=noise_factor, program=given,
                            engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches, backend))

@@ -133,6 +133,8 @@ def test_a_bundle_that_is_not_utf8_is_refused(tmp_path):
     (["handoff", "{f}", "--seed", "-1"], "--seed -1: must be at least 0"),
     (["isolation", "{f}", "--tol", "-1"], "--tol -1.0: must be at least 0"),
     (["determinism", "{f}", "--seed", "-1"], "--seed -1: must be at least 0"),
+    (["sweep", "{f}", "--n-ubatch", "65"], "--n-ubatch 65: n_ubatch cannot exceed n_batch (64)"),
+    (["handoff", "{f}", "--n-ubatch", "65"], "--n-ubatch 65: n_ubatch cannot exceed n_batch (64)"),
     (["sweep", "{f}", "--prompt", "1,2,999"], "--prompt token 999: not in the fixture's vocabulary"),
     (["handoff", "{f}", "--prompt", "1,x"], "--prompt '1,x': expected token ids"),
 ])

@@ -98,7 +98,7 @@ def test_a_logit_jump_across_kernels_is_traced_to_its_routing_near_tie(tmp_path)
     tokens — 80x what kernel rounding moves any other tier-1 row's logits. The worst such pair is traced: at prompt
     token 13, layer 2's router scores for experts 0 and 2 move by about 2e-4 each, in opposite directions, across a
     gap of 4.1e-4 — another expert, then other indexer keys in every later layer. Numerics, named, not a finding."""
-    from fuzz.oracles.determinism import LOGIT_JUMP, format_determinism
+    from fuzz.oracles.determinism import LOGIT_JUMP, format_report
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -114,7 +114,7 @@ def test_a_logit_jump_across_kernels_is_traced_to_its_routing_near_tie(tmp_path)
     c = p["cause"]
     assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-2", 13, [1, 2], [0, 1])
     assert c["scores_max_abs"] < c["margin"] < 2 * c["scores_max_abs"] < 1e-3  # both scores moved: 2x closes it
-    assert "routing flip: token 13 (prompt)" in format_determinism(rep)
+    assert "routing flip: token 13 (prompt)" in format_report(rep)
 
 
 def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near_tie_explains_it():

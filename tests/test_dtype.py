@@ -8,7 +8,8 @@ import gguf
 import numpy as np
 import pytest
 
-from fuzz.oracles.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep
+from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES
 from synth.families import FAMILIES
 from synth.gguf_io import GGUFFile, Raw, read_all, write_gguf

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 
 from fuzz.engine.contract import Report
-from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.registry import ORACLES
-from fuzz.oracles.sweep import SweepConfig
+from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.repro.bundle import bundle_findings
 from fuzz.repro.campaign import layout_family
 from synth.families import FAMILIES

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from fuzz.oracles.handoff import Handoff, HandoffConfig, split_schedule
+from fuzz.oracles.handoff import Handoff
+from fuzz.oracles.handoff_state import HandoffConfig, split_schedule
 from synth.errors import UserError
 from synth.inspect import inspect_file
 
@@ -150,7 +151,7 @@ def clean_or_cell_order(r: dict) -> bool:
 def test_the_cell_order_excuse_is_bounded_by_its_control():
     """Numerics only when every cache holds the uninterrupted run's rows and the move stays within 4x what the same
     cells in another order move the uninterrupted run; a move of whole logits is never cell order."""
-    from fuzz.oracles.handoff import order_verdict
+    from fuzz.oracles.handoff_state import order_verdict
 
     same = {"same": True, "detail": "the same rows"}
     assert order_verdict(same, 3e-3, 1e-3)["bound"] == 4e-3
@@ -231,7 +232,8 @@ def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
 def test_rows_in_a_stage_without_full_attention_are_caught():
     from types import SimpleNamespace
 
-    from fuzz.oracles.handoff import CELL_META, Handoff, HandoffResult, StageBytes
+    from fuzz.oracles.handoff import Handoff, HandoffResult
+    from fuzz.oracles.handoff_state import CELL_META, StageBytes
 
     def check(grow: int) -> str:
         res = HandoffResult(cuts=[2], stages=[[0, 2], [2, 6]], status="pass",
@@ -288,7 +290,7 @@ def test_a_restored_window_in_other_cells_is_numerics_a_lost_one_is_not(tmp_path
     exports just before that step hold the same K/V bits at the same positions in both contexts, only in other
     cells of the sliding-window ring: attention sums them in another order — numerics, with that cause (exit 0).
     A restore that lost or changed a window row would not compare equal: a finding."""
-    from fuzz.oracles.handoff import same_cells
+    from fuzz.oracles.handoff_state import same_cells
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -328,7 +330,7 @@ def test_hand_offs_one_either_side_of_the_constants_a_prefill_crosses(fixtures, 
     """The tier-1 lane's third run: offsets at the ubatch size, the sliding window and a chunked delta-net's chunk
     size ±1 (qwen3next: gated delta-net chunks of 64; kimi-linear: KDA chunks of 16; laguna: a window of 4), the
     prompt prefilled in chunks of 64 so a single batch really reaches them."""
-    from fuzz.oracles.handoff import structural_offsets
+    from fuzz.oracles.handoff_state import structural_offsets
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 

@@ -11,7 +11,8 @@ import pytest
 from fuzz.certify.lanes import lane_memory
 from fuzz.engine.contract import KNOWN, PASS
 from fuzz.engine.fixtures import fixture_path
-from fuzz.oracles.memory import (
+from fuzz.oracles.memory import lineage, other_neighbours, reduce_config, report, without_neighbours
+from fuzz.oracles.memory_model import (
     Memory,
     MemoryConfig,
     Model,
@@ -22,12 +23,7 @@ from fuzz.oracles.memory import (
     draw_op,
     final_decode,
     format_step,
-    lineage,
-    other_neighbours,
     precondition_problem,
-    reduce_config,
-    report,
-    without_neighbours,
 )
 from fuzz.oracles.registry import get_oracle
 from fuzz.repro.campaign import known_repro, known_upstream
@@ -402,7 +398,7 @@ def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
     follows a shift or a removal with the same operation on the same sequence about BURST of the time."""
     import numpy as np
 
-    from fuzz.oracles.memory import BURST, burst
+    from fuzz.oracles.memory_model import BURST, burst
 
     class Mach:
         model = Model(3)

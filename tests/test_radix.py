@@ -16,22 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.certify.schemas import validate
-from fuzz.oracles.radix import (
+from fuzz.oracles.radix import LANE_PLANS, Radix, RadixConfig, Run, cleared, reduce_config
+from fuzz.oracles.radix_schedules import (
     CHECKPOINT_OFFSET,
-    LANE_PLANS,
     Op,
-    Radix,
-    RadixConfig,
-    Run,
     Schedule,
-    cleared,
     draw_tree,
     interleavings,
     parse_plans,
     parse_tree,
     pct_events,
     random_clients,
-    reduce_config,
     script_of,
     smaller,
     tree_names,
@@ -383,7 +378,7 @@ def test_a_sequence_continuing_into_cells_another_freed_keeps_its_rows_and_moves
     attention now meets A's cells in another order and CPU flash attention accumulates V in f16, so its logits move
     by ~6e-2 — enough to flip the second token, whose cold margin is 3e-2. With flash attention off: bit-exact."""
     from fuzz.engine.parity import context_params
-    from fuzz.oracles.radix import prompt_tree
+    from fuzz.oracles.radix_schedules import prompt_tree
     from synth.make import write_fixture
     from synth.spec import ModelSpec
     from targets.kvstate import kv_caches

@@ -3,7 +3,8 @@
 
 import pytest
 
-from fuzz.oracles.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep
+from fuzz.oracles.sweep_report import SweepConfig
 from synth.stage import slice_model
 
 pytestmark = pytest.mark.llama

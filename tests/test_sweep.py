@@ -8,7 +8,8 @@ import pytest
 
 from fuzz.engine.parity import first_differing_node, node_key
 from fuzz.engine.stages import cut_sets, pattern_period
-from fuzz.oracles.sweep import Sweep, SweepConfig, format_report
+from fuzz.oracles.sweep import Sweep
+from fuzz.oracles.sweep_report import SweepConfig, format_report
 from synth.errors import UserError
 from synth.gguf_io import KV, read_all, write_gguf
 from synth.stage import StageInfo, Unsupported, slice_model

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fuzz.oracles.sweep import Sweep, SweepConfig
+from fuzz.oracles.sweep import Sweep
+from fuzz.oracles.sweep_report import SweepConfig
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from targets import open_target
@@ -139,7 +140,8 @@ def test_a_llama_cpp_mutants_worker_is_kept_idle_too_and_judges_each_load_afresh
     B1 with its worker
     taken from the idle ones still decides per model: it drops the state of an attention-first stage of jamba, then
     imports a mamba stage (recurrent first layer) intact, then drops jamba's again."""
-    from fuzz.oracles.handoff import HandoffConfig, report
+    from fuzz.oracles.handoff import report
+    from fuzz.oracles.handoff_state import HandoffConfig
     from targets import target as tg
 
     def idle_pids():

@@ -15,13 +15,13 @@ import numpy as np
 from fuzz.engine.contract import FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
-from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory import MemoryConfig
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig
 from fuzz.oracles.registry import ORACLES
-from fuzz.oracles.sweep import SweepConfig
+from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
 from synth.families import get_family
@@ -398,7 +398,7 @@ def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = N
     if lane == "handoff" and row.tier == 1:
         # and at the prompt offsets one either side of each constant a prefill crosses (the ubatch, the sliding
         # window, a delta-net chunk), the prompt prefilled in chunks of 64 so a chunk really reaches them
-        from fuzz.oracles.handoff import structural_offsets
+        from fuzz.oracles.handoff_state import structural_offsets
 
         offs = structural_offsets(path, SPLIT_UBATCH)
         edges = res.add(*oracle_run("handoff", path, replace(cfg, n_ubatch=SPLIT_UBATCH, chunk=64, modes=plain,

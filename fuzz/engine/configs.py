@@ -18,6 +18,8 @@ LEAST: dict[str, float] = {"stages": 2, "tokens": 1, "prompt_len": 1, "chunk": 1
                            "n_ctx": 1, "cache_ram": 0, "repeats": 1, "tol": 0.0, "timeout": 1e-3, "clients": 1,
                            "ops": 1, "budget": 0.0, "trunk": 4, "limit": 0, "schedules": 0, "programs": 1, "steps": 1,
                            "max_len": 8, "n_rs_seq": 0}
+# the most of a numeric field, and why: every oracle's contexts batch at most n_batch 64 rows
+MOST: dict[str, tuple[float, str]] = {"n_ubatch": (64, "n_ubatch cannot exceed n_batch (64)")}
 
 
 def flag(name: str) -> str:
@@ -52,6 +54,8 @@ def check_config(cfg: Any) -> None:
                 raise UserError(f"{what}: must be {'an integer' if integer else 'a number'}")
             if not v >= LEAST[f.name]:  # (NaN is not >= anything)
                 raise UserError(f"{what}: must be at least {LEAST[f.name]:g}")
+            if f.name in MOST and v > MOST[f.name][0]:
+                raise UserError(f"{what}: {MOST[f.name][1]}")
         elif isinstance(default, str):
             if not isinstance(v, str):
                 raise UserError(f"{what}: must be a string")

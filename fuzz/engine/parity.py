@@ -13,6 +13,7 @@ import numpy as np
 
 from fuzz.engine.schedule import Step
 from targets import Failure, Reply, Target
+from targets.target import script_request
 
 MROPE_TYPES = (8, 40)  # LLAMA_ROPE_TYPE_MROPE / IMROPE
 GGML_TYPE_F32 = 0
@@ -223,6 +224,24 @@ def node_key(name: str) -> str | None:
     "Qcur (view)"), so a stage's layer j pairs with the full model's layer a + j; None without an index."""
     m = _NODE.match(name)
     return m["op"] + m["tail"] if m else None
+
+
+NO_NODES = {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
+
+
+def traced_steps(t: Target, runs: list[tuple[dict[str, Any], list[dict[str, Any]]]], at: int) \
+        -> list[dict[str, Any]] | dict[str, Any]:
+    """Each run once more with its graph traced — (load arguments, script requests), loaded with `trace` on and run
+    from a fresh context — and each run's result at step `at` (its "nodes" the traced step's graph); or, when a run
+    fails or a traced step brings no nodes, the `untraced` record that says why."""
+    out = []
+    for load, reqs in runs:
+        replies = t.pipeline([("load", {**load, "trace": True}), script_request(reqs, reset=True)])
+        if len(replies) < 2 or not replies[-1].ok:
+            why = replies[-1].failure.message if replies and not replies[-1].ok else "no reply"
+            return {"kind": "untraced", "detail": f"a traced run failed: {why}"}
+        out.append(replies[-1].data["results"][at])
+    return NO_NODES if any(not r.get("nodes") for r in out) else out
 
 
 def first_differing_node(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -17,7 +17,6 @@ under the same schedule (parity holds per schedule, bit for bit).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
+from fuzz.engine.fleet import Fleet, fixture_header, load_full
 from fuzz.engine.parity import (
     Trace,
     compare,
@@ -43,12 +43,13 @@ from fuzz.engine.parity import (
     run_script,
     script_steps,
     token_rows,
+    traced_steps,
 )
 from fuzz.engine.schedule import Step, main_prompt, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets
 from synth.errors import UserError
 from synth.stage import Unsupported
-from targets import Failure, close_all, open_target
+from targets import Failure, open_target
 from targets.target import script_request
 
 POLICY = {
@@ -144,46 +145,39 @@ class Determinism:
         findings: list[dict[str, Any]] = []
         runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}
         chains: list[dict[str, Any]] = []
-        full = open_target(cfg.target, timeout=cfg.timeout)
-        stage_targets = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max((len(s) for s in sets),
-                                                                                          default=0) + 1)]
         commit = None
-        with self.st.workspace(cfg.workdir):
-            try:
-                # a model the target cannot load at all is bad input; one it cannot load under a schedule the
-                # toolkit chose (e.g. flash attention on) is a finding: a crash, tried twice
-                probe = full.load(str(self.fixture), **context_params())
-                if not probe.ok:
-                    raise UserError(f"{self.fixture}: the target cannot load the model: {probe.failure.message}")
-                commit = probe.data.get("llama_cpp_commit")
-                for sch in self.schedules():
-                    params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
-                                            capture=bool(sets))
-                    steps = steps_for(prompt, sch.chunk, cfg.tokens)
-                    loaded = full.load(str(self.fixture), **params)
-                    if not loaded.ok:
-                        again = full.load(str(self.fixture), **params)
-                        findings.append({"class": "crash", "schedule": sch.name, "reproduced": not again.ok and
-                                         again.failure.kind == loaded.failure.kind,
-                                         "message": f"loading the model under {sch.name}: {loaded.failure.message}"})
-                        continue
-                    commit = loaded.data.get("llama_cpp_commit")
-                    self.n_pos = pos_per_token(loaded.data)
-                    runs[sch] = []
-                    ref_trace = None
-                    for _ in range(cfg.repeats):
-                        full.reset()
-                        capture = sorted({c - 1 for s in sets for c in s})
-                        tr = run_script(full, script_steps(steps, capture=capture, logits_mode=self.logits_mode))
-                        if isinstance(tr, Failure):
-                            findings.append({"class": "crash", "schedule": sch.name, "message": tr.message})
-                            break
-                        ref_trace = ref_trace or tr
-                        runs[sch].append(outputs(tr, len(steps) - cfg.tokens))
-                    if sets and ref_trace is not None:
-                        chains += self._chains(sch, sets, steps, ref_trace, stage_targets, params, findings)
-            finally:
-                close_all([full, *stage_targets])
+        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
+            full = fleet.one()
+            stage_targets = fleet.open(max((len(s) for s in sets), default=0) + 1)
+            # a model the target cannot load at all is bad input; one it cannot load under a schedule the
+            # toolkit chose (e.g. flash attention on) is a finding: a crash, tried twice
+            commit = load_full(full, self.fixture, **context_params()).data.get("llama_cpp_commit")
+            for sch in self.schedules():
+                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                        capture=bool(sets))
+                steps = steps_for(prompt, sch.chunk, cfg.tokens)
+                loaded = full.load(str(self.fixture), **params)
+                if not loaded.ok:
+                    again = full.load(str(self.fixture), **params)
+                    findings.append({"class": "crash", "schedule": sch.name, "reproduced": not again.ok and
+                                     again.failure.kind == loaded.failure.kind,
+                                     "message": f"loading the model under {sch.name}: {loaded.failure.message}"})
+                    continue
+                commit = loaded.data.get("llama_cpp_commit")
+                self.n_pos = pos_per_token(loaded.data)
+                runs[sch] = []
+                ref_trace = None
+                for _ in range(cfg.repeats):
+                    full.reset()
+                    capture = sorted({c - 1 for s in sets for c in s})
+                    tr = run_script(full, script_steps(steps, capture=capture, logits_mode=self.logits_mode))
+                    if isinstance(tr, Failure):
+                        findings.append({"class": "crash", "schedule": sch.name, "message": tr.message})
+                        break
+                    ref_trace = ref_trace or tr
+                    runs[sch].append(outputs(tr, len(steps) - cfg.tokens))
+                if sets and ref_trace is not None:
+                    chains += self._chains(sch, sets, steps, ref_trace, stage_targets, params, findings)
         report = self._classify(runs, findings)
         for f in report["findings"]:
             pair = [f["schedule"]] * 2 if f["class"] == "same-schedule" else f.get("pair") \
@@ -214,9 +208,9 @@ class Determinism:
                                            f"{p['max_abs']:.2g} (kernel rounding stays below {LOGIT_JUMP:g}) and no "
                                            f"routing choice at a near-tie explains it: {p['cause']['detail']}"})
         report["summary"]["findings"] = len(report["findings"])
-        report.update({"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
-                       "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds,
-                       "target": cfg.target, "llama_cpp_commit": commit, "policy": POLICY, "chains": chains,
+        report.update({**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer,
+                                        kinds=self.st.kinds, target=cfg.target, commit=commit),
+                       "policy": POLICY, "chains": chains,
                        "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
                                   "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,
                                   "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "tokens": cfg.tokens,
@@ -235,20 +229,17 @@ class Determinism:
         steps = steps_for(prompt, a_sch.chunk, self.cfg.tokens)
         n_prefill = len(steps) - self.cfg.tokens
         k = n_prefill - 1 + row
-        traced = []
+        runs = []
+        for sch in pair:
+            reqs = script_steps(steps[:k + 1], logits_mode=self.logits_mode)
+            reqs[-1]["trace"] = "all"
+            runs.append(({"path": str(self.fixture), **context_params(n_ubatch=sch.ubatch, n_threads=sch.threads,
+                                                                      flash_attn=sch.flash_attn, trace=True)}, reqs))
         with open_target(self.cfg.target, timeout=self.cfg.timeout) as t:
-            for sch in pair:
-                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
-                                        trace=True)
-                reqs = script_steps(steps[:k + 1], logits_mode=self.logits_mode)
-                reqs[-1]["trace"] = "all"
-                r = t.pipeline([("load", {"path": str(self.fixture), **params}), script_request(reqs, reset=True)])
-                if len(r) < 2 or not r[-1].ok:
-                    return {"kind": "untraced", "detail": "a traced run failed"}
-                traced.append(r[-1].data["results"][-1])
+            traced = traced_steps(t, runs, k)
+        if isinstance(traced, dict):
+            return traced
         x, y = traced
-        if not x.get("nodes") or not y.get("nodes"):
-            return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
         found = first_differing_graph_node(x["nodes"], y["nodes"], unset=("inp_embd",))
         if found is not None:
             return found | {"step": k}
@@ -373,7 +364,7 @@ class Determinism:
                             "not_bit_exact_pairs": [p["pair"] for p in pairs if not p["bit_exact"]]}}
 
 
-def format_determinism(rep: dict[str, Any]) -> str:
+def format_report(rep: dict[str, Any]) -> str:
     lines = [f"determinism {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, "
              f"target {rep['target']}, {rep['summary']['schedules']} schedules x {rep['config']['repeats']} runs"]
     same_ok = sum(s["bit_exact"] for s in rep["same_schedule"])
@@ -453,6 +444,6 @@ def only_schedule(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 
 
 ORACLE = Oracle(name="determinism", config=DeterminismConfig, run=report, narrow=only_schedule,
-                format=lambda rep: format_determinism(rep.native), shrink=(("tokens", 1), ("repeats", 2)),
+                format=lambda rep: format_report(rep.native), shrink=(("tokens", 1), ("repeats", 2)),
                 case_fields=("threads", "ubatch", "chunks", "flash_attn", "repeats", "tokens", "cuts", "stages",
                              "prompt_len", "prompt", "seed"))

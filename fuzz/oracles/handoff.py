@@ -21,7 +21,6 @@ with attention layers must carry KV bytes for exactly its positions.
 from __future__ import annotations
 
 import base64
-import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from fuzz.engine.contract import (
     make_report,
     select,
 )
+from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
     Trace,
     compare,
@@ -57,53 +57,24 @@ from fuzz.engine.parity import (
 from fuzz.engine.progress import Progress
 from fuzz.engine.schedule import Step, main_prompt, prompt_tokens, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
+from fuzz.oracles.handoff_state import (
+    CELL_META,
+    HandoffConfig,
+    StageBytes,
+    order_verdict,
+    same_cells,
+    split_schedule,
+    with_seq,
+)
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import StageInfo, Unsupported
-from targets import Failure, Target, close_all, open_target
-from targets.kvstate import kv_cells
+from targets import Failure, Target
 from targets.target import script_request
 
-MODES = ("full", "partial", "busy")
 TRUSTED_EXPORTS = "llama-cpp"  # the target whose state exports the cell-order cause analysis reads as truth
-CELL_META = 12  # bytes a KV cell's metadata takes in a state export: pos, n_seq_id, one seq_id (int32 each)
 BUSY_SEQ = 0  # the live sequence of a busy hand-off (the imported one is 1)
-ORDER_FACTOR = 4.0  # a cell-order difference is numerics up to this × what the same cells in another order move
 ORDER_FILLERS = tuple(range(1, 17))  # the cell-order control's shifts: a filler sequence's tokens before the sequence
-
-
-@dataclass
-class HandoffConfig:
-    cuts: str = "period"
-    stages: int = 2
-    tokens: int = 4  # decode steps after the prompt
-    prompt_len: int = 12
-    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
-    chunk: int = 5
-    n_ubatch: int = 64  # ubatch rows (n_batch 64): below the chunk, each stage's batches split inside llama.cpp
-    offsets: tuple[int, ...] = ()  # hand off at these prompt offsets only (default: every one), e.g. 15,16,17
-    decode_offsets: int = 2  # hand-offs after this many decode steps, too
-    modes: tuple[str, ...] = MODES
-    period: int | None = None
-    target: str = "llama-cpp"
-    timeout: float = 120.0
-    seed: int = 0
-    workdir: Path | None = None
-
-
-@dataclass
-class StageBytes:
-    """What a stage's exported state holds, as measured by the target."""
-
-    range: list[int]
-    first_layer: str
-    recurrent_layers: int
-    attention_layers: int  # full (non-SWA) attention layers: their KV is the non-partial state
-    swa_layers: int = 0  # sliding-window layers: their KV travels with the partial state, like recurrent state
-    recurrent_bytes: int = 0  # partial-state payload at the last offset (recurrent and SWA)
-    kv_bytes_per_token: float | None = None
-    kv_row_bytes: int = 0  # Σ K+V (+ DSA indexer k_idx) cache row bytes of its full attention layers (synth inspect)
-    pads: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -153,27 +124,9 @@ def roll_back(stages: list[Target], blobs: list[tuple[bytes, bytes]], seq: int, 
     return None
 
 
-def split_schedule(prompt: list[int], t: int, chunk: int, n_decode: int, seq: int = 0) -> tuple[list[Step], int]:
-    """Prefill chunks over [0, t) then [t, P), then greedy decode steps; and the step index where t begins.
-    An offset t >= P hands off after t - P decode steps."""
-    P = len(prompt)
-    cut = min(t, P)
-    steps = sequential_steps(prompt, chunk, n_decode, split_at=cut, seq=seq)
-    k = sum(1 for s in steps if s.phase == "prefill" and s.pos[0] < cut)
-    if t >= P:
-        k += t - P
-    return steps, k
-
-
-def with_seq(steps: list[Step], seq: int) -> list[Step]:
-    return [Step(s.tokens, [seq] * len(s.seq), s.pos, s.phase) for s in steps]
-
-
 class Handoff:
     def __init__(self, fixture: Path, cfg: HandoffConfig):
         check_config(cfg)
-        if cfg.n_ubatch > 64:
-            raise UserError(f"--n-ubatch {cfg.n_ubatch}: n_ubatch cannot exceed n_batch (64)")
         if any(not 0 < t < cfg.prompt_len for t in cfg.offsets):
             raise UserError(f"--offsets {','.join(map(str, cfg.offsets))}: each must be in 1..{cfg.prompt_len - 1} "
                             "(inside the prompt)")
@@ -188,33 +141,22 @@ class Handoff:
         t0 = time.perf_counter()
         sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
         k = max(len(s) for s in sets) + 1
-        ref = open_target(cfg.target, timeout=cfg.timeout)
-        src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
-        dst = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)]
-        # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
-        self.busy_src = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(k)] if "busy" in cfg.modes \
-            else []
         results: list[HandoffResult] = []
-        with self.st.workspace(cfg.workdir):
-            try:
-                for t in (ref, *src, *dst, *self.busy_src):
-                    t.start()
-                loaded = ref.load(str(self.fixture), **self.params)
-                if not loaded.ok:
-                    raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
-                commit = loaded.data.get("llama_cpp_commit")
-                self.n_pos = pos_per_token(loaded.data)
-                with Progress(len(sets) * len(self._offsets()), "hand-offs") as self.progress:
-                    for cuts in sets:
-                        self.progress.working(f"handoff cuts {','.join(map(str, cuts)) or 'none'}")
-                        results.append(self._cut(cuts, ref, src, dst))
-            finally:
-                close_all([ref, *src, *dst, *self.busy_src])
+        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
+            ref, src, dst = fleet.one(start=True), fleet.open(k, start=True), fleet.open(k, start=True)
+            # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
+            self.busy_src = fleet.open(k, start=True) if "busy" in cfg.modes else []
+            loaded = load_full(ref, self.fixture, **self.params)
+            commit = loaded.data.get("llama_cpp_commit")
+            self.n_pos = pos_per_token(loaded.data)
+            with Progress(len(sets) * len(self._offsets()), "hand-offs") as self.progress:
+                for cuts in sets:
+                    self.progress.working(f"handoff cuts {','.join(map(str, cuts)) or 'none'}")
+                    results.append(self._cut(cuts, ref, src, dst))
         summary = {s: sum(r.status == s for r in results) for s in (PASS, FINDING, NUMERICS, UNSUPPORTED, CRASH,
                                                                      TIMEOUT)}
-        return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
-                "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
-                "llama_cpp_commit": commit,
+        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
+                                 target=cfg.target, commit=commit),
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
                            "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk,
                            "n_ubatch": cfg.n_ubatch,
@@ -607,12 +549,12 @@ class Handoff:
         return ""
 
     def _failed(self, res: HandoffResult, f: Failure) -> HandoffResult:
-        res.status = "timeout" if f.kind == "timeout" else "crash"
+        res.status = failure_status(f)
         res.reason = ("target refused: " if f.kind == "error" else "") + f.message
         return res
 
 
-def format_handoff(rep: dict[str, Any]) -> str:
+def format_report(rep: dict[str, Any]) -> str:
     lines = [f"handoff {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, target "
              f"{rep['target']}, modes {','.join(rep['config']['modes'])}",
              f"{'cuts':<10} {'status':<11} {'offsets':>7}  stage bytes (range first-layer: recurrent B, KV B/token "
@@ -632,65 +574,6 @@ def format_handoff(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---- the oracle contract ---------------------------------------------------------------------------------
-DELTA_NET_CHUNK = {"gated-deltanet": 64, "kda": 16}  # build_delta_net_chunking's CS (models/delta-net-base.cpp)
-
-
-def structural_offsets(path: Path, n_ubatch: int) -> list[int]:
-    """Prompt offsets one either side of the constants a prefill crosses: the ubatch size, the sliding window and
-    a chunked delta-net's chunk size (a hand-off there splits a chunk, a window or a ubatch at its edge)."""
-    from synth.gguf_io import GGUFFile
-
-    info = inspect_file(str(path))
-    consts = {n_ubatch} | {DELTA_NET_CHUNK[x.mixer] for x in info.layers if x.mixer in DELTA_NET_CHUNK}
-    window = GGUFFile(path).kv.get(f"{info.arch}.attention.sliding_window")
-    if isinstance(window, int) and window > 0 and any(x.swa for x in info.layers):
-        consts.add(window)
-    return sorted({c + d for c in consts for d in (-1, 0, 1) if c + d > 0})
-
-
-def same_cells(straight: bytes, restored: bytes, positions: set[int] | None = None) -> dict[str, Any] | None:
-    """Do two exports of a sliding-window model's caches (the base and the window) hold the same rows at the same
-    positions, wherever the cells sit — and does each hold what it must: the base cache (full attention) every
-    position the sequence has (`positions`), in both exports? A base cache that lost positions is lost state even
-    when both exports lost them alike (the export itself is what is under test). None if the blobs are not that
-    layout."""
-    a, b = kv_cells(straight, 2), kv_cells(restored, 2)
-    if a is None or b is None:
-        return None
-    rows_a, rows_b = [x[1] for x in a], [x[1] for x in b]
-    missing = sorted(set(positions or ()) - (a[0][0] & b[0][0]))  # the base cache: every position, in both
-    lost = sorted(set().union(*(set(x) - set(y) for x, y in zip(rows_a, rows_b, strict=True)),
-                              *(x[0] - y[0] for x, y in zip(a, b, strict=True)), missing))
-    changed = sorted({p for x, y in zip(rows_a, rows_b, strict=True) for p in set(x) & set(y) if x[p] != y[p]})
-    same = not lost and not changed and all(x[0] == y[0] and set(x[1]) == set(y[1]) for x, y in zip(a, b, strict=True))
-    n = sum(len(x) for x in rows_a)
-    if same:
-        detail = (f"the restored caches hold the same K/V bits at the same {n} positions as the uninterrupted run "
-                  f"(the base cache all {len(a[0][0])} of the sequence's, the window its own), in other cells")
-    elif missing:
-        detail = (f"the full-attention cache does not hold positions {missing[:8]}"
-                  + (f" (and {len(missing) - 8} more)" if len(missing) > 8 else "") + " of the sequence's "
-                  f"{len(positions or ())}: state the continuation needs is gone")
-    else:
-        detail = f"the restored caches lose positions {lost[:8]} or change the rows at {changed[:8]}"
-    return {"same": same, "positions": n, "lost": lost[:32], "changed": changed[:32], "missing": missing[:32],
-            "detail": detail}
-
-
-def order_verdict(cells: dict[str, Any] | None, moved: float, control: float | None) -> dict[str, Any] | None:
-    """The cell-order excuse, bounded: a hand-off whose caches hold exactly the uninterrupted run's rows (every
-    cache, every position it must) moves the continuation only by the order attention sums the cells in — as far as
-    that order can move it: at most ORDER_FACTOR × what the same cells in another order move the uninterrupted run
-    (`control`, measured on the same stages). The cause (numerics), or None: the difference stays a finding."""
-    if not cells or not cells["same"] or not control or moved > ORDER_FACTOR * control:
-        return None
-    return {"kind": "cell order", "detail": f"{cells['detail']}: attention sums the window's cells in cell order, "
-            f"and the same cells in another order move the uninterrupted run by {control:.2g} — this hand-off moves "
-            f"it by {moved:.2g}, within {ORDER_FACTOR:g}×", "control": control, "bound": ORDER_FACTOR * control,
-            "max_abs": moved}
-
-
 def report(fixture: Path, cfg: HandoffConfig) -> Report:
     data = Handoff(fixture, cfg).run()
     findings = [finding_of(r) for r in data["results"] if r["status"] in FAILING]
@@ -708,6 +591,6 @@ def finding_of(r: dict[str, Any]) -> Finding:
                    node=r.get("node"), cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r, message=what)
 
 
-ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_handoff(rep.native),
+ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_report(rep.native),
                 per_cut=True, narrow=select("modes", lambda f: f.phase), shrink=(("tokens", 1), ("prompt_len", 3)),
                 case_fields=("tokens", "prompt_len", "prompt", "chunk", "n_ubatch", "offsets", "modes", "seed"))

@@ -25,10 +25,10 @@ import numpy as np
 
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
+from fuzz.engine.fleet import Fleet, need_server
 from synth.errors import UserError
 from synth.inspect import inspect_file
-from targets import Target, close_all, open_target
-from targets.llama_server_worker import NO_SERVER
+from targets import Target
 
 NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
 NOISE_FACTOR = 4.0  # one KV cache for all slots: picks are judged where the margin exceeds this × the measured move
@@ -109,13 +109,9 @@ class PrefixCache:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         sched = build_schedule(self.info.n_vocab, cfg.slots, cfg.rounds, cfg.seed)
-        ref_t, srv = open_target(cfg.target, timeout=cfg.timeout), open_target(cfg.target, timeout=cfg.timeout)
-        try:
-            for t in (ref_t, srv):
-                t.start()
-            hello = srv.hello()
-            if not hello.ok or not hello.data.get("binary"):
-                raise UserError(f"{NO_SERVER} (the prefix-cache lane needs it)")
+        with Fleet(cfg.target, cfg.timeout) as fleet:
+            ref_t, srv = fleet.one(start=True), fleet.one(start=True)
+            hello = need_server(srv, "prefix-cache")
             try:
                 reference = self._reference(ref_t, sched)
                 if cfg.kv_unified:
@@ -139,8 +135,6 @@ class PrefixCache:
                                            for g in again)
                 if cfg.kv_unified:  # where a sequence sat may explain a different answer: not the cache
                     self.explain(ref_t, sched, reference, findings)
-        finally:
-            close_all([ref_t, srv])
         numerics = [f for f in findings if f.cause and f.cause["kind"] in NUMERICS_CAUSES]
         findings = [f for f in findings if f not in numerics]
         return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),

@@ -10,7 +10,6 @@ the first layer whose output differs.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import os
 import threading
@@ -23,18 +22,15 @@ import numpy as np
 
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import (
-    CRASH,
     FAILING,
     FINDING,
-    PASS,
-    TIMEOUT,
-    UNSUPPORTED,
     Finding,
     Oracle,
     Report,
     make_report,
     select,
 )
+from fuzz.engine.fleet import Fleet, failure_status, fixture_header
 from fuzz.engine.parity import (
     Divergence,
     RunFailure,
@@ -50,91 +46,18 @@ from fuzz.engine.parity import (
     script_steps,
     script_trace,
     tokens_equal,
+    traced_steps,
 )
 from fuzz.engine.progress import Progress
-from fuzz.engine.schedule import PHASES, Schedule, batch_width, build_schedule, main_prompt
+from fuzz.engine.schedule import Schedule, batch_width, build_schedule, main_prompt
 from fuzz.engine.stages import FixtureStages, Slicer, cut_sets, stage_ranges
+from fuzz.oracles.sweep_report import CutResult, SweepConfig, SweepReport, format_report
 from synth.errors import UserError
 from synth.families import family_for_arch
 from synth.gguf_io import token_embeddings
 from synth.stage import StageInfo, Unsupported
-from targets import Failure, Reply, Target, close_all, open_target
+from targets import Failure, Reply, Target
 from targets.target import script_request
-
-STATUSES = (PASS, FINDING, UNSUPPORTED, CRASH, TIMEOUT)
-
-
-@dataclass
-class SweepConfig:
-    cuts: str = "all"  # all | period | "3;5;2,6" (cut sets separated by ';', cuts by ',') | planner:CMD
-    stages: int = 2
-    tokens: int = 32
-    prompt_len: int = 24
-    prompt: tuple[int, ...] = ()  # the prompt's token ids (default: prompt_len tokens drawn from seed)
-    chunk: int = 7
-    n_seq: int = 3
-    n_ubatch: int = 64  # llama.cpp splits each batch (n_batch 64) into ubatches of this many rows: a chunk of
-    # hidden states larger than it, fed to a later stage, takes the split path every real stage takes
-    phases: tuple[str, ...] = PHASES
-    period: int | None = None
-    target: str = "llama-cpp"
-    timeout: float = 120.0
-    seed: int = 0
-    workdir: Path | None = None  # where stage files go (default: a temporary directory)
-    workers: int = 0  # stage workers, each taking any (cut set, stage) task (0: one per core, 2..8)
-
-
-@dataclass
-class CutResult:
-    cuts: list[int]
-    stages: list[list[int]]
-    status: str
-    phase: str | None = None
-    step: int | None = None
-    position: int | None = None
-    seq: int | None = None
-    stage: int | None = None
-    where: str | None = None
-    layer: int | str | None = None
-    node: dict[str, Any] | None = None  # the first graph node of `layer` whose bits differ (fuzz.engine.parity)
-    max_abs_dlogit: float = 0.0
-    tokens_equal: bool | None = None
-    reproduced: bool | None = None
-    reason: str | None = None
-    pads: dict[str, list[int]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
-
-
-@dataclass
-class SweepReport:
-    fixture: str
-    sha256: str
-    arch: str
-    n_layer: int
-    kinds: str
-    target: str
-    llama_cpp_commit: str | None
-    config: dict[str, Any]
-    control: dict[str, Any]
-    results: list[CutResult]
-    timing: dict[str, float]
-
-    @property
-    def summary(self) -> dict[str, int]:
-        return {s: sum(r.status == s for r in self.results) for s in STATUSES}
-
-    @property
-    def exit_code(self) -> int:
-        bad = any(r.status in FAILING for r in self.results)
-        return 1 if bad or self.control.get("status") not in ("pass", "unsupported", None) else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fixture": self.fixture, "sha256": self.sha256, "arch": self.arch, "n_layer": self.n_layer,
-                "kinds": self.kinds, "target": self.target, "llama_cpp_commit": self.llama_cpp_commit,
-                "config": self.config, "control": self.control, "summary": self.summary,
-                "results": [r.to_dict() for r in self.results], "timing": self.timing}
 
 
 @dataclass
@@ -220,8 +143,6 @@ class Sweep:
         """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
         broken ones to prove the oracle catches them."""
         check_config(cfg)
-        if cfg.n_ubatch > 64:
-            raise UserError(f"--n-ubatch {cfg.n_ubatch}: n_ubatch cannot exceed n_batch (64)")
         self.fixture = Path(fixture)
         self.cfg = cfg
         self.slicer = slicer
@@ -250,32 +171,26 @@ class Sweep:
         t_start = time.perf_counter()
         most = cfg.workers or min(8, max(2, os.cpu_count() or 1))
         # two workers (reference and control) start while the fixture is read; more once the work is known
-        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(min(2, most))]
-        try:
-            for t in workers:
-                t.start()
-            # the full model goes to the reference and control workers while they start and the fixture is read
-            self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
-            self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params)) for t in workers}
-            self._read_fixture()
-            sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period, self.fixture)
-            more = [open_target(cfg.target, timeout=cfg.timeout)
-                    for _ in range(min(most, sum(len(s) + 1 for s in sets)) - len(workers))]
-            for t in more:
-                t.start()
-            workers += more
-            with self.st.workspace(cfg.workdir), Progress(len(sets), "cut sets") as progress:
-                progress.working(f"sweep {self.fixture.name}")
-                results, control, commit = self._run(sets, workers, progress)
-        finally:
-            for th in getattr(self, "_preload", {}).values():  # (bad input found while they load: let them end)
-                th.join()
-            close_all(workers)
+        with Fleet(cfg.target, cfg.timeout) as fleet:
+            workers = fleet.open(min(2, most), start=True)
+            try:
+                # the full model goes to the reference and control workers while they start and the fixture is read
+                self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
+                self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params))
+                                 for t in workers}
+                self._read_fixture()
+                sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period, self.fixture)
+                workers += fleet.open(min(most, sum(len(s) + 1 for s in sets)) - len(workers), start=True)
+                with self.st.workspace(cfg.workdir), Progress(len(sets), "cut sets") as progress:
+                    progress.working(f"sweep {self.fixture.name}")
+                    results, control, commit = self._run(sets, workers, progress)
+            finally:
+                for th in getattr(self, "_preload", {}).values():  # (bad input found while they load: let them end)
+                    th.join()
         wall = time.perf_counter() - t_start
         return SweepReport(
-            fixture=str(self.fixture), sha256=hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
-            arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds, target=cfg.target,
-            llama_cpp_commit=commit,
+            **fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds,
+                             target=cfg.target, commit=commit),
             config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                     "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk, "n_seq": cfg.n_seq,
                     "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers),
@@ -385,7 +300,7 @@ class Sweep:
         if not loaded:
             r = self._load_full(ctl)
             if not r.ok:
-                return {"status": TIMEOUT if r.failure.kind == "timeout" else CRASH,
+                return {"status": failure_status(r.failure),
                         "reason": f"the control worker cannot load the full model: {r.failure.message}"}
         return self._control(ctl, sched, tr)
 
@@ -498,7 +413,7 @@ class Sweep:
         ctl = run_script(ref, script_steps(steps, embd=embd, capture=list(range(self.info.n_layer)),
                                            n_pos_per_token=self.n_pos), reset=True)
         if isinstance(ctl, Failure):
-            return {"status": TIMEOUT if ctl.kind == "timeout" else CRASH, "reason": ctl.message}
+            return {"status": failure_status(ctl), "reason": ctl.message}
         self._add_time(ctl.decode_seconds)
         div, worst = compare(tr, [ctl], steps, [])
         if div is None:
@@ -561,49 +476,23 @@ class Sweep:
             stage = script_steps(steps, embd=[so.captures[width - 1] for so in chain[s - 1].steps[:k + 1]],
                                  capture=list(range(st.n_layer)), n_pos_per_token=self.n_pos)
         full[k]["trace"], stage[k]["trace"] = layer, j
-        nodes = []
-        for model, reqs in ((self.fixture, full), (path, stage)):
-            replies = t.pipeline([("load", {"path": str(model), **self._params, "trace": True}),
-                                  script_request(reqs, reset=True)])
-            if len(replies) < 2 or not replies[1].ok:
-                why = replies[-1].failure.message if not replies[-1].ok else "no reply"
-                return {"kind": "untraced", "detail": f"the target could not trace the layer's nodes: {why}"}
-            nodes.append(replies[1].data["results"][k].get("nodes", []))
-        if not nodes[0] or not nodes[1]:
-            return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
-        found = first_differing_node(nodes[0], nodes[1])
+        traced = traced_steps(t, [({"path": str(self.fixture), **self._params}, full),
+                                  ({"path": str(path), **self._params}, stage)], k)
+        if isinstance(traced, dict):
+            return traced
+        want, got = (x["nodes"] for x in traced)
+        found = first_differing_node(want, got)
         if found is None:
-            return {"kind": "none", "detail": f"all {len(nodes[1])} traced nodes of the layer are bit-identical"}
+            return {"kind": "none", "detail": f"all {len(got)} traced nodes of the layer are bit-identical"}
         return found | {"step": k, "stage_layer": j}
 
     def _failed(self, res: CutResult, fail: RunFailure, phase: str) -> CutResult:
         f = fail.failure
-        res.status = "timeout" if f.kind == "timeout" else "crash"
+        res.status = failure_status(f)
         res.stage = fail.stage
         res.phase = phase
         res.reason = ("stage rejected: " if f.kind == "error" else "") + f.message
         return res
-
-
-def format_report(rep: SweepReport) -> str:
-    lines = [f"sweep {rep.fixture}: arch {rep.arch}, {rep.n_layer} layers {rep.kinds}, target {rep.target}, "
-             f"llama.cpp {str(rep.llama_cpp_commit)[:9]}",
-             f"control (full model, embedding input): {rep.control.get('status')}"
-             + (f" — {rep.control['reason']}" if rep.control.get("reason") else ""),
-             f"{'cuts':<12} {'status':<11} {'phase':<9} {'pos':>4} {'stage':>5} {'layer':>6} {'max|Δ|':>9}  note"]
-    for r in rep.results:
-        note = r.reason or (f"pad {r.pads}" if r.pads else "")
-        if r.status == FINDING:
-            note = f"{r.where} differs; reproduced={r.reproduced}" + (f"; {r.reason}" if r.reason else "")
-            if describe_node(r.node):
-                note += f"; first node {describe_node(r.node)}"
-        lines.append(f"{','.join(map(str, r.cuts)):<12} {r.status:<11} {r.phase or '':<9} "
-                     f"{'' if r.position is None else r.position:>4} {'' if r.stage is None else r.stage:>5} "
-                     f"{'' if r.layer is None else r.layer:>6} {r.max_abs_dlogit:>9.2e}  {note}")
-    s = rep.summary
-    lines.append(f"{len(rep.results)} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
-                 + f"; wall {rep.timing['wall_s']:.2f}s, llama_decode {rep.timing['llama_decode_s']:.2f}s")
-    return "\n".join(lines)
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ an f16 ulp became a step of 1/127 of the block's largest value, which no wire sh
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from fuzz.engine.contract import (
     Report,
     make_report,
 )
+from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
     TOP_K_NODES,
     Trace,
@@ -61,7 +61,7 @@ from fuzz.engine.schedule import build_schedule, main_prompt
 from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
-from targets import Failure, Target, close_all, open_target
+from targets import Failure, Target
 from targets.target import script_request
 from targets.wire import WIRES
 
@@ -123,26 +123,20 @@ class Wire:
         steps = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
                                chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
                                phases=("prefill", "decode")).sequential
-        ref = open_target(cfg.target, timeout=cfg.timeout)
-        workers = [open_target(cfg.target, timeout=cfg.timeout) for _ in range(max(len(s) for s in sets) + 1)]
         results = []
-        with self.st.workspace(cfg.workdir):
-            try:
-                loaded = ref.load(str(self.fixture), **context_params())
-                if not loaded.ok:
-                    raise UserError(f"{self.fixture}: the target cannot load the full model: {loaded.failure.message}")
-                self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
-                full = run_script(ref, script_steps(steps, capture=list(range(self.info.n_layer))), reset=True)
-                if isinstance(full, Failure):
-                    raise UserError(f"{self.fixture}: the full model fails in the target ({full.message})")
-                self.tokens = [so.tokens for so in full.steps]
-                for cuts in sets:
-                    results.append(self._cut(cuts, steps, full, workers))
-            finally:
-                close_all([ref, *workers])
-        return {"fixture": str(self.fixture), "sha256": hashlib.sha256(self.fixture.read_bytes()).hexdigest(),
-                "arch": self.info.arch, "n_layer": self.info.n_layer, "kinds": self.st.kinds, "target": cfg.target,
-                "llama_cpp_commit": self.commit, "policy": POLICY,
+        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
+            ref, workers = fleet.one(), fleet.open(max(len(s) for s in sets) + 1)
+            loaded = load_full(ref, self.fixture, **context_params())
+            self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
+            full = run_script(ref, script_steps(steps, capture=list(range(self.info.n_layer))), reset=True)
+            if isinstance(full, Failure):
+                raise UserError(f"{self.fixture}: the full model fails in the target ({full.message})")
+            self.tokens = [so.tokens for so in full.steps]
+            for cuts in sets:
+                results.append(self._cut(cuts, steps, full, workers))
+        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
+                                 target=cfg.target, commit=self.commit),
+                "policy": POLICY,
                 "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
                            "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt),
                            "chunk": cfg.chunk, "seed": cfg.seed},
@@ -312,7 +306,7 @@ class Wire:
                 "nmse": float(np.sum((a - b) ** 2) / max(np.sum(a ** 2), 1e-30))}
 
     def _failed(self, res: dict[str, Any], f: Failure, stage: int) -> dict[str, Any]:
-        return {**res, "status": TIMEOUT if f.kind == "timeout" else CRASH, "stage": stage,
+        return {**res, "status": failure_status(f), "stage": stage,
                 "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}
 
 
@@ -331,7 +325,7 @@ def describe_cause(x: dict[str, Any]) -> str:
             f"{x['b']!r} over the wire → {x['ints'][0]} and {x['ints'][1]})")
 
 
-def format_wire(rep: dict[str, Any]) -> str:
+def format_report(rep: dict[str, Any]) -> str:
     c = rep["config"]
     lines = [f"wire {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, wire {c['wire']}, "
              f"target {rep['target']}",
@@ -363,6 +357,6 @@ def report(fixture: Path, cfg: WireConfig) -> Report:
                        numerics=[finding(r) for r in data["results"] if r["status"] == NUMERICS], extra=("policy",))
 
 
-ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_wire(rep.native), per_cut=True,
+ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_report(rep.native), per_cut=True,
                 shrink=(("tokens", 1), ("prompt_len", 2)),
                 case_fields=("wire", "tokens", "prompt_len", "prompt", "chunk", "seed"))

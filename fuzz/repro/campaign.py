@@ -24,13 +24,13 @@ import numpy as np
 from fuzz.engine.contract import CRASH, matches
 from fuzz.engine.progress import Progress
 from fuzz.oracles.determinism import DeterminismConfig
-from fuzz.oracles.handoff import HandoffConfig
+from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory import MemoryConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig
 from fuzz.oracles.registry import ORACLES as ORACLES_BY_NAME
 from fuzz.oracles.registry import get_oracle
-from fuzz.oracles.sweep import SweepConfig
+from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.oracles.wire import WireConfig
 from fuzz.repro.bundle import bundle_findings, finding_key
 from synth.errors import UserError, read_json

@@ -1,0 +1,70 @@
+"""What every oracle run does around its own comparison: the worker processes it holds (a fleet, closed together
+however the run ends), the full model loaded into its reference worker (a model the target cannot load at all is
+bad input), a server that must be there, a failed call in the status vocabulary, and the header every fixture
+report starts with."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from fuzz.engine.contract import CRASH, TIMEOUT
+from synth.errors import UserError
+from targets import Failure, Reply, Target, close_all, open_target
+from targets.llama_server_worker import NO_SERVER
+
+
+class Fleet:
+    """The workers of one oracle run, on its target (or another spec: a mutant's reference is the real one).
+    `open(n)` starts them at once when asked (they come up side by side); leaving the `with` closes them all."""
+
+    def __init__(self, target: str, timeout: float):
+        self.target, self.timeout = target, timeout
+        self.workers: list[Target] = []
+
+    def open(self, n: int = 1, *, spec: str | None = None, start: bool = False) -> list[Target]:
+        ts = [open_target(spec or self.target, timeout=self.timeout) for _ in range(n)]
+        self.workers += ts
+        if start:
+            for t in ts:
+                t.start()
+        return ts
+
+    def one(self, *, spec: str | None = None, start: bool = False) -> Target:
+        return self.open(1, spec=spec, start=start)[0]
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        close_all(self.workers)
+
+
+def load_full(t: Target, fixture: Path, **params: Any) -> Reply:
+    """The full model into the reference worker; a model the target cannot load at all is bad input."""
+    loaded = t.load(str(fixture), **params)
+    if not loaded.ok:
+        raise UserError(f"{fixture}: the target cannot load the full model: {loaded.failure.message}")
+    return loaded
+
+
+def need_server(srv: Target, who: str) -> Reply:
+    """A llama-server target's hello; no llama-server binary is bad input (how to build it is in NO_SERVER)."""
+    hello = srv.hello()
+    if not hello.ok or not hello.data.get("binary"):
+        raise UserError(f"{NO_SERVER} (the {who} lane needs it)")
+    return hello
+
+
+def failure_status(f: Failure) -> str:
+    """A target call that failed, as a result's status: it hung (timeout) or died (crash)."""
+    return TIMEOUT if f.kind == "timeout" else CRASH
+
+
+def fixture_header(fixture: Path, *, arch: str, n_layer: int, kinds: str, target: str,
+                   commit: str | None) -> dict[str, Any]:
+    """The first fields of a report about one fixture: which file (and its bytes' sha256), what model, which target
+    and llama.cpp commit ran it."""
+    return {"fixture": str(fixture), "sha256": hashlib.sha256(Path(fixture).read_bytes()).hexdigest(), "arch": arch,
+            "n_layer": n_layer, "kinds": kinds, "target": target, "llama_cpp_commit": commit}

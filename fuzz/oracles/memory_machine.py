@@ -1,0 +1,451 @@
+"""Running a memory program on a real llama.cpp context: the machine that applies each operation and checks every
+sequence against a recompute of its own history in a fresh context (Recompute), a program drawn by seed or by a
+Hypothesis state machine."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.engine.contract import (
+    PASS,
+)
+from fuzz.engine.parity import context_params
+from fuzz.oracles.memory_model import (
+    OPS,
+    HypothesisDraws,
+    Memory,
+    MemoryConfig,
+    Model,
+    SeededDraws,
+    burst,
+    check_positions,
+    compare_logits,
+    draw_op,
+    final_decode,
+    op_weights,
+    precondition_problem,
+)
+from synth.errors import UserError
+from synth.gguf_io import GGUFFile
+from synth.inspect import inspect_file
+from targets import Target
+
+
+# ---- running a program ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def row_of(token: int, width: int) -> bytes:
+    """The residual-stream row a stage past the first receives for a drawn id: seeded by the id, so the machine and
+    its recompute give a context the same rows."""
+    return np.random.default_rng([token, width]).standard_normal(width).astype("<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a decode gives the context: token ids (a model, a first stage), or rows (a stage past the first)."""
+
+    width: int = 0  # n_embd_inp of a stage fed rows; 0: token ids
+    n_pos: int = 1  # positions per token (4 for M-RoPE archs fed rows)
+
+    def args(self, tokens: list[int]) -> dict[str, Any]:
+        if not self.width:
+            return {"tokens": tokens}
+        rows = b"".join(row_of(int(t), self.width) for t in tokens)
+        return {"embd": base64.b64encode(rows).decode(), "n_pos_per_token": self.n_pos}
+
+
+class Recompute:
+    """A sequence's log replayed alone in a fresh context: the logits its last decode gives (cached by log)."""
+
+    def __init__(self, t: Target, fixture: Path, params: dict[str, Any], feed: Feed = Feed(), tol: float = 0.1):
+        self.t, self.fixture, self.params, self.feed = t, fixture, params, feed
+        self.memo: dict[str, np.ndarray | str] = {}
+        self.runs = 0
+        self.tol = tol  # the run's tolerance (tolerance())
+        self.faithful_shifts = False  # the model's own shift moves it within the tolerance (shift_move)
+
+    def batch_shape_move(self, n_vocab: int) -> float:
+        """The model's own batch-shape numerics: one seeded sequence of 12 tokens, decoded as one batch and one token
+        at a time, alone in fresh contexts: how far its last logits move (0 on every fixture's f32 weights; a real
+        model's quantized matmuls move them more, and so does everything a batch holds)."""
+        toks = [int(x) for x in np.random.default_rng(12).integers(0, n_vocab, 12)]
+        one = self.logits([["d", [[p, t] for p, t in enumerate(toks)]]])
+        each = self.logits([["d", [[p, t]]] for p, t in enumerate(toks)])
+        if isinstance(one, str) or isinstance(each, str):
+            return 0.0
+        return float(np.max(np.abs(one.astype(np.float64) - each.astype(np.float64))))
+
+    def shift_move(self, n_vocab: int) -> float | None:
+        """The model's own shift against a recompute: one seeded sequence of 12 tokens shifted whole by +5, then one
+        more token, against the 12 decoded at the shifted positions in a fresh context: how far its logits move
+        (2-6e-3 on the rotary fixtures; None where the memory cannot shift)."""
+        toks = [int(x) for x in np.random.default_rng(13).integers(0, n_vocab, 13)]
+        shifted = self.logits([["d", [[p, t] for p, t in enumerate(toks[:12])]], ["add", 0, -1, 5],
+                               ["d", [[17, toks[12]]]]])
+        direct = self.logits([["d", [[p + 5, t] for p, t in enumerate(toks[:12])]], ["d", [[17, toks[12]]]]])
+        if isinstance(shifted, str) or isinstance(direct, str):
+            return None
+        return float(np.max(np.abs(shifted.astype(np.float64) - direct.astype(np.float64))))
+
+    def logits(self, log: list[list[Any]]) -> np.ndarray | str:
+        key = json.dumps(log)
+        if key not in self.memo:
+            self.runs += 1
+            reqs: list[tuple[str, dict[str, Any]]] = [("load", {"path": str(self.fixture), **self.params})]
+            for e in log:
+                if e[0] == "d":
+                    reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
+                                            "seq": 0, "logits": "last"}))
+                elif e[0] == "rm":
+                    reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
+                elif e[0] == "add":
+                    reqs.append(("seq_add", {"seq": 0, "p0": e[1], "p1": e[2], "delta": e[3]}))
+                else:
+                    reqs.append(("seq_div", {"seq": 0, "p0": e[1], "p1": e[2], "d": e[3]}))
+            replies = self.t.pipeline(reqs)
+            bad = next((r for r in replies if not r.ok), None)
+            if bad is not None or len(replies) < len(reqs):
+                why = bad.failure.message if bad is not None and bad.failure else "no reply"
+                self.memo[key] = f"the recompute in a fresh context failed: {why}"
+            else:
+                last = next(r for r in reversed(replies) if r.request.get("op") == "decode")
+                self.memo[key] = np.frombuffer(base64.b64decode(last.data["logits"]), "<f4")
+        return self.memo[key]
+
+
+def sliding_window(path: str) -> int:
+    """The model's sliding window (0: no sliding-window layer), read from the file once per version of it (a machine
+    starts per program, per control run and per candidate while shortening)."""
+    st = Path(path).stat()
+    return _sliding_window(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _sliding_window(path: str, _mtime_ns: int, _size: int) -> int:
+    if not any(x.swa for x in inspect_file(path).layers):
+        return 0
+    return int(GGUFFile(path).get("attention.sliding_window", 0) or 0)
+
+
+class Machine:
+    """One context with several sequences, the model of what each holds, and the checks after every operation."""
+
+    def __init__(self, t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
+                 *, recompute_rollbacks: bool = False):
+        self.t, self.fixture, self.cfg, self.kv_unified, self.recompute = t, fixture, cfg, kv_unified, recompute
+        self.recompute_rollbacks = recompute_rollbacks  # the rollback control (explain): see apply
+        self.rows: dict[int, np.ndarray] = {}  # the last decode's logits, per sequence
+        self.scratch = cfg.n_seq  # one more sequence id, never in a program: the settle control decodes there
+        self.model = Model(cfg.n_seq)
+        self.model.faithful_shifts = recompute.faithful_shifts
+        self.mem: Memory | None = None
+        self.checks = 0
+        self.refused: Counter[str] = Counter()
+        self.worst = 0.0
+        self.commit: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        n = self.cfg.n_seq + 1
+        return context_params(n_seq=n, n_ctx=n * 256, kv_unified=self.kv_unified, capture=False,
+                              n_rs_seq=self.cfg.n_rs_seq)
+
+    def start(self) -> None:
+        r = self.t.load(str(self.fixture), **self.params())
+        if r.failure is not None and r.failure.kind in ("crash", "timeout"):  # (a single sequence loads: below)
+            raise Crashed(self.problem("crash", f"creating a context for {self.cfg.n_seq} sequences "
+                                       f"(kv_unified={self.kv_unified}): {r.failure.kind}: {r.failure.message}",
+                                       failure=r.failure.to_dict()))
+        if not r.ok:
+            raise UserError(f"{self.fixture}: a context for {self.cfg.n_seq} sequences cannot be made: "
+                            f"{r.failure.message if r.failure else r.data}")
+        d = r.data
+        self.commit = d.get("llama_cpp_commit")
+        self.mem = Memory(n_vocab=d["n_vocab"], recurrent=bool(d["is_recurrent"] or d["is_hybrid"]),
+                          swa=sliding_window(str(self.fixture)),
+                          can_shift=bool(d.get("can_shift")), n_rs_seq=int(d.get("n_rs_seq") or 0),
+                          kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv")
+
+    def problem(self, check: str, message: str, **extra: Any) -> dict[str, Any]:
+        return {"check": check, "message": message, **extra}
+
+    def call(self, op: str, **args: Any) -> Any:
+        r = self.t.call(op, **args)
+        if r.failure is not None and r.failure.kind in ("crash", "timeout"):
+            raise Crashed(self.problem("crash", f"{op}: {r.failure.kind}: {r.failure.message}",
+                                       failure=r.failure.to_dict()))
+        return r
+
+    def apply(self, op: dict[str, Any]) -> dict[str, Any] | None:
+        """Run one operation, update the model, check; a problem (the first check that failed) or None."""
+        m, kind = self.model, op["op"]
+        try:
+            if kind == "decode":
+                return self._decode(op["parts"])
+            if kind == "coupled" and (not self.kv_unified or self.mem.kind == "recurrent"):
+                self.refused["skipped"] += 1  # (drawn for one unified cache with cells to share: llama.cpp refuses)
+                return None
+            if kind == "coupled":
+                return self._decode([[op["seqs"], op["tokens"]]])
+            if kind == "rm" and self.recompute_rollbacks and self.mem.recurrent and op["seq"] >= 0 \
+                    and 0 < op["p0"] <= m.span(op["seq"])[1]:
+                return self._recompute_instead(op)
+            if kind == "rm":
+                r = self.call("seq_rm", seq=op["seq"], p0=op["p0"], p1=op["p1"])
+                if not r.ok:
+                    return self.problem("refusal", f"seq_rm: {r.failure.message if r.failure else r.data}")
+                if r.data["removed"]:
+                    m.rm(op["seq"], op["p0"], op["p1"])
+                    self._window_lost()
+                else:  # refused: nothing may have changed (the checks below and every later decode)
+                    self.refused["rm"] += 1
+            elif kind == "cp" and not self.kv_unified and (op["p0"] > 0 or op["p1"] >= 0):
+                self.refused["skipped"] += 1  # (a program drawn for one cache: across streams llama.cpp asserts)
+            elif kind == "cp":
+                self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
+                self.call("seq_cp", src=op["src"], dst=op["dst"], p0=op["p0"], p1=op["p1"])
+                m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=self.kv_unified or self.mem.recurrent)
+                self._window_lost()
+            elif kind == "keep":
+                self.call("seq_keep", seq=op["seq"])
+                m.keep(op["seq"])
+            elif kind in ("add", "div"):
+                args = {"delta": op["delta"]} if kind == "add" else {"d": op["d"]}
+                r = self.call(f"seq_{kind}", seq=op["seq"], p0=op["p0"], p1=op["p1"], **args)
+                if not r.ok:  # a memory that cannot shift (a replayed program on another build)
+                    self.refused[kind] += 1
+                else:
+                    (m.add if kind == "add" else m.div)(op["seq"], op["p0"], op["p1"], *args.values())
+            elif kind == "copy_state":
+                blob = self._export(op["src"])
+                r = self.call("state_set", seq=op["dst"], data=blob)
+                if not r.ok:
+                    return self.problem("refusal", f"importing sequence {op['src']}'s state as {op['dst']} "
+                                        f"failed: {r.failure.message if r.failure else r.data}")
+                m.copy(op["src"], op["dst"])
+            elif kind == "refused_import":
+                raw = base64.b64decode(self._export(op["src"]))
+                r = self.call("state_set", seq=op["dst"], data=base64.b64encode(raw[:len(raw) // 2]).decode())
+                if r.ok:
+                    return self.problem("refusal", f"sequence {op['src']}'s state cut to {len(raw) // 2} of "
+                                        f"{len(raw)} bytes was imported as {op['dst']} without an error")
+                self.refused["import"] += 1
+                self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)  # as a runtime does: the failed id is dropped
+                m.clear(op["dst"])
+            elif kind == "reload":
+                blobs = {s: self._export(s) for s in m.live()}
+                self.start()
+                for s, blob in blobs.items():
+                    r = self.call("state_set", seq=op["perm"][s], data=blob)
+                    if not r.ok:
+                        return self.problem("refusal", f"sequence {s}'s state into a fresh context as "
+                                            f"{op['perm'][s]} failed: {r.failure.message if r.failure else r.data}")
+                m.permute(op["perm"])
+        except Crashed as c:
+            return c.problem
+        got = self._positions()
+        bad = check_positions(m, self.mem, got)
+        return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"]) if bad else None
+
+    def _decode(self, parts: list[list[Any]]) -> dict[str, Any] | None:
+        """One llama_decode of the parts ([sequence, tokens]; a list of sequences: coupled, the tokens in each),
+        positions continuing each sequence; then the positions and every decoded sequence's logits checked."""
+        m = self.model
+        parts = [[s, toks] for s, toks in parts if toks and len({m.next_pos(q) for q in ids(s)}) == 1
+                 and m.next_pos(ids(s)[0]) + len(toks) <= self.cfg.max_len + 8]
+        if not parts:
+            return None
+        tokens, seqs, pos, out = [], [], [], []
+        for s, toks in parts:
+            p = m.next_pos(ids(s)[0])
+            tokens += toks
+            seqs += [s] * len(toks)
+            pos += list(range(p, p + len(toks)))
+            out += [False] * (len(toks) - 1) + [True]
+        r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out)
+        if not r.ok:
+            return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
+                                f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
+        rows = np.frombuffer(base64.b64decode(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
+        self.rows = {q: row for (s, _), row in zip(parts, rows, strict=True) for q in ids(s)}
+        for s, toks in parts:
+            if isinstance(s, list):
+                m.coupled(s, toks, shared=self.kv_unified)
+            else:
+                m.decode(s, toks)
+        got_pos = self._positions()
+        bad = check_positions(m, self.mem, got_pos)
+        if bad:
+            return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"])
+        for q, row in self.rows.items():
+            want = self.recompute.logits(m.log[q])
+            if isinstance(want, str):
+                return self.problem("crash", f"sequence {q}: {want}", seq=q)
+            d, ok = compare_logits(row, want, self.recompute.tol)
+            self.checks += 1
+            self.worst = max(self.worst, d)
+            if not ok:
+                return self.problem("logits", f"sequence {q}'s logits differ from its history recomputed alone "
+                                    f"(max|Δlogit| {d:.3g} > {self.recompute.tol:.3g})", seq=q, max_abs_dlogit=d)
+        return None
+
+    def settle(self) -> None:
+        """One token decoded on the scratch sequence, then dropped: llama.cpp does the work it defers to the next
+        decode (a shift's key rotation, a copy between streams) without touching any sequence of the program."""
+        self.call("decode", **self.recompute.feed.args([0]), seq=self.scratch, pos=[0], logits="none")
+        self.call("seq_rm", seq=self.scratch, p0=-1, p1=-1)
+
+    def _recompute_instead(self, op: dict[str, Any]) -> dict[str, Any] | None:
+        """A rollback done as a runtime without rollback snapshots does it: the sequence dropped and the tokens it
+        keeps decoded again (where its log is decodes only; otherwise the rollback itself)."""
+        m, s = self.model, op["seq"]
+        log = [list(e) for e in m.log[s]]
+        m.rm(s, op["p0"], op["p1"])
+        if any(e[0] != "d" for e in m.log[s]):
+            m.log[s] = log  # (not a truncation of decodes: undo, and roll back as asked)
+            m.cells[s] = sorted(p for e in log if e[0] == "d" for p, _ in e[1])
+            r = self.call("seq_rm", seq=s, p0=op["p0"], p1=op["p1"])
+            if r.ok and r.data["removed"]:
+                m.rm(s, op["p0"], op["p1"])
+            return None
+        self.call("seq_rm", seq=s, p0=-1, p1=-1)
+        for e in m.log[s]:
+            r = self.call("decode", **self.recompute.feed.args([t for _, t in e[1]]), seq=s,
+                          pos=[p for p, _ in e[1]], logits="none")
+            if not r.ok:
+                return self.problem("refusal", f"re-decoding sequence {s}'s kept tokens failed: "
+                                    f"{r.failure.message if r.failure else r.data}")
+        return None
+
+    def _positions(self) -> dict[str, list[int]]:
+        r = self.call("seq_pos", seqs=list(self.model.cells))
+        self.model.reported = r.data["pos"]
+        return r.data["pos"]
+
+    def _export(self, s: int) -> str:
+        r = self.call("state_get", seq=s)
+        if not r.ok:
+            raise Crashed(self.problem("refusal", f"exporting sequence {s} failed: "
+                                       f"{r.failure.message if r.failure else r.data}"))
+        return r.data["data"]
+
+    def _window_lost(self) -> None:
+        """After a removal or a partial fork under a sliding window: a sequence whose window below its next position
+        is gone from the cache (pos_min above it, as llama-server checks before reusing a slot) cannot go on; it is
+        dropped, as a runtime re-processes it."""
+        if not self.mem.swa:
+            return
+        got = self._positions()
+        for s in self.model.live():
+            lo, hi = self.model.span(s)
+            if got[str(s)][0] < 0 or got[str(s)][0] > max(lo, hi + 1 - self.mem.swa):
+                self.call("seq_rm", seq=s, p0=-1, p1=-1)
+                self.model.clear(s)
+                self.refused["window"] += 1
+
+
+def ids(s: int | list[int]) -> list[int]:
+    """A decode part's sequences: one, or a coupled decode's several."""
+    return s if isinstance(s, list) else [s]
+
+
+class Crashed(Exception):
+    def __init__(self, problem: dict[str, Any]):
+        super().__init__(problem["message"])
+        self.problem = problem
+
+
+def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
+                program: list[dict[str, Any]] | None, rng: np.random.Generator | None, *,
+                settle: frozenset[int] = frozenset(), recompute_rollbacks: bool = False
+                ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, Machine]:
+    """A program (given, or drawn from rng as it goes) in a fresh context: the operations run, up to and including
+    the first that failed a check, and that problem. The controls (explain): `settle` after these steps, and
+    rollbacks recomputed."""
+    mach = Machine(t, fixture, cfg, kv_unified, recompute, recompute_rollbacks=recompute_rollbacks)
+    try:
+        mach.start()
+    except Crashed as c:
+        return [], {**c.problem, "step": -1, "op": "load"}, mach
+    why = precondition_problem(program, mach.mem, cfg, kv_unified) if program is not None else None
+    if why:
+        raise UserError(f"program: {why}; llama.cpp does not promise what it does then")
+    done: list[dict[str, Any]] = []
+    n = len(program) if program is not None else cfg.steps
+    for i in range(n):
+        if program is not None:
+            op = program[i]
+        elif i == n - 1:
+            op = final_decode(SeededDraws(rng), mach.model, mach.mem)
+        else:
+            op = draw_op(SeededDraws(rng), mach.model, mach.mem, cfg, kv_unified, *burst(rng, done, mach, cfg,
+                                                                                       kv_unified))
+        done.append(op)
+        problem = mach.apply(op)
+        if problem:
+            return done, {**problem, "step": i, "op": op["op"]}, mach
+        if i in settle:
+            try:
+                mach.settle()
+            except Crashed as c:
+                return done, {**c.problem, "step": i, "op": "settle"}, mach
+    return done, None, mach
+
+
+def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute
+                       ) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    """Hypothesis' RuleBasedStateMachine over the same machine: one rule per operation (its precondition: the
+    operation is valid now), the same drawer choosing its arguments through Hypothesis, the checks as the
+    invariant. At most `cfg.programs` examples of up to `cfg.steps` rules, derandomized (the same programs every
+    run); Hypothesis shrinks a failure to its shortest sequence of rules. Returns that program (None: every example
+    passed) and what the examples did (a results row)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+    runs: list[Machine] = []
+    programs: list[list[dict[str, Any]]] = []
+
+    class MemoryMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mach = Machine(t, fixture, cfg, kv_unified, recompute)
+            self.mach.start()
+            self.done: list[dict[str, Any]] = []
+            runs.append(self.mach)
+            programs.append(self.done)
+
+        def run(self, data: Any, kind: str) -> None:
+            op = draw_op(HypothesisDraws(data), self.mach.model, self.mach.mem, cfg, kv_unified, kind)
+            self.done.append(op)
+            problem = self.mach.apply(op)
+            assert problem is None, problem["message"]
+
+    def make(kind: str) -> Any:
+        @precondition(lambda self: op_weights(self.mach.model, self.mach.mem, cfg, kv_unified).get(kind, 0) > 0)
+        @rule(data=st.data())
+        def op(self: Any, data: Any) -> None:
+            self.run(data, kind)
+        op.__name__ = kind
+        return op
+
+    for kind in OPS:
+        setattr(MemoryMachine, kind, make(kind))
+    try:
+        run_state_machine_as_test(MemoryMachine, settings=settings(
+            max_examples=cfg.programs, stateful_step_count=cfg.steps, deadline=None, database=None,
+            derandomize=True, suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+            print_blob=False))
+    except (AssertionError, Crashed):
+        return programs[-1], {}  # Hypothesis ends by running the shortest failing example once more
+    return None, {"kv_unified": kv_unified, "program": None, "examples": len(runs), "status": PASS,
+                  "steps": sum(map(len, programs)), "checks": sum(m.checks for m in runs),
+                  "max_abs_dlogit": max((m.worst for m in runs), default=0.0),
+                  "ops": dict(Counter(op["op"] for p in programs for op in p)),
+                  "refused": dict(sum((m.refused for m in runs), Counter()))}
