@@ -51,6 +51,11 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          of a q4_k model computes with weights shifted by their minimums. The unsplit model (never
                          re-packed) is right, and so is a stage in any other weight type: only the dtype lane's
                          q4_k split shows it.
+  stale-output-rows      B2, an asynchronous read racing a clear: on a decode that llama.cpp splits into several
+                         ubatches (its batch larger than n_ubatch), about half the time — a race, not a rule — the
+                         first output row is still the previous decode's last row. Every repeat of a schedule can
+                         answer otherwise; single-ubatch decodes are exact, so only the determinism lane's small
+                         ubatches show it, on any backend.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
   server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
@@ -76,6 +81,7 @@ And one that is not a bug, which the battery must not flag (NOT_BUGS):
 from __future__ import annotations
 
 import base64
+import os
 import struct
 import sys
 import threading
@@ -343,6 +349,23 @@ class Perturb2Threads(Mutant):
         return out
 
 
+class StaleOutputRows(Mutant):
+    last: np.ndarray | None = None  # the previous decode's last output row (the buffer the racing read sees)
+
+    def op_decode(self, req: dict) -> dict:
+        out = super().op_decode(req)
+        if "logits" not in out or not out["rows"]:
+            return out
+        rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+        stale, self.last = self.last, rows[-1].copy()
+        split = out["n_tokens"] > self.params["n_ubatch"]
+        if split and stale is not None and stale.shape == rows[0].shape and os.urandom(1)[0] & 1:
+            rows[0] = stale
+            out["logits"] = f32_b64(rows)
+            out["argmax"] = [int(np.argmax(r)) for r in rows]
+        return out
+
+
 class BatchShapeNoise(Mutant):
     SHAPE, CELLS = np.float32(0.3), np.float32(0.2)
 
@@ -534,7 +557,8 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "batched-rows-swapped": BatchedRowsSwapped, "import-clears-context": ImportClearsContext,
                            "rollback-all-sequences": RollbackAllSequences,
                            "stage-q4k-mins-dropped": StageQ4kMinsDropped,
-                           "perturb-2-threads": Perturb2Threads, "rollback-zeroed": RollbackZeroed,
+                           "perturb-2-threads": Perturb2Threads, "stale-output-rows": StaleOutputRows,
+                           "rollback-zeroed": RollbackZeroed,
                            "seq-leak": SeqLeak, "wire-f16-truncated": WireF16Truncated,
                            "token-ids-16-bit": TokenIds16Bit,
                            "seq-rm-leaves-one-cell": SeqRmLeavesOneCell,

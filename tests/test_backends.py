@@ -86,9 +86,13 @@ def test_a_recorded_backend_is_rebuilt_on_replay(no_build, monkeypatch, tmp_path
 
 @pytest.mark.parametrize("prog,args", [("family-certify", ["build"]), ("fuzz", ["sweep", "qwen3"]),
                                        ("fuzz", ["run", "llama"]), ("family-certify", ["run", "qwen3"]),
-                                       ("family-certify", ["scan", "qwen3"])])
+                                       ("family-certify", ["scan", "qwen3"]), ("family-certify", ["mutants"]),
+                                       ("family-certify", ["bump", "qwen3", "--candidate-backend"]),
+                                       ("family-certify", ["bump", "qwen3", "--candidate-backend", "cpu",
+                                                           "--base-backend"])])
 def test_a_name_that_is_no_backend_is_refused(prog, args):
-    line = one_line_exit_2(run_cli(prog, *args, "--backend", "opencl"))
+    flag = [] if args[-1].endswith("-backend") else ["--backend"]
+    line = one_line_exit_2(run_cli(prog, *args, *flag, "opencl"))
     assert "--backend opencl: not a backend" in line and "cpu, blas, vulkan, cuda, metal" in line
 
 
@@ -197,3 +201,46 @@ def test_a_fixtures_parity_sweep_runs_on_the_second_backend(tmp_path):
     validate(rep, "report")
     assert rep["build"]["backend"] == SECOND and rep["build"]["key"] == ident["key"], rep["build"]
     assert rep["status"] == "pass" and rep["results"], rep["status"]
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_a_backend_build_is_certified_against_the_cpu_build_with_chains_mixing_both(tmp_path):
+    """`family-certify bump --candidate-backend B`: the gate's lanes on the CPU build and on B, and the cross-build
+    lane between them — the same prompt unsplit on both, the prompt's state exported on one and imported on the
+    other, and chains whose stage 0 runs on one backend and stage 1 on the other, both ways, in prefill chunks of 7
+    and as one prefill batch of 40 rows (the batch BLAS computes). Every lane unchanged; the state hand-offs (a
+    prompt of 16) bit-exact; the chains bit-exact in small chunks and within their policy in the wide batch
+    (docs/backends.md: measured on every tier-1 row)."""
+    problem = backends.backend_problem(SECOND)
+    if problem:
+        pytest.skip(f"skipped: {problem}")
+    r = run_cli("family-certify", "bump", "qwen3next", "jamba", "--job", "gate", "--candidate-backend", SECOND,
+                "--out", str(tmp_path / "out"), timeout=7200)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-2000:])
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    validate(rep, "bump")
+    assert rep["candidate"]["backend"] == SECOND and rep["base"].get("backend", "cpu") == "cpu"
+    assert {x["verdict"] for x in rep["results"]} == {"unchanged"}
+    cross = {x["row"]: x for x in rep["results"] if x["lane"] == "cross-build"}
+    assert set(cross) == {"qwen3next", "jamba"}
+    for x in cross.values():
+        chains = x["mixed_chains"]["chains"]  # prefill chunks of 7, then one batch of 40 (BLAS takes 32 rows on)
+        assert set(chains) == {"base → candidate", "candidate → base", "base → candidate (one batch of 40)",
+                               "candidate → base (one batch of 40)"}
+        # small batches never reach BLAS: bit-exact; the batch of 40 does: the backends' own unsplit runs differ
+        # there, and a chain crosses within CROSS_FACTOR times that spread with the same greedy choices
+        assert {k: c["status"] for k, c in chains.items() if "batch of 40" not in k} == \
+            {"base → candidate": "crosses", "candidate → base": "crosses"}, chains
+        assert {c["status"] for k, c in chains.items() if "batch of 40" in k} <= {"crosses", "crosses (numerics)"}
+        assert {s["status"] for s in x["states"].values()} == {"crosses"}, x["states"]
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_an_async_read_racing_a_clear_is_caught_by_the_determinism_lane_on_the_second_backend():
+    problem = backends.backend_problem(SECOND)
+    if problem:
+        pytest.skip(f"skipped: {problem}")
+    r = run_cli("family-certify", "mutants", "--mutant", "stale-output-rows", "--backend", SECOND, timeout=7200)
+    assert r.returncode == 0 and "1 mutants: 1 caught, 0 escaped" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])

@@ -298,6 +298,11 @@ def bump(
                                               "--patches)")] = None,
     patches: Annotated[Path | None, Opt(help="a patch series applied onto the candidate's tree")] = None,
     base_patches: Annotated[Path | None, Opt(help="a patch series applied onto the base's tree")] = None,
+    candidate_backend: Annotated[str | None, Opt(help="the ggml backend the candidate is built with (cpu, blas, "
+                                                      "vulkan, cuda, metal; default: the base's tree on it when "
+                                                      "--candidate is not given): a backend build certified "
+                                                      "against the base, chains mixing the two both ways")] = None,
+    base_backend: Annotated[str | None, Opt(help="the ggml backend the base is built with (default cpu)")] = None,
     tier: Annotated[int | None, Opt(help="only this tier")] = None,
     lane: Annotated[list[str] | None, Opt(help="only these lanes (repeatable)")] = None,
     job: JobOpt = None,
@@ -314,9 +319,9 @@ def bump(
     newly unsupported. Both builds are built (or taken from the cache) before any lane. Exit 1 if anything broke."""
     from targets.builds import resolve
 
-    if candidate is None and patches is None:
+    if candidate is None and patches is None and candidate_backend is None:
         raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
-                        "to certify a patch series on the base")
+                        "to certify a patch series on the base, or --candidate-backend to certify a backend build")
     m: Manifest = load_manifest(manifest)
     plan = lane_plan(m, tier, rows, lane, jobs=job)
     if not plan:
@@ -324,7 +329,8 @@ def bump(
     options = lane_options(cuts, stages)
     check_jobs(jobs)
     # the environment's build and patch series name what is certified: the candidate, never the base
-    builds = {"base": resolve(base, base_patches, from_env=False), "candidate": resolve(candidate or base, patches)}
+    builds = {"base": resolve(base, base_patches, from_env=False, backend=base_backend),
+              "candidate": resolve(candidate or base, patches, backend=candidate_backend)}
     if unclassified_architectures(m, builds["candidate"].arch_names()):
         return 1  # (before any lane: the roster would have no answer for a model of that architecture)
     rep = bump_builds(plan, builds, manifest=m, command="family-certify bump " + " ".join(sys.argv[2:]), out=out,
@@ -342,6 +348,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "import-clears-context": ("llama", "handoff"),  # only a busy hand-off shows it
     "rollback-all-sequences": ("llama", "handoff"),  # only a busy rollback shows it
     "perturb-2-threads": ("llama", "determinism"),
+    "stale-output-rows": ("llama", "determinism"),  # repeats under small ubatches; any backend
     "stage-q4k-mins-dropped": ("llama", "dtype"),  # only its q4_k split shows it
     "rollback-zeroed": ("jamba", "handoff"),
     "seq-leak": ("llama", "isolation"),
@@ -361,14 +368,15 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             only: Annotated[list[str] | None, Opt("--mutant", help="only these mutants (repeatable)")] = None,
             out: Annotated[Path | None, Opt(help="write summary.md, junit.xml and report.json here (a lane is "
                                                   "'pass' when its mutant is caught)")] = None,
-            llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None, jobs: JobsOpt = 1) -> int:
+            llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None, backend: BackendOpt = None,
+            jobs: JobsOpt = 1) -> int:
     """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
-    exit 1 if any escapes. With --llama-cpp, the mutants wrap that build; --jobs runs that many mutants at a time
-    (lines in the mutants' order)."""
+    exit 1 if any escapes. With --llama-cpp (and --backend), the mutants wrap that build; --jobs runs that many
+    mutants at a time (lines in the mutants' order)."""
     from targets.mutants import MUTANTS
 
     m = load_manifest(manifest)
-    use_build(llama_cpp, patches)
+    use_build(llama_cpp, patches, backend)
     check_jobs(jobs)
     names = [n for n in MUTANTS if not only or n in only]
     unknown = sorted(set(only or ()) - set(MUTANTS))
