@@ -43,3 +43,17 @@ def test_a_bump_whose_candidate_reuses_less_broke_and_one_that_reuses_more_did_n
     (v,) = bp.verdicts(run, {"results": [lane([[0, 1], [0, 3]])]}, {})
     assert v["verdict"] == "unchanged"
 
+
+def test_a_candidate_whose_state_carries_more_cells_breaks_the_row():
+    """The cross-build lane's capacity rule (upstream 23720's class): the same sequence's export carrying more KV
+    cells on the candidate than on the base breaks the row; as many, fewer, or a memory whose state is not cells
+    (recurrent, hybrid: None) does not."""
+    from fuzz.certify import bump as bp
+
+    def states(base, candidate):
+        return {"base → candidate": {"cells": base}, "candidate → base": {"cells": candidate}}
+
+    assert bp.state_growth(states(20, 32)) == ("the candidate's export of the same sequence carries 32 KV cells "
+                                               "where the base's carries 20: the state a stage sends grows, and an "
+                                               "importer needs room for 12 more cells")
+    assert [bp.state_growth(states(a, b)) for a, b in ((20, 20), (32, 20), (None, 32), (20, None))] == [None] * 4

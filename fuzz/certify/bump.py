@@ -43,13 +43,16 @@ from synth.make import write_fixture
 from synth.manifest import Manifest, Row
 from synth.stage import Unsupported
 from targets import open_target
+from targets.kvstate import kv_cells
 
 UNCHANGED, BROKE, FIXED, NEWLY_UNSUPPORTED, DRIFTED = "unchanged", "broke", "fixed", "newly unsupported", "drifted"
 VERDICTS = (BROKE, MISSING, DRIFTED, NEWLY_UNSUPPORTED, FIXED, UNCHANGED)
 FAILED = (BROKE, MISSING)  # what makes a bump exit 1 (missing: planned, but no shard reported it)
 CROSS_LANE = "cross-build"
 POLICY = ("cross-build: not promised bit-exact; both builds teacher-forced with the base's greedy tokens, max |Δlogit| "
-          "and NMSE reported, the first greedy choice that differs is `drifted` (with the base's margin there)")
+          "and NMSE reported, the first greedy choice that differs is `drifted` (with the base's margin there); "
+          "a state imported wrong across the builds, a chain mixing them that moves past its bound, or the "
+          "candidate's state of the same sequence carrying more KV cells than the base's is `broke`")
 PROMPT_LEN, TOKENS = 16, 16
 CROSS_FACTOR = 4.0  # a crossing moves at most this × what the two builds' own runs differ by (else it is wrong)
 # a chain mixing two backends, measured on every tier-1 row (CPU and BLAS builds of the pinned tree, one prefill batch
@@ -120,6 +123,9 @@ def cross_build(path: str, n_vocab: int, base: Any, candidate: Any, *, seed: int
     if wrong:
         return {"verdict": BROKE, "states": states, "detail": "sequence state imported silently wrong across the "
                 "builds: " + "; ".join(wrong)}
+    grew = state_growth(states)
+    if grew:
+        return {"verdict": BROKE, "states": states, "detail": grew}
     diff = la - lb
     nmse = float(np.mean(diff ** 2) / max(np.mean(la ** 2), 1e-30))
     out: dict[str, Any] = {"max_abs_dlogit": float(np.max(np.abs(diff))), "nmse": nmse, "tokens": len(ta),
@@ -139,6 +145,27 @@ def cross_build(path: str, n_vocab: int, base: Any, candidate: Any, *, seed: int
                             + crossing}
 
 
+def state_cells(blob: bytes) -> int | None:
+    """The KV cells a full sequence export carries (every cache of a KV or sliding-window memory), or None for
+    another memory (recurrent, hybrid: their state is not cells)."""
+    for n_caches in (1, 2):
+        caches = kv_cells(blob, n_caches)
+        if caches is not None:
+            return sum(len(positions) for positions, _ in caches)
+    return None
+
+
+def state_growth(states: dict[str, dict[str, Any]]) -> str | None:
+    """Where the candidate's export of the same sequence (same model, same prompt) carries more KV cells than the
+    base's, why that breaks a split: what crosses between stages grows, and an import needs a free cell for each (a
+    cache sized for the base's state refuses it); else None."""
+    a, b = states["base → candidate"].get("cells"), states["candidate → base"].get("cells")
+    if a is None or b is None or b <= a:
+        return None
+    return (f"the candidate's export of the same sequence carries {b} KV cells where the base's carries {a}: the "
+            f"state a stage sends grows, and an importer needs room for {b - a} more cells")
+
+
 def state_across(path: str, prompt: list[int], fed: list[int], src: Any, dst: Any, own: np.ndarray,
                  spread: float) -> dict[str, Any]:
     """A rolling upgrade's hand-off: the prompt's sequence state exported by one build and imported by the other,
@@ -152,17 +179,19 @@ def state_across(path: str, prompt: list[int], fed: list[int], src: Any, dst: An
     blob = src.state_get(0) if got.ok else got
     if not blob.ok:
         return {"status": "unrun", "detail": f"the exporter fails: {blob.failure.message}"}
+    cells = state_cells(blob.data["blob"])
     r = dst.load(path)
     put = dst.state_set(blob.data["blob"], 0) if r.ok else r
     if not put.ok:
-        return {"status": "refused", "detail": f"import refused: {put.failure.message}"}
+        return {"status": "refused", "cells": cells, "detail": f"import refused: {put.failure.message}"}
     steps = [{"tokens": [t], "pos": [len(prompt) + k], "logits": "last"} for k, t in enumerate(fed)]
     cont = dst.script(steps)
     if not cont.ok:
-        return {"status": "refused", "detail": f"imported, then decoding fails: {cont.failure.message}"}
+        return {"status": "refused", "cells": cells,
+                "detail": f"imported, then decoding fails: {cont.failure.message}"}
     rows = np.stack([x["logits"][-1] for x in cont.data["results"]]).astype(np.float64)
     status, d = crossing(rows, own[1:len(rows) + 1], spread)
-    return {"status": status, "max_abs_dlogit": d, "bytes": len(blob.data["blob"]),
+    return {"status": status, "max_abs_dlogit": d, "bytes": len(blob.data["blob"]), "cells": cells,
             "detail": "continues bit-exact" if status == "crosses" else
                       f"continues with max |Δlogit| {d:.3g} from the importer's own run (the builds' own runs "
                       f"differ by {spread:.3g})" + (", beyond what their numerics move" if status == "wrong" else "")}

@@ -222,7 +222,9 @@ BUMP = {
                             "description": "relative to DIR/candidate"},
                 "max_abs_dlogit": {"type": "number"}, "nmse": {"type": "number"}, "bit_exact": {"type": "boolean"},
                 "states": {"type": "object", "description": "cross-build: sequence state exported by one build, "
-                           "imported by the other (crosses | crosses (numerics) | refused | wrong | unrun)"},
+                           "imported by the other (crosses | crosses (numerics) | refused | wrong | unrun), with "
+                           "the KV cells the exporter's state carries (a candidate's carrying more than the base's "
+                           "breaks the row)"},
                 "mixed_chains": {"type": "object", "description": "cross-build: stage 0 on one build, stage 1 on "
                                  "the other"}}}},
         "totals": {"type": "object", "propertyNames": VERDICT, "additionalProperties": {"type": "integer"}},
