@@ -736,12 +736,15 @@ def test_nightly_backends_certifies_the_blas_build_against_the_cpu_build(ci):
     """The nightly backends job, its rows narrowed to llama: OpenBLAS installed (already there: nothing to do), the
     pinned tree built with BLAS once (from the cache where it is), the gate's lanes bumped from the CPU build to
     the BLAS build with the cross-build lane (state across backends, chains mixing them), the B2 mutant caught on
-    BLAS, and the GPU backends said to be skipped, with why, when no runner is named."""
+    BLAS, repeat-determinism on BLAS, and the GPU backends said to be skipped, with why, when no runner is named."""
     j = job(ci, "nightly.yml", "backends")
     assert j.ok, j.why()
     rep = json.loads((j.workspace / "out" / "backend-blas" / "report.json").read_text())
     assert rep["candidate"]["backend"] == "blas" and {x["row"] for x in rep["results"]} == {"llama"}
     assert {x["verdict"] for x in rep["results"]} == {"unchanged"}, rep["results"]
+    det = json.loads((j.workspace / "out" / "backend-blas-determinism" / "report.json").read_text())
+    assert [(x["row"], x["lane"], x["status"]) for x in det["results"]] == [("llama", "determinism", "pass")]
+    assert det["build"]["backend"] == "blas"
     assert "1 mutants: 1 caught, 0 escaped" in j.step("the B2 mutant on BLAS").log, j.why()
     assert "skipped: no self-hosted GPU runner named" in j.step("the GPU backends").log
     assert (j.workspace / "out" / "backend-blas" / "summary.md").read_text() in j.summary
