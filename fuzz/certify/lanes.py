@@ -17,7 +17,7 @@ from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
-from fuzz.oracles.memory import MemoryConfig
+from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig
 from fuzz.oracles.registry import ORACLES
@@ -509,12 +509,16 @@ class LaneCall:
     options: LaneOptions
 
 
+def _sweep(c: LaneCall) -> LaneResult:  # parity, boundary-sweep, fixed-split: lane_cuts tells them apart
+    return lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options)
+
+
 # every lane of the manifest (synth.manifest.LANES and the scan's) → how it runs; a test holds the two equal
 LANE_RUNNERS: dict[str, Callable[[LaneCall], LaneResult]] = {
     "load": lambda c: lane_load(c.row, c.path, c.target),
-    "parity": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
-    "boundary-sweep": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
-    "fixed-split": lambda c: lane_sweep(c.row, c.path, c.lane, c.target_spec, c.options),
+    "parity": _sweep,
+    "boundary-sweep": _sweep,
+    "fixed-split": _sweep,
     "dtype": lambda c: lane_dtype(c.row, c.workdir, c.target_spec),
     "wire": lambda c: lane_wire(c.row, c.path, c.target_spec),
     "isolation": lambda c: lane_isolation(c.row, c.path, c.target_spec),

@@ -26,7 +26,7 @@ from fuzz.engine.progress import Progress
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
-from fuzz.oracles.memory import MemoryConfig
+from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig
 from fuzz.oracles.registry import ORACLES as ORACLES_BY_NAME
 from fuzz.oracles.registry import get_oracle
