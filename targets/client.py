@@ -21,6 +21,9 @@ from typing import Any
 from synth.errors import UserError
 
 DEFAULT_TIMEOUT = 120.0
+# The engine's pid, in every worker's environment: a worker whose engine died before the worker looked (still
+# starting) knows it is orphaned without having seen its engine as its parent (targets/PROTOCOL.md).
+ENGINE_PID = "FAMILY_CERTIFY_ENGINE_PID"
 _INFORMATIVE = ("GGML_ASSERT", "GGML_ABORT", "error", "Error", "terminate", "Assertion", "fault", "abort",
                 "double free", "corruption", "unsupported")
 
@@ -83,7 +86,8 @@ class WorkerClient:
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                bufsize=1, env={**os.environ, **(self.env or {})}, start_new_session=True)
+                bufsize=1, env={**os.environ, **(self.env or {}), ENGINE_PID: str(os.getpid())},
+                start_new_session=True)
         except OSError as e:
             raise UserError(f"target {self.name}: cannot start {self.argv[0]!r} ({e.strerror or e}); "
                             "install it or fix --target") from None

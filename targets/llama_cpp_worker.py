@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from targets import native
+from targets.client import ENGINE_PID
 
 PROTOCOL_VERSION = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
@@ -673,14 +674,26 @@ def serve(stdin, stdout, make_worker: Any = LlamaWorker) -> None:
 
 def _exit_with_engine(engine: int) -> None:
     """The engine that started this worker is gone (killed: the worker's stdin closes, but a request in progress —
-    an `await` with a long timeout, a slow load — would keep the worker and its llama-server alive until it ends):
-    exit now, with the process group the engine started it in (a llama-server runs in it; skippy's stages go by
-    their PR_SET_PDEATHSIG)."""
-    while os.getppid() == engine:
+    an `await` with a long timeout, a slow load, a load the dead engine left in the pipe — would keep the worker and
+    its llama-server alive until it ends): exit now, with the process group the engine started it in (a llama-server
+    runs in it; skippy's stages go by their PR_SET_PDEATHSIG). Gone: this worker's parent changed (it was reparented),
+    or the engine's pid is not there (it died before this thread first looked; a `cmd:` wrapper is the parent)."""
+    parent = os.getppid()
+    while os.getppid() == parent and _alive(engine):
         time.sleep(0.2)
     if os.getpgrp() == os.getpid():
         os.killpg(0, signal.SIGKILL)
     os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (someone else's process: there, at least)
+        pass
+    return True
 
 
 NO_LLAMA = "FAMILY_CERTIFY_NO_LLAMA"  # set: a worker exits before it loads llama.cpp or starts llama-server
@@ -708,7 +721,8 @@ def main_with(worker_cls: Any, llama: bool = True) -> None:
         made.append(worker_cls())
         return made[-1]
 
-    threading.Thread(target=_exit_with_engine, args=(os.getppid(),), daemon=True).start()
+    engine = int(os.environ.get(ENGINE_PID) or os.getppid())
+    threading.Thread(target=_exit_with_engine, args=(engine,), daemon=True).start()
     try:
         serve(sys.stdin, proto, make)
     finally:

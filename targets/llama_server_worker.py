@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,17 @@ except (OSError, AttributeError):  # not Linux: the process group still takes th
     _PRCTL = None
 
 
-def die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the worker that started it dies, however it dies (Linux)."""
-    if _PRCTL is not None:
-        _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+def die_with_parent() -> Callable[[], None]:
+    """A preexec_fn, made in the parent: in the child before exec, SIGKILL when the parent dies, however it dies
+    (Linux). A parent that died between the fork and the prctl sent no signal: the child, reparented, goes at once."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
 
 
 POINTS = ("prompt", "done")  # the progress an operation reports, in order (a slot action has only "done")
@@ -165,7 +173,7 @@ class ServerWorker:
             self.stderr.clear()
             # in the worker's process group: a worker the engine kills takes its server with it
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+                                         stderr=subprocess.PIPE, preexec_fn=die_with_parent())
             pump = threading.Thread(target=self._pump, args=(self.proc,), daemon=True)
             pump.start()
             while time.monotonic() < deadline:

@@ -55,7 +55,7 @@ class Topology:
             fh.write(("+ " + " ".join(argv) + "\n").encode())
             fh.flush()
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                 process_group=self.pgid, preexec_fn=die_with_parent, env=child_env(self.cfg))
+                                 process_group=self.pgid, preexec_fn=die_with_parent(), env=child_env(self.cfg))
         self.pgid = self.pgid or p.pid
         self.procs.append((name, p, log))
         return p

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -541,7 +542,7 @@ def test_no_llama_server_outlives_a_killed_engine(binary, fixtures, tmp_path):
 
     started, left = kill_engine_once_started(p, f"llama-server -m {fixture}", within=10)
     assert started, "the engine never started a llama-server"
-    assert not left, "a llama-server outlived the engine"
+    assert not left, f"a llama-server outlived the engine:\n{processes(left)}"
 
 
 def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) -> tuple[bool, list[str]]:
@@ -563,17 +564,32 @@ def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) ->
     return True, servers()
 
 
+def processes(pids: list[str]) -> str:
+    """ps lines for these pids and their parents (who started a survivor, and is that one still there?)."""
+    ps = ["ps", "-o", "pid,ppid,pgid,stat,etime,wchan:20,args", "-p"]
+    mine = subprocess.run([*ps, ",".join(pids)], capture_output=True, text=True).stdout
+    parents = {ln.split()[1] for ln in mine.splitlines()[1:] if ln.split()}
+    return mine + subprocess.run([*ps, ",".join(parents or {"1"})], capture_output=True, text=True).stdout
+
+
+def stand_in_server(tmp_path: Path, marker: str) -> Path:
+    """A llama-server stand-in that answers --help at once and otherwise never listens (sleeps 600 s, `marker` in
+    its command line)."""
+    sleeper = tmp_path / "llama-server"
+    sleeper.write_text(f'#!/bin/sh\ncase " $* " in *" --help "*) exit 0;; esac\n'
+                       f'exec "{sys.executable}" -c "import time; time.sleep(600)" {marker}\n')
+    sleeper.chmod(0o755)
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    return sleeper
+
+
 @pytest.mark.llama
 def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
     """A killed engine closes its workers' stdin, but a worker in the middle of a request reads it only when the
     request ends — here a load waiting up to 300 s for a server that never becomes healthy (a stand-in). The worker
     notices its engine is gone and exits within a second, its server with it."""
     marker = f"stand-in-server-{os.getpid()}"
-    sleeper = tmp_path / "llama-server"  # (answers --help at once; otherwise never listens)
-    sleeper.write_text(f'#!/bin/sh\ncase " $* " in *" --help "*) exit 0;; esac\n'
-                       f'exec "{sys.executable}" -c "import time; time.sleep(600)" {marker}\n')
-    sleeper.chmod(0o755)
-    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    sleeper = stand_in_server(tmp_path, marker)
     engine = ("from targets import open_target\n"
               "t = open_target('llama-server', timeout=600)\n"
               f"t.call('load', path={str(tmp_path / 'x.gguf')!r}, start_timeout=300)\n")
@@ -586,6 +602,31 @@ def test_a_worker_busy_in_a_request_goes_with_a_killed_engine(tmp_path):
         assert not left, "a worker busy in a load outlived its engine, and kept its server"
     finally:
         p.kill()
+        subprocess.run(["pkill", "-f", f"sleep.600. {marker}"])
+
+
+@pytest.mark.llama
+def test_a_worker_whose_engine_died_before_it_looked_goes_at_once(tmp_path):
+    """An engine killed while its worker is still starting leaves a load in the worker's pipe; the worker, already
+    reparented when it first looks at its parent, knows its engine by the pid in its environment: it exits within
+    a second, and the server that load started with it (not after the load's 300 s)."""
+    marker = f"stand-in-server-orphan-{os.getpid()}"
+    sleeper = stand_in_server(tmp_path, marker)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    load = json.dumps({"id": 1, "op": "load", "path": str(tmp_path / "x.gguf"), "start_timeout": 300})
+    w = subprocess.Popen([sys.executable, "-m", "targets.llama_server_worker"], cwd=ROOT, stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         env={**os.environ, "FAMILY_CERTIFY_LLAMA_SERVER": str(sleeper),
+                              "FAMILY_CERTIFY_ENGINE_PID": gone.stdout.strip()})  # (an engine no more)
+    try:
+        w.stdin.write((load + "\n").encode())
+        w.stdin.flush()  # (the pipe stays open: only the engine's pid says it is gone)
+        assert w.wait(timeout=10) != 0
+        time.sleep(0.5)
+        left = subprocess.run(["pgrep", "-f", f"sleep.600. {marker}"], capture_output=True, text=True).stdout
+        assert not left.split(), f"the orphaned worker's server stayed:\n{processes(left.split())}"
+    finally:
+        w.kill()
         subprocess.run(["pkill", "-f", f"sleep.600. {marker}"])
 
 
