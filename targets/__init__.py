@@ -14,13 +14,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from targets.client import Failure, Reply, WorkerClient
+    from targets.client import Failure, Reply, WorkerClient, as_bytes
     from targets.target import Target, close_all
 
 # Imported on first use: `python -m targets.llama_cpp_worker` runs this file too, and a worker starts in
 # half the time without numpy and the engine-side modules.
 _LAZY = {"DEFAULT_TIMEOUT": "targets.client", "Failure": "targets.client", "Reply": "targets.client",
-         "WorkerClient": "targets.client", "Target": "targets.target", "close_all": "targets.target"}
+         "WorkerClient": "targets.client", "as_bytes": "targets.client", "Target": "targets.target",
+         "close_all": "targets.target"}
 
 
 def __getattr__(name: str) -> Any:
@@ -110,5 +111,5 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
                   reuse=reuse)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "close_all", "open_target",
+__all__ = ["DEFAULT_TIMEOUT", "Failure", "Reply", "Target", "WorkerClient", "as_bytes", "close_all", "open_target",
            "worker_argv"]

@@ -7,6 +7,7 @@ and replays the last successful `load` first, so the engine keeps going.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -24,6 +25,9 @@ DEFAULT_TIMEOUT = 120.0
 # The engine's pid, in every worker's environment: a worker whose engine died before the worker looked (still
 # starting) knows it is orphaned without having seen its engine as its parent (targets/PROTOCOL.md).
 ENGINE_PID = "FAMILY_CERTIFY_ENGINE_PID"
+# Set in every worker's environment: the engine reads frames (a reply's bytes raw after its line, not base64 in it);
+# a worker that does not know it answers in base64, which reads the same (targets/PROTOCOL.md, Frames).
+FRAMES = "FAMILY_CERTIFY_FRAMES"
 _INFORMATIVE = ("GGML_ASSERT", "GGML_ABORT", "error", "Error", "terminate", "Assertion", "fault", "abort",
                 "double free", "corruption", "unsupported")
 
@@ -86,7 +90,7 @@ class WorkerClient:
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                bufsize=1, env={**os.environ, **(self.env or {}), ENGINE_PID: str(os.getpid())},
+                bufsize=1, env={**os.environ, **(self.env or {}), ENGINE_PID: str(os.getpid()), FRAMES: "1"},
                 start_new_session=True)
         except OSError as e:
             raise UserError(f"target {self.name}: cannot start {self.argv[0]!r} ({e.strerror or e}); "
@@ -258,6 +262,11 @@ class WorkerClient:
                 self._kill()
                 why = f"{self.name} wrote a non-JSON line: {line[:120]!r}"
                 return Reply(False, {}, Failure("protocol", why, op, req, stderr_tail=list(self.stderr)), request=req)
+            if "$frames" in resp:
+                blobs = self._read_frames([int(n) for n in resp.pop("$frames")], deadline)
+                if blobs is None:
+                    return self._crashed(op, req)
+                resp = _frames_in(resp, blobs)
             if resp.get("id") != rid:
                 continue  # a stale answer from before a timeout
             if resp.get("ok"):
@@ -283,6 +292,24 @@ class WorkerClient:
         line = self._out[:nl].decode("utf-8", errors="replace")
         del self._out[:nl + 1]
         return line
+
+    def _read_frames(self, sizes: list[int], deadline: float) -> list[bytes] | None:
+        """The frames after a reply's line, in order; None if the worker's stdout ended first."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd, need = self.proc.stdout.fileno(), sum(sizes)
+        while len(self._out) < need:
+            select.select([fd], [], [], max(deadline - time.monotonic(), 0.05))
+            chunk = os.read(fd, max(need - len(self._out), 1 << 20))
+            if not chunk:
+                return None
+            self._out += chunk
+        data, at, blobs = memoryview(self._out), 0, []
+        for n in sizes:
+            blobs.append(bytes(data[at:at + n]))
+            at += n
+        data.release()
+        del self._out[:need]
+        return blobs
 
     def _crashed(self, op: str, req: dict[str, Any]) -> Reply:
         rc = None
@@ -312,3 +339,19 @@ def _pump(stream: Any, put: Any) -> None:
         pass
     finally:
         put(None)
+
+
+def _frames_in(value: Any, blobs: list[bytes]) -> Any:
+    """A reply with each {"$frame": i} replaced by the i-th frame's bytes."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$frame" in value:
+            return blobs[int(value["$frame"])]
+        return {k: _frames_in(v, blobs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_frames_in(v, blobs) for v in value]
+    return value
+
+
+def as_bytes(blob: bytes | str) -> bytes:
+    """A reply's blob as bytes: a frame already is; a base64 string (a worker without frames) is decoded."""
+    return blob if isinstance(blob, bytes) else base64.b64decode(blob)

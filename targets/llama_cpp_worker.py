@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from targets import native
-from targets.client import ENGINE_PID
+from targets.client import ENGINE_PID, FRAMES
 
 PROTOCOL_VERSION = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
@@ -81,10 +81,6 @@ class RequestError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def llama_bindings() -> Any:
@@ -401,7 +397,7 @@ class LlamaWorker:
         resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [self.native.argmax(p, n_vocab) for p in ptrs],
                                 "n_vocab": n_vocab}
         if req.get("return_logits", True) and rows:
-            resp["logits"] = b64(b"".join(ctypes.string_at(p, 4 * n_vocab) for p in ptrs))
+            resp["logits"] = b"".join(ctypes.string_at(p, 4 * n_vocab) for p in ptrs)
         if capture:
             every = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in range(n)] \
                 if reorder else []  # every row computed (reorder), sent back or not
@@ -415,9 +411,9 @@ class LlamaWorker:
                 if order is not None:
                     rows_ = [data[4 * width * r:4 * width * (r + 1)] for r in range(len(data) // (4 * width))]
                     data = b"".join(rows_[r] for r in order)
-                resp["captures"][str(k)] = b64(data)
+                resp["captures"][str(k)] = data
         if trace is not None:
-            resp["nodes"] = [{**nd, "data": b64(nd["data"])} for nd in nodes]
+            resp["nodes"] = nodes
         return resp
 
     def op_script(self, req: dict) -> dict:
@@ -457,13 +453,13 @@ class LlamaWorker:
         assert last is not None
         out_tokens: list[int] = []
         for _ in range(int(req.get("n_predict", 0))):
-            steps.append(base64.b64decode(last["logits"]))
+            steps.append(last["logits"])
             tok = last["argmax"][-1]
             out_tokens.append(tok)
             last = self.op_decode({"tokens": [tok], "seq": seq, "logits": "last"})
         resp: dict[str, Any] = {"tokens": out_tokens, "n_vocab": last["n_vocab"]}
         if want_logits and steps:
-            resp["logits"] = b64(b"".join(steps))
+            resp["logits"] = b"".join(steps)
         return resp
 
     def op_state_get(self, req: dict) -> dict:
@@ -478,7 +474,7 @@ class LlamaWorker:
             Path(req["path"]).write_bytes(data)
             resp["path"] = req["path"]
         else:
-            resp["data"] = base64.b64encode(data).decode()
+            resp["data"] = data
         return resp
 
     def op_state_set(self, req: dict) -> dict:
@@ -643,7 +639,9 @@ def _state_flags(req: dict) -> int:
     return 1 if req.get("partial") else 0  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
-def serve(stdin, stdout, make_worker: Any = LlamaWorker) -> None:
+def serve(stdin, stdout, make_worker: Any = LlamaWorker, frames: bool = False) -> None:
+    """Answer requests, one JSON line each, until stdin ends or a shutdown. A handler's bytes values (logits, state)
+    go as base64 strings, or with `frames` as raw bytes after the line (targets/PROTOCOL.md, Frames)."""
     worker = make_worker()
     for line in stdin:
         if not line.strip():
@@ -668,8 +666,30 @@ def serve(stdin, stdout, make_worker: Any = LlamaWorker) -> None:
         except (ValueError, KeyError, TypeError) as e:
             resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
                     "trace": traceback.format_exc(limit=3)}
-        stdout.write(json.dumps(resp) + "\n")
-        stdout.flush()
+        blobs: list[bytes] = []
+        resp = _blobs_out(resp, blobs if frames else None)
+        if blobs:
+            resp["$frames"] = [len(b) for b in blobs]
+            stdout.flush()
+            stdout.buffer.write(json.dumps(resp).encode() + b"\n" + b"".join(blobs))
+            stdout.buffer.flush()
+        else:
+            stdout.write(json.dumps(resp) + "\n")
+            stdout.flush()
+
+
+def _blobs_out(value: Any, frames: list[bytes] | None) -> Any:
+    """A reply with its bytes values as base64 strings, or (frames given) as {"$frame": i}, the bytes appended."""
+    if isinstance(value, (bytes, bytearray)):
+        if frames is None:
+            return base64.b64encode(value).decode()
+        frames.append(bytes(value))
+        return {"$frame": len(frames) - 1}
+    if isinstance(value, dict):
+        return {k: _blobs_out(v, frames) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blobs_out(v, frames) for v in value]
+    return value
 
 
 def _exit_with_engine(engine: int) -> None:
@@ -724,7 +744,7 @@ def main_with(worker_cls: Any, llama: bool = True) -> None:
     engine = int(os.environ.get(ENGINE_PID) or os.getppid())
     threading.Thread(target=_exit_with_engine, args=(engine,), daemon=True).start()
     try:
-        serve(sys.stdin, proto, make)
+        serve(sys.stdin, proto, make, frames=bool(os.environ.get(FRAMES)))
     finally:
         for w in made:
             w.close()

@@ -90,17 +90,23 @@ from typing import Any
 
 import numpy as np
 
+from targets.client import as_bytes
 from targets.kvstate import HEADER, cache_layers, keep_cells, kv_cells
 from targets.llama_cpp_worker import LlamaWorker, main_with
 from targets.llama_server_worker import ServerWorker
 
 
-def b64_f32(s: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(s), dtype="<f4")
+def f32_of(blob: bytes | str) -> np.ndarray:
+    """float32 rows from a reply's bytes or a request's base64."""
+    return np.frombuffer(as_bytes(blob), dtype="<f4")
+
+
+def f32_bytes(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype="<f4").tobytes()
 
 
 def f32_b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+    return base64.b64encode(f32_bytes(a)).decode()
 
 
 RECURRENT_NAME_PROBE = (".ssm", "ssm_", "time_mix", "recurrent", "rwkv")
@@ -213,7 +219,7 @@ class B5UniformKvRows(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
         if not req.get("partial") and "data" in out:
-            out["data"] = base64.b64encode(uniform_kv_rows(base64.b64decode(out["data"]))).decode()
+            out["data"] = uniform_kv_rows(out["data"])
         return out
 
 
@@ -231,10 +237,9 @@ class SwaWindowFiltersBaseExport(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
         if self.window and not req.get("partial") and "data" in out:
-            blob = base64.b64decode(out["data"])
+            blob = out["data"]
             if kv_cells(blob, 2) is not None:  # (an iSWA export: the base cache, then the window's)
-                blob = keep_cells(blob, 0, lambda p, top: top - p < self.window)
-                out["data"] = base64.b64encode(blob).decode()
+                out["data"] = keep_cells(blob, 0, lambda p, top: top - p < self.window)
         return out
 
 
@@ -257,7 +262,7 @@ class B4KidxNotExported(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
         if self.has_indexer and not req.get("partial") and "data" in out:
-            out["data"] = base64.b64encode(zero_indexer_rows(base64.b64decode(out["data"]))).decode()
+            out["data"] = zero_indexer_rows(out["data"])
         return out
 
 
@@ -275,9 +280,7 @@ class B1FirstLayerProbe(Mutant):
         if not req.get("partial") and not self.probe_recurrent and self.n_recurrent:
             seq = int(req.get("seq", 0))
             part = self.op_state_get({"seq": seq, "partial": True})
-            import base64
-
-            zeroed = zero_recurrent_data(base64.b64decode(part["data"]), self.n_recurrent)
+            zeroed = zero_recurrent_data(part["data"], self.n_recurrent)
             super().op_state_set({"seq": seq, "partial": True, "data": base64.b64encode(zeroed).decode()})
         return out
 
@@ -342,9 +345,9 @@ class Perturb2Threads(Mutant):
     def op_decode(self, req: dict) -> dict:
         out = super().op_decode(req)
         if self.params.get("n_threads") == 2 and "logits" in out:
-            rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+            rows = f32_of(out["logits"]).reshape(len(out["rows"]), -1).copy()
             rows[:, 0] += np.float32(1e-3)
-            out["logits"] = f32_b64(rows)
+            out["logits"] = f32_bytes(rows)
             out["argmax"] = [int(np.argmax(r)) for r in rows]
         return out
 
@@ -356,12 +359,12 @@ class StaleOutputRows(Mutant):
         out = super().op_decode(req)
         if "logits" not in out or not out["rows"]:
             return out
-        rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+        rows = f32_of(out["logits"]).reshape(len(out["rows"]), -1).copy()
         stale, self.last = self.last, rows[-1].copy()
         split = out["n_tokens"] > self.params["n_ubatch"]
         if split and stale is not None and stale.shape == rows[0].shape and os.urandom(1)[0] & 1:
             rows[0] = stale
-            out["logits"] = f32_b64(rows)
+            out["logits"] = f32_bytes(rows)
             out["argmax"] = [int(np.argmax(r)) for r in rows]
         return out
 
@@ -378,13 +381,13 @@ class BatchShapeNoise(Mutant):
         seqs = seqs if isinstance(seqs, list) else [seqs] * n
         mem = self.L.llama_get_memory(self.ctx)
         held = {s for s in range(self.params["n_seq_max"]) if self.L.llama_memory_seq_pos_max(mem, s) >= 0}
-        rows = b64_f32(out["logits"]).reshape(len(out["rows"]), -1).copy()
+        rows = f32_of(out["logits"]).reshape(len(out["rows"]), -1).copy()
         pattern = np.where(np.arange(rows.shape[1]) % 3 == 0, 1, -1).astype(np.float32)
         for k, row in enumerate(out["rows"]):
             rows[k] += (self.SHAPE if n > 1 else 0) * pattern
             own = {int(x) for x in seqs[row]} if isinstance(seqs[row], list) else {int(seqs[row])}  # (coupled)
             rows[k] += (self.CELLS if self.kv_unified and held - own else 0) * pattern
-        out["logits"] = f32_b64(rows)
+        out["logits"] = f32_bytes(rows)
         out["argmax"] = [int(np.argmax(r)) for r in rows]
         return out
 
@@ -394,7 +397,7 @@ class BatchedRowsSwapped(Mutant):
         seqs = req.get("seq", 0)
         if "embd" in req and isinstance(seqs, list) and len(set(seqs)) > 1:
             width = self.info["n_embd_inp"]
-            rows = b64_f32(req["embd"]).reshape(-1, width).copy()
+            rows = f32_of(req["embd"]).reshape(-1, width).copy()
             first = {}
             for i, sq in enumerate(seqs):
                 first.setdefault(sq, i)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient
+from targets.client import DEFAULT_TIMEOUT, Reply, WorkerClient, as_bytes
 
 # Idle workers kept for the next target of the same command and environment: a worker's start (Python, the bindings,
 # llama.cpp's backends) is not free and an oracle run opens several. Only targets opened with reuse (our llama.cpp
@@ -36,8 +36,8 @@ def _close_idle() -> None:
 atexit.register(_close_idle)
 
 
-def _f32(s: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(s), dtype="<f4").copy()
+def _f32(blob: bytes | str) -> np.ndarray:
+    return np.frombuffer(as_bytes(blob), dtype="<f4").copy()
 
 
 def _b64(a: np.ndarray) -> str:
@@ -90,7 +90,7 @@ def decode_result(data: dict[str, Any]) -> None:
         else np.zeros((0, n_vocab), np.float32)
     data["captures"] = {int(k): _f32(v).reshape(data["n_tokens"], -1) for k, v in data.get("captures", {}).items()}
     for node in data.get("nodes", ()):
-        node["data"] = base64.b64decode(node["data"])
+        node["data"] = as_bytes(node["data"])
 
 
 class Target:
@@ -201,7 +201,7 @@ class Target:
     def state_get(self, seq: int = 0, *, partial: bool = False) -> Reply:
         r = self.client.call("state_get", seq=seq, partial=partial)
         if r.ok:
-            r.data["blob"] = base64.b64decode(r.data.pop("data", ""))
+            r.data["blob"] = as_bytes(r.data.pop("data", ""))
         return r
 
     def state_set(self, blob: bytes, seq: int = 0, *, partial: bool = False) -> Reply:

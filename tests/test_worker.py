@@ -195,15 +195,18 @@ def test_a_worker_with_a_call_in_flight_is_never_kept_idle(fixtures):
 
 
 def test_cmd_target_speaks_the_same_protocol(llama, fixtures):
+    """The worker as a cmd: program that answers in base64 (no frames) reads the same as our framed worker."""
     path = str(fixtures("lfm2"))
-    cmd = f"cmd:{shlex.quote(sys.executable)} -m targets.llama_cpp_worker"
+    cmd = f"cmd:env -u FAMILY_CERTIFY_FRAMES {shlex.quote(sys.executable)} -m targets.llama_cpp_worker"
     with open_target(cmd) as t:
         assert t.load(path).ok
         a = t.generate([4, 5, 6], 8)
+        a_state = t.state_get(0).data["blob"]
     assert llama.load(path).ok
     b = llama.generate([4, 5, 6], 8)
     assert a.data["tokens"] == b.data["tokens"]
     assert np.array_equal(a.data["logits"], b.data["logits"])
+    assert a_state == llama.state_get(0).data["blob"] and len(a_state) > 1000
 
 
 @pytest.mark.parametrize("family", ["qwen3", "jamba", "qwen3next", "kimi-linear", "mamba2"])

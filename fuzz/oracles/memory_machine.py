@@ -36,7 +36,7 @@ from fuzz.oracles.memory_model import (
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
-from targets import Target
+from targets import Reply, Target, as_bytes
 
 
 # ---- running a program ---------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Recompute:
                 self.memo[key] = f"the recompute in a fresh context failed: {why}"
             else:
                 last = next(r for r in reversed(replies) if r.request.get("op") == "decode")
-                self.memo[key] = np.frombuffer(base64.b64decode(last.data["logits"]), "<f4")
+                self.memo[key] = np.frombuffer(as_bytes(last.data["logits"]), "<f4")
         return self.memo[key]
 
 
@@ -224,14 +224,14 @@ class Machine:
                     (m.add if kind == "add" else m.div)(op["seq"], op["p0"], op["p1"], *args.values())
             elif kind == "copy_state":
                 blob = self._export(op["src"])
-                r = self.call("state_set", seq=op["dst"], data=blob)
+                r = self._import(op["dst"], blob)
                 if not r.ok:
                     return self.problem("refusal", f"importing sequence {op['src']}'s state as {op['dst']} "
                                         f"failed: {r.failure.message if r.failure else r.data}")
                 m.copy(op["src"], op["dst"])
             elif kind == "refused_import":
-                raw = base64.b64decode(self._export(op["src"]))
-                r = self.call("state_set", seq=op["dst"], data=base64.b64encode(raw[:len(raw) // 2]).decode())
+                raw = self._export(op["src"])
+                r = self._import(op["dst"], raw[:len(raw) // 2])
                 if r.ok:
                     return self.problem("refusal", f"sequence {op['src']}'s state cut to {len(raw) // 2} of "
                                         f"{len(raw)} bytes was imported as {op['dst']} without an error")
@@ -242,7 +242,7 @@ class Machine:
                 blobs = {s: self._export(s) for s in m.live()}
                 self.start()
                 for s, blob in blobs.items():
-                    r = self.call("state_set", seq=op["perm"][s], data=blob)
+                    r = self._import(op["perm"][s], blob)
                     if not r.ok:
                         return self.problem("refusal", f"sequence {s}'s state into a fresh context as "
                                             f"{op['perm'][s]} failed: {r.failure.message if r.failure else r.data}")
@@ -272,7 +272,7 @@ class Machine:
         if not r.ok:
             return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
                                 f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
-        rows = np.frombuffer(base64.b64decode(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
+        rows = np.frombuffer(as_bytes(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
         self.rows = {q: row for (s, _), row in zip(parts, rows, strict=True) for q in ids(s)}
         for s, toks in parts:
             if isinstance(s, list):
@@ -328,12 +328,15 @@ class Machine:
         self.model.reported = r.data["pos"]
         return r.data["pos"]
 
-    def _export(self, s: int) -> str:
+    def _import(self, s: int, blob: bytes) -> Reply:
+        return self.call("state_set", seq=s, data=base64.b64encode(blob).decode())
+
+    def _export(self, s: int) -> bytes:
         r = self.call("state_get", seq=s)
         if not r.ok:
             raise Crashed(self.problem("refusal", f"exporting sequence {s} failed: "
                                        f"{r.failure.message if r.failure else r.data}"))
-        return r.data["data"]
+        return as_bytes(r.data["data"])
 
     def _window_lost(self) -> None:
         """After a removal or a partial fork under a sliding window: a sequence whose window below its next position
