@@ -1,11 +1,11 @@
 """The per-bump CI jobs' time on tier 1, each in one run as CI runs it: `family-certify run --tier 1 --job gate
---jobs N`, then `--job server` (the manifest's [jobs]: the two required jobs of every bump, side by side), each
-wall against its goal (gate ≤ 60 s, server ≤ 90 s on 2 cores) as a ratio, how busy it kept the cores (CPU time of
+--jobs N`, then `--job memory` and `--job server` (the manifest's [jobs]: the three required jobs of every bump,
+side by side), each wall against its goal (gate ≤ 60 s, memory ≤ 60 s, server ≤ 90 s on 2 cores) as a ratio, how busy it kept the cores (CPU time of
 it and every process it started, over wall × cores), and where the lanes' time went — summed per lane, the slowest
 rows, the share of the lanes that report it spent inside llama.cpp's `llama_decode`, and what the goal would cost.
 
 Run: .venv/bin/python benchmarks/battery_bench.py [--jobs 2] [--job gate] [--row llama ...] [--report R.json]
-(about 4 minutes on 2 cores; --report reads a run already made instead of running one)
+(about 5 minutes on 2 cores; --report reads a run already made instead of running one)
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-GOALS_S = {"gate": 60.0, "server": 90.0}  # the issue's goals for the per-bump jobs, tier 1, --jobs 2 on 2 cores
+# The issue's goals for the per-bump jobs, tier 1, --jobs 2 on 2 cores (memory, once in the gate, keeps its goal).
+GOALS_S = {"gate": 60.0, "memory": 60.0, "server": 90.0}
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -257,7 +257,7 @@ def _jobs(jobs: Any, p: Path) -> dict[str, list[str]]:
             seen[lane] = job
     left = [lane for lane in LANES if lane not in seen]
     if left:
-        raise UserError(f"{p}: [jobs]: lane {left[0]!r} is in no job; add it to one (gate, server, nightly)")
+        raise UserError(f"{p}: [jobs]: lane {left[0]!r} is in no job; add it to one (gate, memory, server, nightly)")
     return {str(job): [str(x) for x in lanes] for job, lanes in jobs.items()}
 
 

@@ -301,8 +301,10 @@ def test_every_lane_runs_in_one_ci_job():
     assert sorted(lane for ls in m.jobs.values() for lane in ls) == sorted(LANES)
     assert m.jobs["server"] == ["prefix-cache"] and set(m.jobs["nightly"]) == {"determinism", "dtype"}
     assert {"parity", "boundary-sweep", "handoff", "wire", "isolation"} <= set(m.jobs["gate"])
-    assert m.job_lanes(["gate", "server"]) == set(LANES) - {"determinism", "dtype"} and m.job_lanes(None) is None
-    with pytest.raises(UserError, match="--job 'gpu': .*jobs are gate, server, nightly"):
+    assert m.jobs["memory"] == ["memory"]
+    assert m.job_lanes(["gate", "memory", "server"]) == set(LANES) - {"determinism", "dtype"}
+    assert m.job_lanes(None) is None
+    with pytest.raises(UserError, match="--job 'gpu': .*jobs are gate, memory, server, nightly"):
         m.job_lanes(["gpu"])
 
 
@@ -322,16 +324,18 @@ def test_a_broken_jobs_table_is_one_line(tmp_path, jobs, words):
 
 
 def test_the_ci_matrix_and_run_follow_the_jobs():
-    """`matrix --job gate --job server --shards 2`: each job its own shards, every entry naming its job, the server
-    job without the row that has no llama-server lane; a job no row of the tier has yields no entry, and `run` of it
-    says it skipped (exit 0) without starting anything; an unknown job is bad input (exit 2, one line)."""
-    r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "gate", "--job", "server", "--shards", "2")
+    """`matrix --job gate --job memory --job server --shards 2`: each job its own shards, every entry naming its job,
+    the server job without the row that has no llama-server lane; a job no row of the tier has yields no entry, and
+    `run` of it says it skipped (exit 0) without starting anything; an unknown job is bad input (exit 2, one line)."""
+    r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "gate", "--job", "memory", "--job", "server",
+                "--shards", "2")
     include = json.loads(r.stdout)["include"]
-    assert [(e["job"], e["shard"], e["of"]) for e in include] == [("gate", 1, 2), ("gate", 2, 2), ("server", 1, 2),
-                                                                   ("server", 2, 2)]
-    gate = [x for e in include if e["job"] == "gate" for x in e["rows"].split()]
-    server = [x for e in include if e["job"] == "server" for x in e["rows"].split()]
-    assert len(gate) == 22 and sorted(server) == sorted(set(gate) - {"llama-wide-vocab"})
+    assert [(e["job"], e["shard"], e["of"]) for e in include] == [
+        ("gate", 1, 2), ("gate", 2, 2), ("memory", 1, 2), ("memory", 2, 2), ("server", 1, 2), ("server", 2, 2)]
+    rows = {job: [x for e in include if e["job"] == job for x in e["rows"].split()] for job in ("gate", "memory",
+                                                                                               "server")}
+    assert len(rows["gate"]) == 22 and sorted(rows["memory"]) == sorted(rows["gate"])
+    assert sorted(rows["server"]) == sorted(set(rows["gate"]) - {"llama-wide-vocab"})
     r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "nightly")
     assert {e["lanes"] for e in json.loads(r.stdout)["include"]} == {"dtype,determinism"}
     r = run_cli("family-certify", "matrix", "--tier", "2", "--job", "server", "--shards", "2")

@@ -616,8 +616,8 @@ def assert_compiled_nothing(j: Job, ci: Runner) -> None:
 def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     """Each workflow's build job, on a cache hit, compiles nothing, keys the build on the pin, and uploads one tar
     of the cache (named by its `cache` output) holding the wheels and an executable llama-server; the family-certify
-    build's matrix output is JSON shards of the two per-bump CI jobs (gate and server), each covering every runnable
-    Tier-1 row that has a lane of it exactly once."""
+    build's matrix output is JSON shards of the three per-bump CI jobs (gate, memory, server), each covering every
+    runnable Tier-1 row that has a lane of it exactly once."""
     j = job(ci, workflow, "build")
     assert j.ok, j.why()
     assert_compiled_nothing(j, ci)
@@ -635,8 +635,9 @@ def test_build_job_packs_the_cache_without_compiling(ci, workflow):
     if workflow in ("family-certify.yml", "llama-upstream-canary.yml"):
         include = json.loads(j.step("matrix").outputs["include"])
         m = load_manifest(ci.repo / "family_tiers.toml")
-        assert [e["job"] for e in include] == sorted((e["job"] for e in include), key=["gate", "server"].index)
-        for name in ("gate", "server"):
+        per_bump = ["gate", "memory", "server"]
+        assert [e["job"] for e in include] == sorted((e["job"] for e in include), key=per_bump.index)
+        for name in per_bump:
             shards = [e for e in include if e["job"] == name]
             assert 1 <= len(shards) <= int(INPUTS[workflow]["shards"]), include
             rows = [r for entry in shards for r in entry["rows"].split()]

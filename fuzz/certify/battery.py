@@ -265,7 +265,7 @@ def write_certificate(out: Path, run: dict[str, Any], manifest: Manifest) -> boo
     return cert is not None
 
 
-PER_BUMP = ("gate", "server")  # the CI jobs that run on every bump (the canary's required jobs)
+PER_BUMP = ("gate", "memory", "server")  # the CI jobs that run on every bump (the canary's required jobs)
 
 
 def check_jobs(jobs: int) -> None:

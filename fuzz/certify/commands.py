@@ -55,7 +55,7 @@ app = new_app("Certify model families against the family-tier manifest (family_t
 Opt = typer.Option
 FileArg = Annotated[Path | None, typer.Argument(help="manifest (default: ./family_tiers.toml)")]
 JobOpt = Annotated[list[str] | None, Opt("--job", help="only the lanes of this CI job ([jobs] in the manifest: "
-                                                   "gate, server, nightly; repeatable)")]
+                                                   "gate, memory, server, nightly; repeatable)")]
 
 
 @app.command()
@@ -427,8 +427,8 @@ def corpus(
     tier: Annotated[int, Opt(help="the gate's tier (the per-bump gate is tier 1)")] = 1,
     row: Annotated[list[str] | None, Opt("--row", help="only these rows in the gate (a partial gate: the report "
                                                        "says so; repeatable)")] = None,
-    job: Annotated[list[str] | None, Opt("--job", help="the CI jobs whose lanes make the gate (default: gate and "
-                                                       "server, what runs per bump; repeatable)")] = None,
+    job: Annotated[list[str] | None, Opt("--job", help="the CI jobs whose lanes make the gate (default: gate, "
+                                                       "memory and server, what runs per bump; repeatable)")] = None,
     manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
     out: Annotated[Path | None, Opt(help="write summary.md, junit.xml, report.json here (and pinned/, ENTRY/: "
                                          "each build's run)")] = None,
@@ -437,9 +437,9 @@ def corpus(
 ) -> int:
     """The battery measured on llama.cpp's own fixed bugs: every entry of the upstream corpus (a patch series that
     puts one back into the pinned tree) through the per-bump jobs as a user's CI runs them (`bump --job gate --job
-    server --patches ENTRY`: every row of the tier and those jobs' lanes, nothing per bug) and through its direct
-    check; the pinned build through the same once. Prints caught/escaped per entry. Exit 1 if the pinned build
-    fails the gate or a check, a check does not show its bug, or the gate catches fewer than 90 %."""
+    memory --job server --patches ENTRY`: every row of the tier and those jobs' lanes, nothing per bug) and through
+    its direct check; the pinned build through the same once. Prints caught/escaped per entry. Exit 1 if the pinned
+    build fails the gate or a check, a check does not show its bug, or the gate catches fewer than 90 %."""
     from fuzz.certify import corpus as cp
     from targets.builds import activate, resolve
 

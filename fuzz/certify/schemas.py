@@ -276,7 +276,8 @@ CORPUS = {
             "tier": {"type": "integer"}, "rows": {"type": "array", "items": {"type": "string"}},
             "partial": {"type": "boolean", "description": "only some rows (--row): not the gate as shipped"},
             "jobs": {"type": "array", "items": {"type": "string"},
-                     "description": "the CI jobs whose lanes ran ([jobs] in the manifest): gate and server per bump"},
+                     "description": "the CI jobs whose lanes ran ([jobs] in the manifest): gate, memory and "
+                                    "server per bump"},
             "description": {"type": "string"}}},
         "pinned": {"type": "object", "required": ["passes", "failing", "totals"], "properties": {
             "passes": {"type": "boolean", "description": "the pinned build passes the same gate"},

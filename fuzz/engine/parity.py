@@ -86,9 +86,10 @@ def script_trace(r: Reply) -> Trace | Failure:
 
 
 def run_chain(targets: list[Target], stage_layers: list[int], steps: list[Step], tokens: list[list[int]], *,
-              capture_all: bool = False, n_pos_per_token: int = 1,
-              logits_mode: str = "all") -> tuple[list[Trace], RunFailure | None]:
-    """Run the stages in order over the whole schedule (teacher-forced with `tokens`).
+              capture_all: bool = False, n_pos_per_token: int = 1, logits_mode: str = "all",
+              reset: bool = False) -> tuple[list[Trace], RunFailure | None]:
+    """Run the stages in order over the whole schedule (teacher-forced with `tokens`); reset: each stage's memory
+    cleared first, in the same round trip.
 
     Stage 0 takes tokens; stage s > 0 takes stage s-1's boundary rows (the residual after its last layer)
     through batch.embd, step by step. Non-final stages capture their last layer (or every layer)."""
@@ -102,7 +103,7 @@ def run_chain(targets: list[Target], stage_layers: list[int], steps: list[Step],
         else:
             reqs = script_steps(steps, embd=inputs, capture=capture, n_pos_per_token=n_pos_per_token,
                                 logits_mode=logits_mode)
-        tr = run_script(t, reqs)
+        tr = run_script(t, reqs, reset=reset)
         if isinstance(tr, Failure):
             return traces, RunFailure(tr, s)
         traces.append(tr)

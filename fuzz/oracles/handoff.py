@@ -219,8 +219,7 @@ class Handoff:
             res.offsets += 1
             self.progress.advance()
             steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
-            ref.reset()
-            base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]))
+            base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]), reset=True)
             if isinstance(base, Failure):
                 return self._failed(res, base)
             self.decode_seconds += base.decode_seconds
@@ -312,9 +311,7 @@ class Handoff:
         for m, freed in itertools.product(ORDER_FILLERS, (False, True)):
             filler = prompt_tokens(self.cfg.seed + 31 + m, m, self.info.n_vocab)
             first = [Step(filler, [1] * m, list(range(m)), "prefill"), *steps[:k]]
-            for s in src:
-                s.reset()
-            _, fail = run_chain(src, sizes, first, [filler, *tokens[:k]], n_pos_per_token=self.n_pos)
+            _, fail = run_chain(src, sizes, first, [filler, *tokens[:k]], n_pos_per_token=self.n_pos, reset=True)
             if fail or (freed and any(not s.call("seq_rm", seq=1, p0=-1, p1=-1).ok for s in src)):
                 return None
             chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
@@ -331,8 +328,7 @@ class Handoff:
         prompt = prompt_tokens(cfg.seed + 55, cfg.prompt_len + 3, self.info.n_vocab)
         n_decode = cfg.tokens + cfg.decode_offsets + 2
         steps = sequential_steps(prompt, cfg.chunk, n_decode)
-        ref.reset()
-        base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]))
+        base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]), reset=True)
         if isinstance(base, Failure):
             return base
         self.decode_seconds += base.decode_seconds
@@ -342,9 +338,7 @@ class Handoff:
                 tokens: list[list[int]]) -> list[tuple[bytes, bytes]] | Failure:
         """The source stages run from empty to the hand-off point (step k), then each stage's sequence state
         exported: (full, partial) per stage."""
-        for s in src:
-            s.reset()
-        before, fail = run_chain(src, sizes, steps[:k], tokens[:k], n_pos_per_token=self.n_pos)
+        before, fail = run_chain(src, sizes, steps[:k], tokens[:k], n_pos_per_token=self.n_pos, reset=True)
         if fail:
             return fail.failure
         self.decode_seconds += sum(tr.decode_seconds for tr in before)
