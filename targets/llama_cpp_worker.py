@@ -43,6 +43,17 @@ def build_backend() -> str:
     return json.loads(raw).get("backend", "cpu") if raw else "cpu"
 
 
+def backend_environment() -> str:
+    """The build's backend, with what this process (and a llama-server it starts) needs in the environment to run on
+    its device."""
+    backend = build_backend()
+    if backend == "vulkan":
+        # ggml's Vulkan backend skips a CPU-type device (Mesa's lavapipe, a machine without a GPU) unless it is
+        # named: the first device the Vulkan loader lists, unless the user chose (GGML_VK_VISIBLE_DEVICES)
+        os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+    return backend
+
+
 # backends on a device of their own (targets/backends.py OFFLOADING), by the name ggml registers them under: the
 # worker offloads every layer to one device of it, as a runtime serving on that device does
 DEVICE_BACKENDS = {"vulkan": "Vulkan", "cuda": "CUDA", "metal": "MTL"}
@@ -142,11 +153,7 @@ def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int
 
 class LlamaWorker:
     def __init__(self) -> None:
-        self.backend = build_backend()
-        if self.backend == "vulkan":
-            # ggml's Vulkan backend skips a CPU-type device (Mesa's lavapipe, a machine without a GPU) unless it is
-            # named: the first device the Vulkan loader lists, unless the user chose (GGML_VK_VISIBLE_DEVICES)
-            os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+        self.backend = backend_environment()
         L = self.L = llama_bindings()
         self.ggml = ggml_base(L)
         # capture and log callbacks, argmax

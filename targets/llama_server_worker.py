@@ -32,7 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON, RequestError, build_commit, main_with
+from targets.llama_cpp_worker import (
+    DEVICE_BACKENDS,
+    PINNED_LLAMA_CPP_PYTHON,
+    RequestError,
+    backend_environment,
+    build_commit,
+    main_with,
+)
 from targets.native import cache_dir
 
 NO_SERVER = ("no llama-server binary: run scripts/build_llama_server.sh (make server), or set "
@@ -125,6 +132,43 @@ def fast_start_args(binary: str) -> tuple[str, ...]:
     return tuple(a for flag in FAST_START if flag[0] in known for a in flag)
 
 
+@functools.cache
+def listed_devices(binary: str) -> str:
+    """What this llama-server binary prints for --list-devices (read once)."""
+    try:
+        r = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"--list-devices failed: {e}"
+    return r.stdout + r.stderr
+
+
+def offload_args(backend: str, devices: str) -> list[str]:
+    """The flags that put every layer (and the output) on the first device of the build's backend, as a runtime
+    serving on that device runs: none on cpu and blas. `devices`: the binary's --list-devices output. A backend
+    with no device listed is a load failure (the build cannot run here)."""
+    want = DEVICE_BACKENDS.get(backend)
+    if want is None:
+        return []
+    names = re.findall(rf"^\s*({re.escape(want)}\d+)\s*:", devices, re.M)
+    if not names:
+        last = next((ln.strip() for ln in reversed(devices.splitlines()) if ln.strip()), "nothing")
+        raise RequestError("load_failed", f"backend {backend}: llama-server lists no {want} device on this machine "
+                                          f"(--list-devices said: {last})")
+    return ["-ngl", "all", "--device", names[0]]
+
+
+def offload_problem(backend: str, offloaded: str | None) -> str | None:
+    """On a device backend, why the server did not put every layer on the device (its "offloaded N/M layers" log
+    line, or none): the run would certify the CPU while it names the device. None when it did, or on cpu/blas."""
+    if backend not in DEVICE_BACKENDS:
+        return None
+    m = re.search(r"offloaded (\d+)/(\d+) layers", offloaded or "")
+    if m is not None and m.group(1) == m.group(2):
+        return None
+    return f"backend {backend}: llama-server did not offload every layer ({m.group(0) if m else 'it said nothing'})"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,6 +180,7 @@ class ServerWorker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.stderr: deque[str] = deque(maxlen=80)
+        self.offloaded: str | None = None  # the server's "offloaded N/M layers" log line (load time: scrolls away)
         self.params: dict[str, Any] = {}
         self.decode_seconds = self.callback_seconds = 0.0  # serve() reports them; the server keeps its own
         self.ops: dict[str, Operation] = {}
@@ -155,6 +200,8 @@ class ServerWorker:
         path = req.get("path")
         if not path or not Path(path).is_file():
             raise RequestError("bad_request", f"load: no such file: {path!r}")
+        backend = backend_environment()
+        offload = offload_args(backend, listed_devices(str(binary)) if backend in DEVICE_BACKENDS else "")
         p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
         self.save_dir = tempfile.mkdtemp(prefix="llama-server-slots-")
         deadline = time.monotonic() + float(req.get("start_timeout", 60))
@@ -168,9 +215,10 @@ class ServerWorker:
                     "-np", str(p["slots"]), "-c", str(p["n_ctx"]), "--cache-ram", str(p["cache_ram"]),
                     "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]), "-t", str(p["threads"]),
                     "-tb", str(p["threads"]), "--no-webui", "--metrics", "--slots", "--no-warmup",
-                    "--slot-save-path", self.save_dir, *fast_start_args(str(binary)),
+                    "--slot-save-path", self.save_dir, *fast_start_args(str(binary)), *offload,
                     *[str(a) for a in req.get("args", [])]]
             self.stderr.clear()
+            self.offloaded = None
             # in the worker's process group: a worker the engine kills takes its server with it
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, preexec_fn=die_with_parent())
@@ -186,6 +234,14 @@ class ServerWorker:
                     # (a server too old to report its alias in /props is taken at its word)
                     if self._get("/health", timeout=1.0).get("status") == "ok" and \
                             self._get("/props", timeout=1.0).get("model_alias", alias) == alias:
+                        for _ in range(100 if backend in DEVICE_BACKENDS and self.offloaded is None else 0):
+                            time.sleep(0.01)  # (the line is the stderr pump's: it may not have read it yet)
+                            if self.offloaded is not None:
+                                break
+                        problem = offload_problem(backend, self.offloaded)
+                        if problem:
+                            self._stop()
+                            raise RequestError("load_failed", problem)
                         self.params = p
                         return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:]}
                 except (OSError, ValueError):
@@ -384,7 +440,10 @@ class ServerWorker:
     def _pump(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
         for raw in proc.stderr:
-            self.stderr.append(raw.decode(errors="replace").rstrip())
+            line = raw.decode(errors="replace").rstrip()
+            self.stderr.append(line)
+            if "offloaded" in line and "layers" in line:
+                self.offloaded = line
 
     def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -244,3 +244,28 @@ def test_an_async_read_racing_a_clear_is_caught_by_the_determinism_lane_on_the_s
         pytest.skip(f"skipped: {problem}")
     r = run_cli("family-certify", "mutants", "--mutant", "stale-output-rows", "--backend", SECOND, timeout=7200)
     assert r.returncode == 0 and "1 mutants: 1 caught, 0 escaped" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_llama_server_runs_every_layer_on_the_backends_first_device_or_refuses_the_load():
+    """The llama-server worker's offload (the lanes' servers run on the device a runtime would serve from): the flags
+    from the binary's --list-devices, as llama.cpp prints it; none on cpu and blas; a device backend with no device
+    listed, or a server that did not offload every layer, is a load failure naming why."""
+    from targets.llama_cpp_worker import RequestError
+    from targets.llama_server_worker import offload_args, offload_problem
+
+    listing = ("Available devices:\n  Vulkan0: llvmpipe (LLVM 15.0.7, 256 bits) (7927 MiB, 7927 MiB free)\n"
+               "  Vulkan1: Intel(R) Graphics (ADL GT2) (8192 MiB, 8192 MiB free)\n")
+    assert offload_args("vulkan", listing) == ["-ngl", "all", "--device", "Vulkan0"]
+    assert offload_args("cuda", "Available devices:\n  CUDA0: NVIDIA L4 (22478 MiB, 22192 MiB free)\n") == \
+        ["-ngl", "all", "--device", "CUDA0"]
+    assert offload_args("metal", "Available devices:\n  MTL0: Apple M2 (10922 MiB, 10922 MiB free)\n")[-1] == "MTL0"
+    assert offload_args("cpu", listing) == [] and offload_args("blas", "") == []
+    with pytest.raises(RequestError, match=r"backend cuda: llama-server lists no CUDA device .*said: Vulkan1: Intel"):
+        offload_args("cuda", listing)
+    with pytest.raises(RequestError, match=r"lists no Vulkan device .*said: \(none\)"):
+        offload_args("vulkan", "Available devices:\n  (none)\n")
+    assert offload_problem("vulkan", "load_tensors: offloaded 7/7 layers to GPU") is None
+    assert offload_problem("vulkan", "load_tensors: offloaded 5/7 layers to GPU") == \
+        "backend vulkan: llama-server did not offload every layer (offloaded 5/7 layers)"
+    assert "it said nothing" in offload_problem("cuda", None)
+    assert offload_problem("cpu", None) is None and offload_problem("blas", "offloaded 0/7 layers") is None
