@@ -1,8 +1,9 @@
 """The per-bump CI jobs' time on tier 1, each in one run as CI runs it: `family-certify run --tier 1 --job gate
 --jobs N`, then `--job memory` and `--job server` (the manifest's [jobs]: the three required jobs of every bump,
-side by side), each wall against its goal (gate ≤ 60 s, memory ≤ 60 s, server ≤ 90 s on 2 cores) as a ratio, how busy it kept the cores (CPU time of
-it and every process it started, over wall × cores), and where the lanes' time went — summed per lane, the slowest
-rows, the share of the lanes that report it spent inside llama.cpp's `llama_decode`, and what the goal would cost.
+side by side), each wall against its goal (gate ≤ 60 s, memory ≤ 60 s, server ≤ 90 s on 2 cores) as a ratio, how
+busy it kept the cores (CPU time of it and every process it started, over wall × cores), and where the lanes' time
+went — summed per lane, the slowest rows, the share of the lanes that report it spent inside llama.cpp's
+`llama_decode`, and what the goal would cost.
 
 Run: .venv/bin/python benchmarks/battery_bench.py [--jobs 2] [--job gate] [--row llama ...] [--report R.json]
 (about 5 minutes on 2 cores; --report reads a run already made instead of running one)

@@ -193,6 +193,39 @@ def sdist(version: str) -> Path:
     return out
 
 
+def sdist_tree(version: str) -> tuple[Path, Path, str]:
+    """(the vendored llama.cpp tree, the llama_cpp bindings, the tree's digest) of a llama-cpp-python sdist,
+    extracted once into the cache — keyed on the archive's sha256 — and checked against the digests recorded when it
+    was extracted at every use: one edited since is extracted again. Read only: a build that patches it works on a
+    copy. (Extracting 76 MB of sdist costs about 2 s a resolve; hashing the tree a quarter of that.)"""
+    archive = sdist(version)
+    h = hashlib.sha256()
+    with archive.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    root = cache_dir() / "builds" / f"work-sdist-{version}-{h.hexdigest()[:16]}"
+    record = root / "digests.json"
+    if record.is_file():
+        rec = json.loads(record.read_text())
+        src, py = root / rec["src"], root / rec["bindings"]
+        if src.is_dir() and py.is_dir() and tree_hash(src) == rec["tree"] and tree_hash(py) == rec["bindings_tree"]:
+            return src, py, rec["tree"]
+        shutil.rmtree(root, ignore_errors=True)  # edited, or half there: extracted again
+    tmp = root.with_name(f"{root.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    src, py = extract_sdist(archive, tmp)
+    tree = tree_hash(src)
+    (tmp / "digests.json").write_text(json.dumps({"src": src.relative_to(tmp).as_posix(), "tree": tree,
+                                                  "bindings": py.relative_to(tmp).as_posix(),
+                                                  "bindings_tree": tree_hash(py)}) + "\n")
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another process put it there first: theirs (checked the same way) is used
+        shutil.rmtree(tmp, ignore_errors=True)
+        return sdist_tree(version)
+    return root / src.relative_to(tmp), root / py.relative_to(tmp), tree
+
+
 def venv_bindings() -> Path:
     """The pinned bindings package installed in this environment (its python files are what a tree build runs)."""
     import importlib.util
@@ -355,7 +388,12 @@ def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
         work = Path(tmp)
         if spec == "pinned" or spec.startswith("pypi:"):
             version = PINNED if spec == "pinned" else spec[len("pypi:"):]
-            src, py = extract_sdist(sdist(version), work / "src")
+            src, py, verified = sdist_tree(version)
+            if files:  # patched on a copy; the cached tree stays the sdist's
+                top = work / "src" / src.parent.parent.name
+                shutil.copytree(src.parent.parent, top, symlinks=True)
+                src, py = top / src.relative_to(src.parent.parent), top / py.relative_to(src.parent.parent)
+                verified = None
             identity = {"spec": spec, "llama_cpp_python": version,
                         "llama_cpp_commit": PINNED_COMMIT if version == PINNED else None}
             own_bindings = True
@@ -366,6 +404,7 @@ def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
             src = work / "src" / "llama.cpp"
             shutil.copytree(given, src, ignore=shutil.ignore_patterns(".git", "build", "build-*"), symlinks=True)
             py = venv_bindings()
+            verified = None
             identity = {"spec": str(given.resolve()), "llama_cpp_python": None, "llama_cpp_commit": git_commit(given)}
             own_bindings = False
             base = "tree-" + hashlib.sha256(str(given.resolve()).encode()).hexdigest()[:12]
@@ -392,7 +431,7 @@ def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
                             f"this build's API: {', '.join(problems[:6])}"
                             + (f" (and {len(problems) - 6} more)" if len(problems) > 6 else "")
                             + "; use a tree whose llama.h matches its bindings (pypi:VERSION runs a version's own)")
-        identity["tree_sha256"] = tree_hash(src)
+        identity["tree_sha256"] = verified or tree_hash(src)  # (an unpatched sdist's: hashed by sdist_tree)
         archs = tree_architectures(src)
         identity["bindings_sha256"] = tree_hash(py) if not own_bindings else None
         identity["options"] = list(cmake_options(backend))

@@ -323,3 +323,40 @@ def test_resolve_is_memoized_per_process(monkeypatch):
     monkeypatch.setattr(builds, "_RESOLVED", {})
     a, b = builds.resolve("pypi:0.0.1"), builds.resolve("pypi:0.0.1")
     assert a is b and calls == ["pypi:0.0.1"]
+
+
+def fake_sdist(cache: Path, version: str, text: str) -> Path:
+    """A llama-cpp-python sdist's layout, tiny: the vendored tree (one file and llama.h), the bindings, PKG-INFO."""
+    import tarfile
+
+    top = cache / "stage" / f"llama_cpp_python-{version}"
+    for rel, body in (("vendor/llama.cpp/a.txt", text), ("vendor/llama.cpp/include/llama.h", "// h\n"),
+                      ("llama_cpp/__init__.py", "# py\n"), ("PKG-INFO", "Version: x\n")):
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text(body)
+    (cache / "sdist").mkdir(parents=True, exist_ok=True)
+    out = cache / "sdist" / f"llama_cpp_python-{version}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    shutil.rmtree(cache / "stage")
+    return out
+
+
+def test_an_sdist_is_extracted_once_and_checked_at_every_use(tmp_path, monkeypatch):
+    """The cached extraction is used as long as its files are the ones extracted; an edited file (the tree's or the
+    bindings') is extracted again, and another archive under the same version is a tree of its own."""
+    monkeypatch.setenv("FAMILY_CERTIFY_CACHE", str(tmp_path))
+    fake_sdist(tmp_path, "9.9.9", "A")
+    src, py, digest = builds.sdist_tree("9.9.9")
+    assert (src / "a.txt").read_text() == "A" and (py / "__init__.py").is_file() and digest == builds.tree_hash(src)
+    assert src.is_relative_to(tmp_path / "builds") and src.parents[2].name.startswith("work-sdist-9.9.9-")
+    record = src.parents[2] / "digests.json"
+    stamp = record.stat().st_mtime_ns
+    assert builds.sdist_tree("9.9.9") == (src, py, digest) and record.stat().st_mtime_ns == stamp  # not again
+    for edited in (src / "a.txt", py / "__init__.py"):
+        edited.write_text("edited")
+        assert builds.sdist_tree("9.9.9") == (src, py, digest)  # extracted again: the sdist's bytes back
+        assert (src / "a.txt").read_text() == "A" and (py / "__init__.py").read_text() == "# py\n"
+    fake_sdist(tmp_path, "9.9.9", "B")
+    other, _, other_digest = builds.sdist_tree("9.9.9")
+    assert other != src and (other / "a.txt").read_text() == "B" and other_digest != digest
