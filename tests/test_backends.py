@@ -269,3 +269,19 @@ def test_llama_server_runs_every_layer_on_the_backends_first_device_or_refuses_t
         "backend vulkan: llama-server did not offload every layer (offloaded 5/7 layers)"
     assert "it said nothing" in offload_problem("cuda", None)
     assert offload_problem("cpu", None) is None and offload_problem("blas", "offloaded 0/7 layers") is None
+
+
+@pytest.mark.llama
+def test_the_cross_backend_trace_finds_nothing_between_a_build_and_itself():
+    """scripts/cross_backend_trace.py (how docs/backends.md explains minimax-m2's chain) on one backend: the chain's
+    first stage-1 layer is bit-exact with the unsplit run node by node, and no cached K or V value rounds apart."""
+    r = subprocess.run([sys.executable, "scripts/cross_backend_trace.py", "minimax-m2", "--base-backend", "cpu",
+                        "--candidate-backend", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("minimax-m2: cut [1], 40 rows; layer 1")
+    nodes = [ln.split() for ln in lines[2:] if "values round" not in ln]
+    assert {"kq", "kqv_out", "ffn_moe_out", "l_out"} <= {n[0] for n in nodes}
+    assert all(n[1] == "0.0e+00" and n[4] == "0.0e+00" and n[-1] == "0.0e+00" for n in nodes), r.stdout
+    flips = [ln for ln in lines if "values round" in ln]
+    assert len(flips) == 6 and all(": 0 values round to another f16" in ln for ln in flips), r.stdout

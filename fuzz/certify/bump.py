@@ -56,8 +56,9 @@ POLICY = ("cross-build: not promised bit-exact; both builds teacher-forced with 
 PROMPT_LEN, TOKENS = 16, 16
 CROSS_FACTOR = 4.0  # a crossing moves at most this × what the two builds' own runs differ by (else it is wrong)
 # a chain mixing two backends, measured on every tier-1 row (CPU and BLAS builds of the pinned tree, one prefill batch
-# of 40 rows): at most 5.0× the backends' own unsplit spread (minimax-m2, BLAS stage 0 → CPU stage 1, reproducible;
-# every other row ≤ 2.1×; chains on one backend bit-exact); docs/backends.md
+# of 40 rows): at most 5.0× the backends' own unsplit spread (minimax-m2, BLAS stage 0 → CPU stage 1: one cached K
+# value rounds to the other f16 in the chain than in either unsplit run; every other row ≤ 2.1×; chains on one
+# backend bit-exact); docs/backends.md
 BACKEND_FACTOR = 8.0
 
 
