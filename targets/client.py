@@ -266,6 +266,11 @@ class WorkerClient:
                 blobs = self._read_frames([int(n) for n in resp.pop("$frames")], deadline)
                 if blobs is None:
                     return self._crashed(op, req)
+                if blobs is _WAIT:
+                    self._kill()
+                    why = f"{self.name} did not finish its answer to '{op}' within {timeout:g}s (killed)"
+                    return Reply(False, {}, Failure("timeout", why, op, req, stderr_tail=list(self.stderr)),
+                                 request=req)
                 resp = _frames_in(resp, blobs)
             if resp.get("id") != rid:
                 continue  # a stale answer from before a timeout
@@ -293,12 +298,15 @@ class WorkerClient:
         del self._out[:nl + 1]
         return line
 
-    def _read_frames(self, sizes: list[int], deadline: float) -> list[bytes] | None:
-        """The frames after a reply's line, in order; None if the worker's stdout ended first."""
+    def _read_frames(self, sizes: list[int], deadline: float) -> list[bytes] | None | object:
+        """The frames after a reply's line, in order; None if the worker's stdout ended first, _WAIT if they had not
+        all come by the deadline."""
         assert self.proc is not None and self.proc.stdout is not None
         fd, need = self.proc.stdout.fileno(), sum(sizes)
         while len(self._out) < need:
-            select.select([fd], [], [], max(deadline - time.monotonic(), 0.05))
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                return _WAIT
             chunk = os.read(fd, max(need - len(self._out), 1 << 20))
             if not chunk:
                 return None

@@ -50,3 +50,18 @@ def test_frames_and_base64_read_the_same_through_a_pipe_and_in_a_pipeline():
     assert got[True] == got[False]
     assert [len(g["big"]) for g in got[True]] == sizes and got[True][1]["big"][:3] == b"\x00\x01\x02"
     assert got[True][0]["x"] == b"\n{}" and got[True][0]["empty"] == b""
+
+
+def test_a_reply_whose_frames_do_not_all_come_is_a_timeout_and_the_worker_is_replaced():
+    """A worker that announces 10 bytes of frames and sends 3, then hangs: the call times out (the worker killed),
+    it does not block on the missing bytes; the next call gets a fresh worker."""
+    prog = ("import json, sys, time\n"
+            "req = json.loads(sys.stdin.readline())\n"
+            "sys.stdout.buffer.write(json.dumps({'id': req['id'], 'ok': True, 'x': {'$frame': 0},"
+            " '$frames': [10]}).encode() + b'\\nabc')\n"
+            "sys.stdout.flush()\n"
+            "time.sleep(60)\n")
+    with open_target(f"cmd:{shlex.quote(sys.executable)} -c {shlex.quote(prog)}", timeout=1.5) as t:
+        r = t.hello()
+        assert not r.ok and r.failure.kind == "timeout" and "did not finish its answer to 'hello'" in r.failure.message
+        assert t.hello().failure.kind == "timeout" and t.restarts == 1
