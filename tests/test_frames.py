@@ -61,7 +61,7 @@ def test_a_reply_whose_frames_do_not_all_come_is_a_timeout_and_the_worker_is_rep
             " '$frames': [10]}).encode() + b'\\nabc')\n"
             "sys.stdout.flush()\n"
             "time.sleep(60)\n")
-    with open_target(f"cmd:{shlex.quote(sys.executable)} -c {shlex.quote(prog)}", timeout=1.5) as t:
+    with open_target(f"cmd:{shlex.quote(sys.executable)} -c {shlex.quote(prog)}", timeout=1.0) as t:
         r = t.hello()
         assert not r.ok and r.failure.kind == "timeout" and "did not finish its answer to 'hello'" in r.failure.message
         assert t.hello().failure.kind == "timeout" and t.restarts == 1

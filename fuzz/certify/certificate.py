@@ -26,8 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from jsonschema import ValidationError
-
 from fuzz.certify.schemas import validate
 from fuzz.engine.contract import FAILING, KNOWN, MISSING, PASS, UNSUPPORTED, build_name
 from fuzz.engine.stages import KIND_LETTER
@@ -137,6 +135,8 @@ def read_certificate(path: Path) -> dict[str, Any]:
     if not f.is_file():
         raise UserError(f"{path}: no certificate.json; pass one written by `family-certify run --out DIR`")
     data = read_json(f, "certificate", "re-run family-certify run --out")
+    from jsonschema import ValidationError  # (here: every command would pay its import otherwise)
+
     try:
         validate(data, "certificate")
     except ValidationError as e:
