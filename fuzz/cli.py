@@ -18,7 +18,7 @@ from fuzz.oracles import prefix_cache as pc
 from fuzz.oracles import radix as rx
 from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
 from fuzz.oracles.handoff_state import HandoffConfig
-from fuzz.oracles.memory_model import MemoryConfig
+from fuzz.oracles.memory_model import MemoryConfig, pressure_config
 from fuzz.oracles.registry import get_oracle
 from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.repro import bundle as bd
@@ -352,6 +352,10 @@ def memory_cmd(
                                     "of up to --programs examples, shrunk by Hypothesis")] = "seeded",
     stage: Annotated[str, Opt(help="A:B: a stage's context (layers [A, B), sliced from the model) instead of the "
                                    "model's; past the first stage its decodes feed rows, not token ids")] = "",
+    pressure: Annotated[bool, Opt("--pressure", help="run the program under memory pressure instead (three "
+                                                     "sequences interleaved in a 256-cell cache, one removed, "
+                                                     "another's state imported into its scattered cells: upstream "
+                                                     "17527's shape)")] = False,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -374,6 +378,13 @@ def memory_cmd(
     cfg = MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
                            noise_factor=noise_factor, program=given,
                            engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
+    if pressure:
+        if given is not None or stage:
+            raise UserError("--pressure runs its own program on the model: drop --program and --stage")
+        from synth.inspect import inspect_file
+
+        cfg = pressure_config(inspect_file(str(fixture_path(fixture))).n_vocab, n_rs_seq=n_rs_seq, tol=tol,
+                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 

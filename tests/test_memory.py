@@ -13,6 +13,7 @@ from fuzz.engine.contract import KNOWN, PASS
 from fuzz.engine.fixtures import fixture_path
 from fuzz.oracles.memory import lineage, other_neighbours, reduce_config, report, without_neighbours
 from fuzz.oracles.memory_model import (
+    PRESSURE_CTX,
     Memory,
     MemoryConfig,
     Model,
@@ -24,6 +25,8 @@ from fuzz.oracles.memory_model import (
     final_decode,
     format_step,
     precondition_problem,
+    pressure_config,
+    pressure_program,
 )
 from fuzz.oracles.registry import get_oracle
 from fuzz.repro.campaign import known_repro, known_upstream
@@ -411,3 +414,41 @@ def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
     assert {g for g in got} == {(None, None), ("add", 1)}
     assert abs(got.count(("add", 1)) / 400 - BURST) < 0.06
     assert burst(rng, [{"op": "decode", "parts": [[1, [5]]]}], Mach, MemoryConfig(), True) == (None, None)
+
+
+def test_the_pressure_program_frees_enough_cells_in_total_but_no_run_long_enough():
+    """The memory-pressure program (upstream 17527's shape), laid out as one cache allocates each batch's cells in
+    order: 240 of 256 cells used, sequence 1's removal frees 80 in five blocks of 16, and the import of sequence 0's
+    80 cells fits the 96 free cells only if it may scatter (the longest free run is 16)."""
+    cfg = pressure_config(64)
+    program = cfg.program
+    assert (cfg.context, cfg.n_seq, cfg.kv_unified) == (PRESSURE_CTX, 3, (True,)) == (256, 3, (True,))
+    assert [op["op"] for op in program] == ["decode"] * 5 + ["rm", "copy_state", "decode"]
+    cells: list[int | None] = [None] * cfg.context
+    at = 0
+    for op in program[:5]:
+        for q, toks in op["parts"]:
+            cells[at:at + len(toks)] = [q] * len(toks)
+            at += len(toks)
+    assert at == 240 and cfg.max_len >= 81  # (the decodes are not cut short by max_len)
+    cells = [None if c == 1 else c for c in cells]
+    free = [i for i, c in enumerate(cells) if c is None]
+    runs, run = [], 0
+    for c in cells + [0]:
+        run = run + 1 if c is None else (runs.append(run) or 0)
+    need = cells.count(0)
+    assert (need, len(free), max(runs)) == (80, 96, 16) and max(runs) < need <= len(free)
+    assert pressure_program(64) == program and pressure_program(64, seed=1) != program  # seeded
+    r = run_cli("fuzz", "memory", "llama", "--pressure", "--stage", "1:2")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "fuzz: error: --pressure runs its own program on the model: drop --program and --stage"], r.stderr
+
+
+@pytest.mark.llama
+def test_the_pressure_program_passes_on_the_pinned_build_and_its_import_is_judged():
+    """On the pinned build (which scatters a restore over free cells) the program runs all 8 operations: the import
+    accepted, 18 logits checks (every sequence after each decode), all within tolerance."""
+    d = report(fixture_path("llama"), pressure_config(64)).native
+    (row,) = d["results"]
+    assert row["status"] == PASS and (row["steps"], row["checks"]) == (8, 18), row
+    assert row["ops"] == {"decode": 6, "rm": 1, "copy_state": 1} and not d["findings"]

@@ -153,7 +153,7 @@ class Machine:
 
     def params(self) -> dict[str, Any]:
         n = self.cfg.n_seq + 1
-        return context_params(n_seq=n, n_ctx=n * 256, kv_unified=self.kv_unified, capture=False,
+        return context_params(n_seq=n, n_ctx=self.cfg.context or n * 256, kv_unified=self.kv_unified, capture=False,
                               n_rs_seq=self.cfg.n_rs_seq)
 
     def start(self) -> None:

@@ -31,6 +31,7 @@ class MemoryConfig:
     steps: int = 16  # operations per drawn program (its last: a decode of every live sequence)
     n_seq: int = 3
     max_len: int = 40  # positions a sequence holds at most (cells well inside every layout's context)
+    context: int = 0  # the context's cells (0: 256 per sequence, the control's included); small: memory pressure
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     tol: float = 0.1  # the least tolerance: max |Δlogit| against the recompute (batch shapes move ~1e-2 on fixtures)
@@ -398,6 +399,31 @@ def burst(rng: np.random.Generator, done: list[dict[str, Any]], mach: Any, cfg: 
 def final_decode(draw: SeededDraws, model: Model, mem: Memory) -> dict[str, Any]:
     """Every live sequence one token further, in one batch (sequence 0 alone when none is live)."""
     return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab)]] for s in model.live() or [0]]}
+
+
+# Memory pressure (upstream 17527): three sequences decoded in PRESSURE_ROUNDS rounds of PRESSURE_BLOCK tokens each,
+# one batch a round, so their cells interleave block by block and fill all but one block of PRESSURE_CTX (one cache
+# for every sequence); sequence 1 removed leaves its cells free in blocks; sequence 0's state imported as sequence 1
+# needs as many cells as are free in total, more than any run of them holds; then every sequence one token on.
+PRESSURE_CTX, PRESSURE_BLOCK, PRESSURE_ROUNDS = 256, 16, 5
+
+
+def pressure_program(n_vocab: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The memory-pressure program (its config: n_seq 3, n_ctx PRESSURE_CTX, one KV cache, max_len its length)."""
+    rng = np.random.default_rng([seed, 17527])
+
+    def toks(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(0, n_vocab, n)]
+
+    rounds = [{"op": "decode", "parts": [[q, toks(PRESSURE_BLOCK)] for q in range(3)]} for _ in range(PRESSURE_ROUNDS)]
+    return [*rounds, {"op": "rm", "seq": 1, "p0": -1, "p1": -1}, {"op": "copy_state", "src": 0, "dst": 1},
+            {"op": "decode", "parts": [[q, toks(1)] for q in range(3)]}]
+
+
+def pressure_config(n_vocab: int, **common: Any) -> MemoryConfig:
+    """The config that runs the memory-pressure program."""
+    return MemoryConfig(program=pressure_program(n_vocab), n_seq=3, context=PRESSURE_CTX, kv_unified=(True,),
+                        max_len=PRESSURE_BLOCK * PRESSURE_ROUNDS + 1, **common)
 
 
 def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
