@@ -204,13 +204,10 @@ def sdist_tree(version: str) -> tuple[Path, Path, str]:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     root = cache_dir() / "builds" / f"work-sdist-{version}-{h.hexdigest()[:16]}"
-    record = root / "digests.json"
-    if record.is_file():
-        rec = json.loads(record.read_text())
-        src, py = root / rec["src"], root / rec["bindings"]
-        if src.is_dir() and py.is_dir() and tree_hash(src) == rec["tree"] and tree_hash(py) == rec["bindings_tree"]:
-            return src, py, rec["tree"]
-        shutil.rmtree(root, ignore_errors=True)  # edited, or half there: extracted again
+    got = _extracted(root)
+    if got is not None:
+        return got
+    shutil.rmtree(root, ignore_errors=True)  # edited, or half there: extracted again
     tmp = root.with_name(f"{root.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     src, py = extract_sdist(archive, tmp)
@@ -222,8 +219,24 @@ def sdist_tree(version: str) -> tuple[Path, Path, str]:
         os.rename(tmp, root)
     except OSError:  # another process put it there first: theirs (checked the same way) is used
         shutil.rmtree(tmp, ignore_errors=True)
-        return sdist_tree(version)
+        got = _extracted(root)
+        if got is None:
+            raise UserError(f"{root}: not the extracted sdist it should be, and it cannot be replaced; remove it") \
+                from None
+        return got
     return root / src.relative_to(tmp), root / py.relative_to(tmp), tree
+
+
+def _extracted(root: Path) -> tuple[Path, Path, str] | None:
+    """An sdist's extraction in the cache, if every file is as recorded when it was extracted."""
+    try:
+        rec = json.loads((root / "digests.json").read_text())
+        src, py = root / rec["src"], root / rec["bindings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if src.is_dir() and py.is_dir() and tree_hash(src) == rec["tree"] and tree_hash(py) == rec["bindings_tree"]:
+        return src, py, rec["tree"]
+    return None
 
 
 def venv_bindings() -> Path:

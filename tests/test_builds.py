@@ -357,6 +357,8 @@ def test_an_sdist_is_extracted_once_and_checked_at_every_use(tmp_path, monkeypat
         edited.write_text("edited")
         assert builds.sdist_tree("9.9.9") == (src, py, digest)  # extracted again: the sdist's bytes back
         assert (src / "a.txt").read_text() == "A" and (py / "__init__.py").read_text() == "# py\n"
+    record.unlink()  # half there (a process that died extracting): extracted again, not an endless retry
+    assert builds.sdist_tree("9.9.9") == (src, py, digest) and record.is_file()
     fake_sdist(tmp_path, "9.9.9", "B")
     other, _, other_digest = builds.sdist_tree("9.9.9")
     assert other != src and (other / "a.txt").read_text() == "B" and other_digest != digest
