@@ -1,7 +1,7 @@
 """Why a chain across two backends moves further than the two backends' unsplit runs differ from each other.
 
-Stage 0 on the base build, stage 1 on the candidate build (the cross-build lane's chain), at the fixture's first
-period cut, one prefill batch: the first layer of stage 1 is traced in the chain and in both unsplit runs, and for
+Stage 0 on the base build, stage 1 on the candidate build (the cross-build lane's chain, split where that lane
+splits it), one prefill batch: the first layer of stage 1 is traced in the chain and in both unsplit runs, and for
 each graph node of that layer the largest difference of the chain from each unsplit run (and of the two unsplit
 runs from each other) is printed, with the row it is in. Then, for the layer's K and V (which the KV cache stores
 as f16), how many values round to another f16 in the chain than in each unsplit run, the tokens they belong to and
@@ -22,9 +22,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fuzz.certify.bump import chain_cuts  # noqa: E402
 from fuzz.engine.fixtures import fixture_path  # noqa: E402
 from fuzz.engine.schedule import prompt_tokens  # noqa: E402
-from fuzz.engine.stages import FixtureStages, cut_sets  # noqa: E402
+from fuzz.engine.stages import FixtureStages  # noqa: E402
 from synth.errors import UserError  # noqa: E402
 from targets import builds, open_target  # noqa: E402
 
@@ -80,9 +81,9 @@ def main() -> None:
         sys.exit(f"cross_backend_trace: {e}")
     st = FixtureStages(Path(path), shared=False)
     with st.workspace(None):
-        cuts = next((c for c in cut_sets("period", st.info.n_layer, 2, st.period)), None)
+        cuts = chain_cuts(st)  # where the cross-build lane's chains split it
         if cuts is None:
-            sys.exit(f"cross_backend_trace: {args.fixture} has no two-stage cut")
+            sys.exit(f"cross_backend_trace: {args.fixture}: its stage contracts allow no two-stage split")
         (stage0, _), (stage1, _) = st.stages(cuts)
         layer = cuts[0]
         prompt = prompt_tokens(args.seed + 101, args.rows, st.info.n_vocab)

@@ -121,26 +121,29 @@ FAST_START = (("-fit", "off"), ("--no-jinja",))
 
 
 @functools.cache
-def fast_start_args(binary: str) -> tuple[str, ...]:
-    """The FAST_START flags this llama-server binary knows, in order (read once from its --help)."""
+def binary_says(binary: str, flag: str) -> tuple[str, str] | str:
+    """What this llama-server binary prints for one informational flag, (stdout, stderr), read once; or why it
+    could not be run."""
     try:
-        text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        r = subprocess.run([binary, flag], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{flag} failed: {e}"
+    return r.stdout, r.stderr
+
+
+def fast_start_args(binary: str) -> tuple[str, ...]:
+    """The FAST_START flags this llama-server binary knows, in order (from its --help)."""
+    said = binary_says(binary, "--help")
+    if isinstance(said, str):
         return ()
-    known = set(re.findall(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)", text))
+    known = set(re.findall(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)", said[0]))
     return tuple(a for flag in FAST_START if flag[0] in known for a in flag)
 
 
-@functools.cache
 def listed_devices(binary: str) -> str:
-    """What this llama-server binary prints for --list-devices (read once)."""
-    try:
-        r = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=60,
-                           stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"--list-devices failed: {e}"
-    return r.stdout + r.stderr
+    """What this llama-server binary prints for --list-devices."""
+    said = binary_says(binary, "--list-devices")
+    return said if isinstance(said, str) else said[0] + said[1]
 
 
 def offload_args(backend: str, devices: str) -> list[str]:
@@ -234,10 +237,9 @@ class ServerWorker:
                     # (a server too old to report its alias in /props is taken at its word)
                     if self._get("/health", timeout=1.0).get("status") == "ok" and \
                             self._get("/props", timeout=1.0).get("model_alias", alias) == alias:
-                        for _ in range(100 if backend in DEVICE_BACKENDS and self.offloaded is None else 0):
-                            time.sleep(0.01)  # (the line is the stderr pump's: it may not have read it yet)
-                            if self.offloaded is not None:
-                                break
+                        waited = time.monotonic() + 1.0  # (the line is the stderr pump's: it may not be read yet)
+                        while backend in DEVICE_BACKENDS and self.offloaded is None and time.monotonic() < waited:
+                            time.sleep(0.01)
                         problem = offload_problem(backend, self.offloaded)
                         if problem:
                             self._stop()

@@ -1,11 +1,12 @@
 """Frames (targets/PROTOCOL.md): a reply's bytes raw after its line, or base64 in it from a worker that does not
 know frames; the engine reads both the same, through a real pipe, pipelined, larger than the pipe's buffer."""
 
-import os
 import shlex
 import sys
 
 from targets import as_bytes, open_target
+
+from conftest import ROOT
 
 ECHO = """
 import os
@@ -30,7 +31,7 @@ main_with(Echo, llama=False)
 def echo_target(frames: bool):
     prog = f"{shlex.quote(sys.executable)} -c {shlex.quote(ECHO)}"
     return open_target(f"cmd:{prog}" if frames else f"cmd:env -u FAMILY_CERTIFY_FRAMES {prog}",
-                       env={"PYTHONPATH": os.getcwd()})
+                       env={"PYTHONPATH": str(ROOT)})
 
 
 def test_frames_and_base64_read_the_same_through_a_pipe_and_in_a_pipeline():

@@ -358,15 +358,14 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0, w
     wide (builds on two backends): the chains again with a prompt of WIDE_PREFILL tokens in one prefill batch, the
     batch a BLAS backend computes (prefill chunks of 7 never reach it), judged against that shape's own spread,
     every chain within BACKEND_FACTOR × the spread."""
-    from fuzz.engine.stages import FixtureStages, cut_sets
+    from fuzz.engine.stages import FixtureStages
 
     st = FixtureStages(Path(path), shared=False)  # (as before: each build loads whole stage files)
     if st.info.n_layer < 2:
         return {"status": "unsupported", "detail": "one layer: no split"}
     out: dict[str, Any] = {}
     with st.workspace(None):
-        cuts = next((c for c in cut_sets("period", st.info.n_layer, 2, st.period)
-                     if not isinstance(st.stages(c), Unsupported)), None)
+        cuts = chain_cuts(st)
         if cuts is None:
             return {"status": "unsupported", "detail": "every split is unsupported"}
         shapes = [("", prompt_tokens(seed + 101, PROMPT_LEN, st.info.n_vocab), 7)]
@@ -381,6 +380,15 @@ def mixed_chains(path: str, envs: dict[str, dict[str, str]], *, seed: int = 0, w
             out |= {k + label: v for k, v in got.items()}
     return {"status": "wrong" if any(v["status"] == "wrong" for v in out.values()) else "ok", "cuts": cuts,
             "chains": out}
+
+
+def chain_cuts(st: Any) -> list[int] | None:
+    """Where a mixed chain splits a fixture (FixtureStages, in its workspace): its first period cut into two stages
+    that its stage contracts allow; None if they allow none."""
+    from fuzz.engine.stages import cut_sets
+
+    return next((c for c in cut_sets("period", st.info.n_layer, 2, st.period)
+                 if not isinstance(st.stages(c), Unsupported)), None)
 
 
 def chains_of(path: str, envs: dict[str, dict[str, str]], stages: Any, cuts: list[int], prompt: list[int],
