@@ -22,7 +22,7 @@ MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
 TIERS = (1, 2, 3)
 LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "wire", "isolation", "memory", "handoff",
-         "determinism", "prefix-cache", "reject")
+         "determinism", "prefix-cache", "prompt-trees", "reject")
 ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
             "dtypes", "wires", "expect", "known", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")

@@ -39,7 +39,7 @@ def test_every_seed_row_is_present():
 def test_tier_defaults_and_hybrid_sweeps():
     m = load_manifest(ROOT / "family_tiers.toml")
     assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "wire", "isolation", "memory",
-                                        "handoff", "determinism", "prefix-cache"]
+                                        "handoff", "determinism", "prefix-cache", "prompt-trees"]
     assert m.row("qwen3next").dtypes == ["f16", "bf16", "q8_0", "q4_0", "mxfp4", "q4_k", "q6_k", "iq2_xxs"]
     assert m.row("qwen3next").wires == ["f16", "bf16", "q8_0"]
     assert m.row("gemma3").dtypes == [] and m.row("gemma3").wires == []
@@ -121,7 +121,7 @@ def test_every_lane_the_manifest_names_has_one_runner():
     from synth.manifest import LANES, SCAN_LANES
 
     assert set(LANE_RUNNERS) == set(LANES) | set(SCAN_LANES)
-    assert len(LANE_RUNNERS) == 17
+    assert len(LANE_RUNNERS) == 18
 
 
 @pytest.mark.llama
@@ -294,15 +294,16 @@ def test_not_split_served_is_checked(tmp_path):
 
 def test_every_lane_runs_in_one_ci_job():
     """[jobs] names the CI job of every lane once: per bump the gate (the split) and the server job (llama-server's
-    schedules) side by side, repeat-determinism and the quantized-weight splits nightly."""
+    schedules) side by side, repeat-determinism, the quantized-weight splits and the deep drawn prompt trees
+    nightly."""
     from synth.manifest import LANES
 
     m = load_manifest(ROOT / "family_tiers.toml")
     assert sorted(lane for ls in m.jobs.values() for lane in ls) == sorted(LANES)
-    assert m.jobs["server"] == ["prefix-cache"] and set(m.jobs["nightly"]) == {"determinism", "dtype"}
+    assert m.jobs["server"] == ["prefix-cache"] and set(m.jobs["nightly"]) == {"determinism", "dtype", "prompt-trees"}
     assert {"parity", "boundary-sweep", "handoff", "wire", "isolation"} <= set(m.jobs["gate"])
     assert m.jobs["memory"] == ["memory"]
-    assert m.job_lanes(["gate", "memory", "server"]) == set(LANES) - {"determinism", "dtype"}
+    assert m.job_lanes(["gate", "memory", "server"]) == set(LANES) - {"determinism", "dtype", "prompt-trees"}
     assert m.job_lanes(None) is None
     with pytest.raises(UserError, match="--job 'gpu': .*jobs are gate, memory, server, nightly"):
         m.job_lanes(["gpu"])
@@ -337,7 +338,8 @@ def test_the_ci_matrix_and_run_follow_the_jobs():
     assert len(rows["gate"]) == 22 and sorted(rows["memory"]) == sorted(rows["gate"])
     assert sorted(rows["server"]) == sorted(set(rows["gate"]) - {"llama-wide-vocab"})
     r = run_cli("family-certify", "matrix", "--tier", "1", "--job", "nightly")
-    assert {e["lanes"] for e in json.loads(r.stdout)["include"]} == {"dtype,determinism"}
+    assert {e["lanes"] for e in json.loads(r.stdout)["include"]} == {"dtype,determinism,prompt-trees",
+                                                                     "dtype,determinism"}  # (no server lane)
     r = run_cli("family-certify", "matrix", "--tier", "2", "--job", "server", "--shards", "2")
     assert json.loads(r.stdout) == {"include": []}
     r = run_cli("family-certify", "run", "--tier", "2", "--job", "server")

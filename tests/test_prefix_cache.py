@@ -40,6 +40,18 @@ def test_compare_judges_clear_steps_and_skips_near_ties():
     assert compare(ref, {"tokens": [5, 1, 2]}) is None  # step 1 is a near-tie: not judged from there on
 
 
+def test_compare_stops_where_the_reference_could_not_pick_its_listed_top():
+    """minimax-m2's drawn tree r2:0:6:10_0+1_0@7+10 (one client: complete prompt 2, then its second turn): at step 4
+    the server lists token 11 first, but 11 is the vocabulary's end token (llama.cpp's BPE default when the file
+    names none) and the requests ignore it, so the pick is between 13 and 47, 7e-4 apart: a near-tie the listed
+    margin (0.1) does not show. The cold run picked 13, the cached second turn 47 (as the server answered both)."""
+    ref = {"tokens": [53, 47, 47, 47, 13, 13],
+           "top": [[[53, -0.7989], [54, -1.02]], [[47, -1.0711], [9, -1.7759]], [[47, -1.0786], [6, -2.1854]],
+                   [[47, -1.3332], [6, -1.9283]], [[11, -1.6778], [13, -1.7775]], [[13, -0.4808], [54, -2.3175]]]}
+    assert compare(ref, {"tokens": [53, 47, 47, 47, 47, 13]}) is None
+    assert compare(ref, {"tokens": [53, 47, 47, 6, 47, 13]}) == "token 3: 6 instead of 47"  # judged up to there
+
+
 @pytest.mark.parametrize("family,knobs", [("llama", {"layers": 4}), ("qwen3next", {"layers": 4, "period": 4}),
                                           ("mamba2", {"layers": 4})])
 def test_concurrent_duplicate_inserts_are_clean(fixtures, family, knobs):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz.certify.shards import DEFAULT_SECONDS, load_durations, plan_shards, row_seconds
+from fuzz.certify.shards import DEFAULT_SECONDS, load_durations, longest_first, plan_shards, row_seconds
 from synth.errors import UserError
 from synth.manifest import load_manifest
 
@@ -91,6 +91,16 @@ def test_unknown_durations_take_the_lane_median_else_the_default():
     assert row_seconds("a", ["load", "parity"], durations) == 9.0
     plan = plan_shards([("new", ["load", "never-measured"]), ("c", ["load"])], durations, 2)
     assert [p["seconds"] for p in plan] == [100.0, 3.0 + DEFAULT_SECONDS]
+
+
+def test_rows_start_longest_first_and_as_given_without_durations(tmp_path):
+    """A pool running rows side by side starts the longest expected first (ties in their order), so the long row
+    does not start last and run alone at the end; without a durations file, as given."""
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps({"schema": 1, "seconds": {"a/x": 1.0, "b/x": 9.0, "c/x": 1.0, "d/x": 4.0}}))
+    rows = [("a", ["x"]), ("b", ["x"]), ("c", ["x"]), ("d", ["x"]), ("e", ["x"])]  # e: the lane's median, 2.5
+    assert longest_first(rows, f) == [1, 3, 4, 0, 2]
+    assert longest_first(rows, tmp_path / "none.json") == [0, 1, 2, 3, 4]
 
 
 def test_more_shards_than_rows():

@@ -19,6 +19,7 @@ from typing import Any
 from fuzz.certify.certificate import certificate
 from fuzz.certify.lanes import NO_OPTIONS, LaneOptions, LaneResult, check_cuts, run_lane
 from fuzz.certify.outputs import manifest_identity, run_report, write_outputs
+from fuzz.certify.shards import longest_first
 from fuzz.engine.contract import CRASH, FAILING, FINDING, KNOWN, MISSING, SKIPPED, UNSUPPORTED
 from fuzz.engine.progress import Progress
 from fuzz.engine.stages import PLANNER
@@ -101,7 +102,7 @@ def run_rows(tasks: list[tuple[Row, list[str], str, Path, LaneOptions]], jobs: i
     """Each task's row (its lanes on its target, its fixture written in its directory), `jobs` rows at a time; each
     lane through `finish` in the process that ran it (a function that process can import), then `each(task index,
     lane)` here as lanes finish; every row's lanes in the tasks' order. The first error a row raises is raised here
-    once the rows running finished; no row starts after it.
+    once the rows running finished; no row starts after it. Rows start longest first (the committed durations).
     Rows at a time run in processes of their own, not threads of this one: the engine's Python side of a row (traces
     compared, blobs decoded, schedules judged) then runs beside another row's instead of waiting for the same
     interpreter lock (measured: docs/benchmarks.md, the tier-1 battery)."""
@@ -123,7 +124,7 @@ def run_rows(tasks: list[tuple[Row, list[str], str, Path, LaneOptions]], jobs: i
     got: list[list[LaneResult]] = [[] for _ in tasks]
     told = 0
     pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_row_process, initargs=(events,))
-    todo = list(enumerate(tasks))
+    todo = [(i, tasks[i]) for i in longest_first([(row.key, lanes) for row, lanes, *_ in tasks])]
     running: dict[Any, int] = {}
     error: BaseException | None = None
 

@@ -42,7 +42,7 @@ from fuzz.certify.bump import bump_builds, finish_bump, read_bump
 from fuzz.certify.certificate import admit, read_certificate, roster
 from fuzz.certify.lanes import LaneOptions, LaneResult, lane_load
 from fuzz.certify.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
-from fuzz.certify.shards import load_durations, measured, plan_shards, refresh_durations
+from fuzz.certify.shards import DURATIONS, load_durations, measured, plan_shards, refresh_durations
 from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt, use_build
 from fuzz.engine.contract import FAILING, FINDING, MISSING, PASS, UNSUPPORTED
 from synth.cliutil import new_app, run
@@ -96,7 +96,6 @@ def unclassified_architectures(m: Manifest, names: list[str]) -> bool:
     return bool(missing)
 
 
-DURATIONS = Path(__file__).resolve().parents[2] / ".github" / "family-certify-durations.json"
 
 
 @app.command()

@@ -19,7 +19,7 @@ from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_model import MemoryConfig, pressure_config
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
-from fuzz.oracles.radix import LANE_PLANS, RadixConfig
+from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
 from fuzz.oracles.registry import ORACLES
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
@@ -310,57 +310,84 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
 
 
+# drawn prompt-tree schedules per KV layout: per bump a seeded prefix of what the nightly prompt-trees lane draws
+PER_BUMP_TREES = 12
+NIGHTLY_TREES = 96
+
+
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
-    radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on 48 schedules of prompt
-    trees drawn per schedule — counted, no time limit — in both KV layouts llama-server has: one cache per slot (-np
-    given) and one for all slots (its default without -np)."""
+    radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
+    of prompt trees drawn per schedule, in both KV layouts llama-server has: one cache per slot (-np given) and one
+    for all slots (its default without -np)."""
+    def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
+        return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
+                ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
+                                      kv_unified=unified)),
+                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified))]
+    return server_lane(row, "prefix-cache", path, target_spec, runs)
+
+
+def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout
+    (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of them)."""
+    return server_lane(row, "prompt-trees", path, target_spec,
+                       lambda server, unified: [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified))])
+
+
+def server_lane(row: Row, lane: str, path: Path, target_spec: str,
+                runs: Callable[[str, bool], list[tuple[str, Any]]]) -> LaneResult:
+    """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named."""
     if server_binary() is None:
-        return LaneResult(row.key, "prefix-cache", SKIPPED,
-                          NO_SERVER)
+        return LaneResult(row.key, lane, SKIPPED, NO_SERVER)
     server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
     reps, cases = [], []
     for unified in (False, True):
-        for oracle, cfg in (("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
-                            ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
-                                                  kv_unified=unified)),
-                            # prompt trees drawn per schedule: divergence points anywhere, at and just before a
-                            # prompt's end, around the sliding window; random clients, PCT interleavings
-                            ("radix", RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=48,
-                                                  budget=0.0, tokens=6, target=server, kv_unified=unified))):
+        for oracle, cfg in runs(server, unified):
             rep, case = oracle_run(oracle, path, cfg)
             reps.append(rep)
             cases.append(case)
-    rounds = [r for r in reps if r.oracle == "prefix-cache"]
-    scheds = [r for r in reps if r.oracle == "radix"]
     repros = known_findings(row, reps)
     bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
     if bad is None:
-        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
-        rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
-        noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
-        moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
-        detail = (f"llama-server, one KV cache per slot and one for all: {len(rounds[0].results)} rounds of concurrent "
-                  f"duplicate inserts each: answers as uncached, slots freed; {reused} prompt tokens from the cache; "
-                  f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
-                  f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache; "
-                  f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, second "
-                  f"turns, host cache; {sum(r.extra['explored'] for r in scheds if r.config.get('tree') == 'drawn')} "
-                  f"on drawn prompt trees): clean, {sum(x['reused'] for r in scheds for x in r.results)} prompt tokens "
-                  f"reused (promised {sum(x['promised'] for r in scheds for x in r.results)})"
-                  + (f"; one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
-                     f"{noise['near_tie']:.1g} not judged" if noise and noise["placement"] is not None else "")
-                  + (f"; {moved} answers moved by the shared KV cache, not the prompt cache" if moved else ""))
+        detail = "llama-server, one KV cache per slot and one for all: " + "; ".join(server_parts(reps))
         names = sorted({n for n in repros.values() if n})
         if names:  # every finding is a committed upstream repro: known, named
-            return LaneResult(row.key, "prefix-cache", KNOWN, f"{detail}; only upstream's known findings: "
-                              f"{', '.join(names)}", data={"known": [f"corpora/repros/{n}" for n in names]},
-                              reports=reps, cases=cases)
+            return LaneResult(row.key, lane, KNOWN, f"{detail}; only upstream's known findings: {', '.join(names)}",
+                              data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
     else:
         f = next(f for f in bad.findings if repros[id(f)] is None)
         layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
         detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
-    return LaneResult(row.key, "prefix-cache", worst([r.status for r in reps]), detail, reports=reps, cases=cases)
+    return LaneResult(row.key, lane, worst([r.status for r in reps]), detail, reports=reps, cases=cases)
+
+
+def server_parts(reps: list[Report]) -> list[str]:
+    """What a clean server lane checked, part by part (the rounds and rewinds, the radix schedules, the noise)."""
+    rounds = [r for r in reps if r.oracle == "prefix-cache"]
+    scheds = [r for r in reps if r.oracle == "radix"]
+    parts = []
+    if rounds:
+        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
+        rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
+        parts += [f"{len(rounds[0].results)} rounds of concurrent duplicate inserts each: answers as uncached, "
+                  f"slots freed; {reused} prompt tokens from the cache",
+                  f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
+                  f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache"]
+    if scheds:
+        drawn = sum(r.extra["explored"] for r in scheds if r.config.get("tree") == "drawn")
+        parts.append(f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, "
+                     f"second turns, host cache; {drawn} on drawn prompt trees): clean, "
+                     f"{sum(x['reused'] for r in scheds for x in r.results)} prompt tokens reused (promised "
+                     f"{sum(x['promised'] for r in scheds for x in r.results)})")
+    noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
+    if noise and noise["placement"] is not None:
+        parts.append(f"one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
+                     f"{noise['near_tie']:.1g} not judged")
+    moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
+    if moved:
+        parts.append(f"{moved} answers moved by the shared KV cache, not the prompt cache")
+    return parts
 
 
 def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
@@ -528,6 +555,7 @@ LANE_RUNNERS: dict[str, Callable[[LaneCall], LaneResult]] = {
     "isolation": lambda c: lane_isolation(c.row, c.path, c.target_spec),
     "memory": lambda c: lane_memory(c.row, c.path, c.target_spec),
     "prefix-cache": lambda c: lane_prefix_cache(c.row, c.path, c.target_spec),
+    "prompt-trees": lambda c: lane_prompt_trees(c.row, c.path, c.target_spec),
     "handoff": lambda c: lane_handoff(c.row, c.path, c.target_spec),
     "determinism": lambda c: lane_determinism(c.row, c.path, c.target_spec),
     "reject": lambda c: lane_reject(c.row, c.path, c.target, c.target_spec),

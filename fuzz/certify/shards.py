@@ -19,6 +19,7 @@ from typing import Any
 from synth.errors import UserError, read_text
 
 DEFAULT_SECONDS = 10.0  # a lane no run has measured on any row yet
+DURATIONS = Path(__file__).resolve().parents[2] / ".github" / "family-certify-durations.json"  # the committed one
 SCHEMA = 1
 NOT_MEASURED = ("missing", "skipped")  # a lane that did not run says nothing about how long it takes
 
@@ -90,6 +91,18 @@ def row_seconds(row: str, lanes: list[str], durations: dict[str, float], default
     """A row's expected seconds: its lanes' measured durations, else the lane's median over rows, else `default`."""
     est = lane_estimates(durations) if estimates is None else estimates
     return sum(durations.get(f"{row}/{lane}", est.get(lane, default)) for lane in lanes)
+
+
+def longest_first(rows: list[tuple[str, list[str]]], path: Path = DURATIONS) -> list[int]:
+    """The rows' indices in the order a pool of processes should start them: the longest expected first (ties keep
+    their order), so a long row does not start last and run alone at the end; as given without a durations file."""
+    try:
+        durations = load_durations(path)
+    except UserError:
+        return list(range(len(rows)))
+    est = lane_estimates(durations)
+    cost = [row_seconds(name, lanes, durations, DEFAULT_SECONDS, est) for name, lanes in rows]
+    return sorted(range(len(rows)), key=lambda i: -cost[i])
 
 
 def plan_shards(rows: list[tuple[str, list[str]]], durations: dict[str, float], k: int,

@@ -113,6 +113,14 @@ class RadixConfig:
     timeout: float = 60.0
 
 
+def drawn_trees(schedules: int, *, target: str = "llama-server", kv_unified: bool = False, tokens: int = 6,
+                seed: int = 0) -> RadixConfig:
+    """The radix engine on prompt trees drawn per schedule (draw_tree): two random clients of three operations,
+    PCT interleavings, counted (no time limit) — the lanes' and the campaign's drawn surface."""
+    return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=schedules, budget=0.0,
+                       tokens=tokens, target=target, kv_unified=kv_unified, seed=seed)
+
+
 @dataclass
 class Run:
     """One schedule on a fresh server: what each operation returned, and what the oracle found."""

@@ -27,7 +27,7 @@ from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_model import MemoryConfig
-from fuzz.oracles.radix import LANE_PLANS, RadixConfig
+from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
 from fuzz.oracles.registry import ORACLES as ORACLES_BY_NAME
 from fuzz.oracles.registry import get_oracle
 from fuzz.oracles.sweep_report import SweepConfig
@@ -82,8 +82,7 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
     if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule (counted)
         server = target if target.startswith("mutant:radix") else "llama-server"
         if pick(False, True):
-            return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=4, budget=0.0,
-                               tokens=4, kv_unified=pick(False, True), target=server, seed=seed)
+            return drawn_trees(4, tokens=4, kv_unified=pick(False, True), target=server, seed=seed)
         plans = LANE_PLANS.split(";")
         return RadixConfig(plan=pick(*plans), limit=3, budget=0.0, tokens=4, kv_unified=pick(False, True),
                            target=server, seed=seed)
