@@ -331,8 +331,9 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
 def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
     """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout
     (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of them)."""
-    return server_lane(row, "prompt-trees", path, target_spec,
-                       lambda server, unified: [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified))])
+    def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
+        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified))]
+    return server_lane(row, "prompt-trees", path, target_spec, runs)
 
 
 def server_lane(row: Row, lane: str, path: Path, target_spec: str,

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.engine.configs import check_config
-from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report, select
+from fuzz.engine.case_oracle import CaseOracle
+from fuzz.engine.contract import CRASH, FAILING, FINDING, NUMERICS, PASS, Finding, Oracle, Report, select
+from fuzz.engine.fleet import Fleet
 from fuzz.engine.parity import (
     TOP_K_NODES,
     context_params,
@@ -46,7 +47,7 @@ from fuzz.engine.parity import (
 from fuzz.engine.schedule import prompt_tokens, sequential_steps
 from synth.errors import UserError
 from synth.inspect import inspect_file
-from targets import Target, open_target
+from targets import Target
 from targets.target import script_request
 
 NOISE_FACTOR = 4.0  # a batch-shape difference is numerics up to this × the batch-shape control (or a near-tie named)
@@ -69,61 +70,81 @@ class IsolationConfig:
     timeout: float = 120.0
 
 
-class Isolation:
+class Isolation(CaseOracle[tuple[bool, bool]]):
+    name, unit, sections = "isolation", "layouts", ("noise",)
+
     def __init__(self, fixture: Path, cfg: IsolationConfig):
-        check_config(cfg)
-        self.fixture = Path(fixture)
-        self.cfg = cfg
+        super().__init__(fixture, cfg)
         self.info = inspect_file(str(self.fixture))
         if cfg.n_seq < 2 or cfg.prompt_len < 1 or cfg.tokens < 1:
             raise UserError("--n-seq must be at least 2, --prompt-len and --tokens at least 1")
-        self.commit: str | None = None
         self.tol = cfg.tol
         self.fa = False  # the layout being run: flash attention on or off
         self.noise_measured = 0.0  # the layout's batch-shape control (_noise): what bounds a batch-shape excuse
+        self.noise: dict[str, dict[str, float]] = {}
         self.prompts = [prompt_tokens(cfg.seed + 7 + i, cfg.prompt_len + 3 * i, self.info.n_vocab)
                         for i in range(cfg.n_seq)]
 
-    def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        results, findings, numerics = [], [], []
-        noise: dict[str, dict[str, float]] = {}
-        with open_target(cfg.target, timeout=cfg.timeout) as t:
-            for fa, kvu in itertools.product(cfg.flash_attn, cfg.kv_unified):
-                self.fa = fa
-                why = self._load(t, kvu)
-                if why:  # the model runs with one sequence (below) but not with n_seq: a finding, tried twice
-                    again = self._load(t, kvu)
-                    row = {"kv_unified": kvu, "flash_attn": self.fa, "seq": None, "status": "crash", "step": None,
-                           "max_abs_dlogit": None, "reason": why}
-                    results.append(row)
-                    findings.append({**row, "reproduced": bool(again)})
-                    continue
-                alone = [self._alone(t, i) for i in range(cfg.n_seq)]
-                measured = self.noise_measured = self._noise(t, alone)
-                self.tol = max(cfg.tol, cfg.noise_factor * measured)
-                noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "tolerance": self.tol}
-                together = self._together(t, alone)
-                rows = self._compare(kvu, alone, together)
-                results += rows
-                bad = [r for r in rows if r["status"] == FINDING]
-                if bad:
-                    again = self._compare(kvu, alone, self._together(t, alone))
-                    for r in bad:
-                        twin = next(a for a in again if a["seq"] == r["seq"])
-                        f = {**r, "reproduced": twin["status"] == FINDING and twin["step"] == r["step"]}
-                        if not isinstance(together, str):
-                            f["cause"] = self._cause(t, r["seq"], r["step"], alone, together, kvu,
-                                                     r["max_abs_dlogit"])
-                        if is_numerics(f.get("cause")):
-                            r["status"] = NUMERICS
-                            numerics.append(f)
-                        else:
-                            findings.append(f)
+    def open(self, fleet: Fleet) -> None:
+        self.t = fleet.one()
+
+    def cases(self) -> list[tuple[bool, bool]]:
+        return list(itertools.product(self.cfg.flash_attn, self.cfg.kv_unified))
+
+    def identity(self, case: tuple[bool, bool]) -> dict[str, Any]:
+        fa, kvu = case
+        return {"kv_unified": kvu, "flash_attn": fa, "phase": kv_layout(kvu, fa)}
+
+    def observe(self, case: tuple[bool, bool]) -> dict[str, Any]:
+        """Every sequence alone, the batch-shape control (the layout's tolerance), every sequence together; or why
+        a context for n_seq sequences cannot be made."""
+        self.fa, kvu = case
+        why = self._load(self.t, kvu)
+        if why:  # the model runs with one sequence (checked in _load) but not with n_seq
+            return {"refused": why}
+        alone = [self._alone(self.t, i) for i in range(self.cfg.n_seq)]
+        measured = self.noise_measured = self._noise(self.t, alone)
+        self.tol = max(self.cfg.tol, self.cfg.noise_factor * measured)
+        self.noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "tolerance": self.tol}
+        return {"alone": alone, "tol": self.tol, "together": self._together(self.t, alone)}
+
+    def judge(self, case: tuple[bool, bool], seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each sequence batched against alone, within the layout's tolerance at every step."""
+        at = self.identity(case)
+        if "refused" in seen:
+            return [{**at, "seq": None, "status": CRASH, "step": None, "max_abs_dlogit": None,
+                     "reason": seen["refused"]}]
+        alone, together, rows = seen["alone"], seen["together"], []
+        for i in range(len(self.prompts)):
+            if isinstance(together, str):
+                rows.append({**at, "seq": i, "status": CRASH, "step": 0, "max_abs_dlogit": None, "reason": together})
+                continue
+            d = [float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(alone[i][1], together[i], strict=True)]
+            step = next((k for k, x in enumerate(d) if x > seen["tol"]), None)
+            rows.append({**at, "seq": i, "status": FINDING if step is not None else PASS, "step": step,
+                         "max_abs_dlogit": max(d), "tokens_alone": alone[i][0],
+                         "argmax_together": [int(np.argmax(x)) for x in together[i]]})
+        return rows
+
+    def explain(self, case: tuple[bool, bool], seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """Cell position, batch shape or a leak (_cause); numerics when the cause shows it (is_numerics)."""
+        cause = self._cause(self.t, row["seq"], row["step"], seen["alone"], seen["together"], case[1],
+                            row["max_abs_dlogit"])
+        return {"cause": cause, "status": NUMERICS if is_numerics(cause) else FINDING}
+
+    def message(self, f: dict[str, Any]) -> str:
+        if f["seq"] is None:
+            return f"{layout_of(f)}: {f['reason']}"
+        return (f"{layout_of(f)}: sequence {f['seq']} changes when batched (step {f['step']}, max "
+                f"|Δlogit| {f['max_abs_dlogit']:.3g})" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        findings = [r for r in results if r["status"] in FAILING]
         return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
-                "llama_cpp_commit": self.commit,
-                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
-                "noise": noise, "results": results, "findings": findings, "numerics": numerics,
+                "llama_cpp_commit": self.commit, "target": self.cfg.target,
+                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.cfg.__dict__.items()},
+                "noise": self.noise, "findings": findings,
+                "numerics": [r for r in results if r["status"] == NUMERICS],
                 "status": FINDING if findings else PASS}
 
     def _params(self, kv_unified: bool) -> dict[str, Any]:
@@ -405,22 +426,6 @@ class Isolation:
                                                                                    "batched": flip["b"], "step": k}
         return None
 
-    def _compare(self, kvu: bool, alone, together) -> list[dict[str, Any]]:
-        rows = []
-        for i in range(len(self.prompts)):
-            if isinstance(together, str):
-                rows.append({"kv_unified": kvu, "flash_attn": self.fa, "seq": i, "status": "crash", "step": 0,
-                             "max_abs_dlogit": None, "reason": together})
-                continue
-            d = [float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(alone[i][1], together[i], strict=True)]
-            step = next((k for k, x in enumerate(d) if x > self.tol), None)
-            rows.append({"kv_unified": kvu, "flash_attn": self.fa, "seq": i,
-                         "status": FINDING if step is not None else PASS,
-                         "step": step, "max_abs_dlogit": max(d),
-                         "tokens_alone": alone[i][0],
-                         "argmax_together": [int(np.argmax(x)) for x in together[i]]})
-        return rows
-
 
 def describe_flip(x: dict[str, Any]) -> str:
     if x["kind"] == "rounding":
@@ -505,16 +510,6 @@ def layout_of(f: dict[str, Any]) -> str:
     return kv_layout(f["kv_unified"], f.get("flash_attn", False))
 
 
-def finding_of(f: dict[str, Any], status: str) -> Finding:
-    if f["seq"] is None:
-        what = f"{layout_of(f)}: {f['reason']}"
-    else:
-        what = (f"{layout_of(f)}: sequence {f['seq']} changes when batched (step {f['step']}, max "
-                f"|Δlogit| {f['max_abs_dlogit']:.3g})" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
-    return Finding(oracle="isolation", status=status, message=what, phase=layout_of(f), seq=f["seq"],
-                   step=f["step"], cause=f.get("cause"), reproduced=f.get("reproduced"), detail=f)
-
-
 def only_layout(config: dict[str, Any], f: Finding) -> dict[str, Any]:
     """A finding narrowed to its layout: its KV layout and its flash attention setting."""
     config = select("kv_unified", lambda g: g.phase.startswith("unified-kv"))(config, f)
@@ -522,12 +517,7 @@ def only_layout(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 
 
 def report(fixture: Path, cfg: IsolationConfig) -> Report:
-    iso = Isolation(fixture, cfg)
-    data = iso.run()
-    data.update(n_layer=iso.info.n_layer, target=cfg.target)
-    return make_report("isolation", fixture, data, results=data["results"], extra=("noise",),
-                       findings=[finding_of(f, CRASH if f["status"] == CRASH else FINDING) for f in data["findings"]],
-                       numerics=[finding_of(f, NUMERICS) for f in data["numerics"]])
+    return Isolation(fixture, cfg).report()
 
 
 ORACLE = Oracle(name="isolation", config=IsolationConfig, run=report, format=lambda rep: format_report(rep.native),

@@ -19,26 +19,22 @@ an f16 ulp became a step of 1/127 of the block's largest value, which no wire sh
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.configs import check_config
+from fuzz.engine.case_oracle import CaseOracle
 from fuzz.engine.contract import (
     CRASH,
-    FAILING,
     FINDING,
     NUMERICS,
     PASS,
     TIMEOUT,
     UNSUPPORTED,
-    Finding,
     Oracle,
     Report,
-    make_report,
 )
 from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
@@ -104,66 +100,56 @@ def reference(rows: np.ndarray, wire: str) -> np.ndarray:
     return dequantize(quantize(flat, qt), qt).astype(np.float32).reshape(rows.shape)
 
 
-class Wire:
+class Wire(CaseOracle[list[int]]):
+    name, unit, sections = "wire", "cut sets", ("policy",)
+
     def __init__(self, fixture: Path, cfg: WireConfig):
-        check_config(cfg)
+        super().__init__(fixture, cfg)
         if cfg.wire not in WIRES:
             raise UserError(f"--wire {cfg.wire!r}: use one of {', '.join(WIRES)}")
-        self.fixture = Path(fixture)
-        self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
         if cfg.wire == "q8_0" and self.info.n_embd % 32:
             raise UserError(f"--wire q8_0: n_embd {self.info.n_embd} is not whole blocks of 32; use f16 or bf16")
+        self.sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
+        self.steps = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
+                                    chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
+                                    phases=("prefill", "decode")).sequential
 
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
-        steps = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
-                               chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
-                               phases=("prefill", "decode")).sequential
-        results = []
-        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
-            ref, workers = fleet.one(), fleet.open(max(len(s) for s in sets) + 1)
-            loaded = load_full(ref, self.fixture, **context_params())
-            self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
-            full = run_script(ref, script_steps(steps, capture=list(range(self.info.n_layer))), reset=True)
-            if isinstance(full, Failure):
-                raise UserError(f"{self.fixture}: the full model fails in the target ({full.message})")
-            self.tokens = [so.tokens for so in full.steps]
-            for cuts in sets:
-                results.append(self._cut(cuts, steps, full, workers))
-        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
-                                 target=cfg.target, commit=self.commit),
-                "policy": POLICY,
-                "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
-                           "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt),
-                           "chunk": cfg.chunk, "seed": cfg.seed},
-                "results": results, "timing": {"wall_s": round(time.perf_counter() - t0, 3)}}
+        with self.st.workspace(self.cfg.workdir):
+            return super().run()
 
-    def _stage(self, t: Target, path: Path, steps, *, tokens=None, embd=None, wire: str | None = None,
-               last: bool, n_layer: int, capture_all: bool = False) -> Trace | Failure:
-        r = t.load(str(path), **context_params(capture=True))
-        if not r.ok:
-            return r.failure
-        capture = list(range(n_layer)) if capture_all else [] if last else [n_layer - 1]
-        reqs = script_steps(steps, tokens=tokens, embd=embd, capture=capture, n_pos_per_token=self.n_pos,
-                            logits_mode="all" if last else "none", wire=wire)
-        return run_script(t, reqs, reset=True)
+    def open(self, fleet: Fleet) -> None:
+        ref, self.workers = fleet.one(), fleet.open(max(len(s) for s in self.sets) + 1)
+        loaded = load_full(ref, self.fixture, **context_params())
+        self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
+        full = run_script(ref, script_steps(self.steps, capture=list(range(self.info.n_layer))), reset=True)
+        if isinstance(full, Failure):
+            raise UserError(f"{self.fixture}: the full model fails in the target ({full.message})")
+        self.full = full
+        self.tokens = [so.tokens for so in full.steps]
 
-    def _cut(self, cuts: list[int], steps, full: Trace, workers: list[Target]) -> dict[str, Any]:
-        res: dict[str, Any] = {"cuts": cuts, "stages": stage_ranges(cuts, self.info.n_layer), "status": PASS}
+    def cases(self) -> list[list[int]]:
+        return self.sets
+
+    def identity(self, cuts: list[int]) -> dict[str, Any]:
+        return {"cuts": cuts, "stages": stage_ranges(cuts, self.info.n_layer)}
+
+    def observe(self, cuts: list[int]) -> dict[str, Any]:
+        """The chain over the wire, and at every boundary the next stage fed the same rows converted by the
+        reference (the control, fed along its own chain); stops at a stage that fails."""
         stages = self.st.stages(cuts)
         if not isinstance(stages, list):
-            return {**res, "status": UNSUPPORTED, "reason": str(stages)}
-        wire = self.cfg.wire
+            return {"unsupported": str(stages)}
+        steps, wire, workers = self.steps, self.cfg.wire, self.workers
         chain: Trace | Failure = self._stage(workers[0], stages[0][0], steps, tokens=self.tokens,
                                              last=len(stages) == 1, n_layer=stages[0][1].n_layer)
-        control = first = chain
+        seen: dict[str, Any] = {"stages": stages, "hops": [], "first": chain, "chain": None, "failed": None}
+        control = chain
         for s in range(1, len(stages)):
             if isinstance(chain, Failure):
-                return self._failed(res, chain, s - 1)
+                return {**seen, "failed": (s - 1, chain)}
             path, st = stages[s]
             width = stages[s - 1][1].n_layer
             sent = [so.captures[width - 1] for so in chain.steps]
@@ -174,38 +160,82 @@ class Wire:
                                last=last, n_layer=st.n_layer)
             for tr in (got, want):
                 if isinstance(tr, Failure):
-                    return self._failed(res, tr, s)
-            diff = self._first_diff(got, want, steps, last)
-            if diff is not None:
-                k, row, worst = diff
-                again = self._stage(workers[s], path, steps, embd=sent, wire=wire, last=last, n_layer=st.n_layer)
-                reproduced = not isinstance(again, Failure) and self._first_diff(again, want, steps, last) == diff
-                res.update(status=FINDING, stage=s, where="logits" if last else "boundary", step=k,
-                           position=steps[k].pos[row], phase=steps[k].phase, max_abs=worst, reproduced=reproduced,
-                           layer=self._localize(workers[s], stages[s], steps, sent, control, width, k),
-                           reason=f"stage {s} fed its input over the {wire} wire differs from the same stage fed the "
-                                  f"reference {wire} conversion at position {steps[k].pos[row]} (max |Δ| {worst:.3g})")
-                return res
+                    return {**seen, "failed": (s, tr)}
+            seen["hops"].append({"stage": s, "sent": sent, "control": control, "width": width, "last": last,
+                                 "got": got, "want": want})
             chain, control = got, want
         if isinstance(chain, Failure):
-            return self._failed(res, chain, len(stages) - 1)
-        res["vs_unsplit"] = self._measure(chain, full, steps)
-        if wire in GATES and res["vs_unsplit"]["clear_token_flips"]:
-            flips = f"greedy tokens differ from the unsplit model's at {res['vs_unsplit']['clear_token_flips']} " \
-                    f"step(s) with a clear margin over the {wire} wire"
-            cause = self._explain(stages, steps, full, first, workers) if wire == "f16" else None
-            m = res["vs_unsplit"]
-            if cause is None and wire == "f16" and m["flip_margin"] <= 2 * m["kept_moved"]:
-                # the wire is bit-exact with the reference conversion: what it moves is the dtype's own rounding,
-                # and two logits each moved that far close a gap twice as wide
-                cause = {"kind": "near-tie", "margin": m["flip_margin"], "moved": m["kept_moved"]}
-            if cause is None:
-                res.update(status=FINDING, where="tokens", phase="tokens",
-                           reason=f"{flips} (a gate: {POLICY['tokens']})")
-            else:
-                res.update(status=NUMERICS, where="tokens", phase="tokens", cause=cause,
-                           reason=f"{flips}: numerics, {describe_cause(cause)}")
-        return res
+            return {**seen, "failed": (len(stages) - 1, chain)}
+        return {**seen, "chain": chain}
+
+    def judge(self, cuts: list[int], seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """The first boundary where the wire's stage differs from the control's; a stage that failed; else the
+        chain against the unsplit model under the policy (f32 and f16 token-exact gates)."""
+        res: dict[str, Any] = {**self.identity(cuts), "status": PASS}
+        if "unsupported" in seen:
+            return [{**res, "status": UNSUPPORTED, "reason": seen["unsupported"]}]
+        steps, wire = self.steps, self.cfg.wire
+        for hop in seen["hops"]:
+            diff = self._first_diff(hop["got"], hop["want"], steps, hop["last"])
+            if diff is not None:
+                k, row, worst = diff
+                return [{**res, "status": FINDING, "stage": hop["stage"], "where": "logits" if hop["last"] else
+                         "boundary", "step": k, "position": steps[k].pos[row], "phase": steps[k].phase,
+                         "max_abs": worst,
+                         "reason": f"stage {hop['stage']} fed its input over the {wire} wire differs from the same "
+                                   f"stage fed the reference {wire} conversion at position {steps[k].pos[row]} "
+                                   f"(max |Δ| {worst:.3g})"}]
+        if seen["failed"]:
+            s, f = seen["failed"]
+            return [{**res, "status": failure_status(f), "stage": s,
+                     "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}]
+        res["vs_unsplit"] = m = self._measure(seen["chain"], self.full, steps)
+        if wire in GATES and m["clear_token_flips"]:
+            res.update(status=FINDING, where="tokens", phase="tokens", reason=f"{flips_of(m, wire)} (a gate: "
+                                                                              f"{POLICY['tokens']})")
+        return [res]
+
+    def explain(self, cuts: list[int], seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """A stage that differs from its control: the first source layer that does. An f16 token flip: numerics
+        when traced to the wire's rounding (_explain), or when its margin is within twice what the rounding moves
+        the rows whose choice it keeps."""
+        if row["where"] != "tokens":
+            hop = next(h for h in seen["hops"] if h["stage"] == row["stage"])
+            return {"layer": self._localize(self.workers[row["stage"]], seen["stages"][row["stage"]], self.steps,
+                                            hop["sent"], hop["control"], hop["width"], row["step"])}
+        m = row["vs_unsplit"]
+        cause = self._explain(seen["stages"], self.steps, self.full, seen["first"], self.workers) \
+            if self.cfg.wire == "f16" else None
+        if cause is None and self.cfg.wire == "f16" and m["flip_margin"] <= 2 * m["kept_moved"]:
+            # the wire is bit-exact with the reference conversion: what it moves is the dtype's own rounding,
+            # and two logits each moved that far close a gap twice as wide
+            cause = {"kind": "near-tie", "margin": m["flip_margin"], "moved": m["kept_moved"]}
+        if cause is None:
+            return {}
+        return {"status": NUMERICS, "cause": cause,
+                "reason": f"{flips_of(m, self.cfg.wire)}: numerics, {describe_cause(cause)}"}
+
+    def message(self, row: dict[str, Any]) -> str:
+        return f"cuts {','.join(map(str, row['cuts']))}: {row.get('reason')}"
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
+                                 target=cfg.target, commit=self.commit),
+                "policy": POLICY,
+                "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
+                           "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt),
+                           "chunk": cfg.chunk, "seed": cfg.seed}}
+
+    def _stage(self, t: Target, path: Path, steps, *, tokens=None, embd=None, wire: str | None = None,
+               last: bool, n_layer: int, capture_all: bool = False) -> Trace | Failure:
+        r = t.load(str(path), **context_params(capture=True))
+        if not r.ok:
+            return r.failure
+        capture = list(range(n_layer)) if capture_all else [] if last else [n_layer - 1]
+        reqs = script_steps(steps, tokens=tokens, embd=embd, capture=capture, n_pos_per_token=self.n_pos,
+                            logits_mode="all" if last else "none", wire=wire)
+        return run_script(t, reqs, reset=True)
 
     def _explain(self, stages, steps, full: Trace, first: Trace, workers: list[Target]) -> dict[str, Any] | None:
         """Why the f16 wire flips a clear-margin token, or None (a finding): the same split fed f32 rows across every
@@ -305,10 +335,6 @@ class Wire:
                 "kept_moved": float(np.max(np.abs(a[agree] - b[agree]))) if agree.any() else 0.0,
                 "nmse": float(np.sum((a - b) ** 2) / max(np.sum(a ** 2), 1e-30))}
 
-    def _failed(self, res: dict[str, Any], f: Failure, stage: int) -> dict[str, Any]:
-        return {**res, "status": failure_status(f), "stage": stage,
-                "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}
-
 
 def describe_cause(x: dict[str, Any]) -> str:
     if x["kind"] == "near-tie":
@@ -343,18 +369,13 @@ def format_report(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def flips_of(m: dict[str, Any], wire: str) -> str:
+    return f"greedy tokens differ from the unsplit model's at {m['clear_token_flips']} step(s) with a clear margin " \
+           f"over the {wire} wire"
+
+
 def report(fixture: Path, cfg: WireConfig) -> Report:
-    data = Wire(fixture, cfg).run()
-
-    def finding(r: dict[str, Any]) -> Finding:
-        return Finding(oracle="wire", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
-                       phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
-                       layer=r.get("layer"), cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r,
-                       message=f"cuts {','.join(map(str, r['cuts']))}: {r.get('reason')}")
-
-    return make_report("wire", fixture, data, results=data["results"],
-                       findings=[finding(r) for r in data["results"] if r["status"] in FAILING],
-                       numerics=[finding(r) for r in data["results"] if r["status"] == NUMERICS], extra=("policy",))
+    return Wire(fixture, cfg).report()
 
 
 ORACLE = Oracle(name="wire", config=WireConfig, run=report, format=lambda rep: format_report(rep.native), per_cut=True,

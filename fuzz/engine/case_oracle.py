@@ -1,0 +1,127 @@
+"""One oracle skeleton: the loop an oracle over cases runs, written once.
+
+An oracle fills in its cases (cut sets, KV layouts, ...), how one case runs on the target (`observe`: target calls,
+nothing judged), a pure `judge` (what was seen → result rows in the status vocabulary, testable without llama.cpp),
+how a finding is explained (`explain`: more target calls; it may add where the difference starts, or a cause that
+makes it `numerics`), and its one-line `message` for a finding. The skeleton owns the rest: the fleet of workers,
+progress, timing, a failed target call as crash or timeout, the reproduce-once rule (a case with a finding is
+observed and judged once more; each finding says whether it came back the same) and the Report.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from fuzz.engine.configs import check_config
+from fuzz.engine.contract import FAILING, FINDING, NUMERICS, Finding, Report, make_report
+from fuzz.engine.fleet import Fleet, failure_status
+from fuzz.engine.progress import Progress
+from targets import Failure
+
+Case = TypeVar("Case")
+# the row fields a finding is placed by (Finding's own): what `same` compares and `finding_of` carries over
+WHERE = ("cuts", "stage", "offset", "phase", "step", "position", "seq", "where", "layer", "node", "cause",
+         "reproduced")
+SAME = ("status", "stage", "offset", "phase", "step", "seq", "where")
+
+
+class CaseOracle(ABC, Generic[Case]):
+    """`run()` → the oracle's own record (its formatter prints it); `report()` → the Report of the contract."""
+
+    name: ClassVar[str]
+    unit: ClassVar[str] = "cases"  # what progress counts
+    sections: ClassVar[tuple[str, ...]] = ()  # the oracle's own sections of the record kept in the Report
+
+    def __init__(self, fixture: Path, cfg: Any):
+        check_config(cfg)
+        self.fixture = Path(fixture)
+        self.cfg = cfg
+        self.commit: str | None = None
+
+    # ---- what an oracle fills in ------------------------------------------------------------------------
+    @abstractmethod
+    def open(self, fleet: Fleet) -> None:
+        """Its workers (from the fleet) and what every case is compared against; sets `commit`."""
+
+    @abstractmethod
+    def cases(self) -> list[Case]:
+        """What it checks, in order."""
+
+    @abstractmethod
+    def observe(self, case: Case) -> Any:
+        """One run of the case on the target: what it saw, or a Failure (the target died or hung)."""
+
+    @abstractmethod
+    def judge(self, case: Case, seen: Any) -> list[dict[str, Any]]:
+        """Pure: what was seen → the case's result rows, each with a `status`."""
+
+    def identity(self, case: Case) -> dict[str, Any]:
+        """The fields that name the case in its rows (a failed call's row has only these)."""
+        return {}
+
+    def explain(self, case: Case, seen: Any, row: dict[str, Any]) -> dict[str, Any]:
+        """Fields to add to a finding's row: where it starts, its cause; `status` NUMERICS when the cause is the
+        model's numerics, not a bug."""
+        return {}
+
+    @abstractmethod
+    def message(self, row: dict[str, Any]) -> str:
+        """A finding in one line."""
+
+    @abstractmethod
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The oracle's record of the run: its header, config and sections around the results."""
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+    def failed(self, case: Case, f: Failure) -> list[dict[str, Any]]:
+        return [{**self.identity(case), "status": failure_status(f), "reason": f.message}]
+
+    def check(self, case: Case) -> tuple[Any, list[dict[str, Any]]]:
+        seen = self.observe(case)
+        return seen, self.failed(case, seen) if isinstance(seen, Failure) else self.judge(case, seen)
+
+    def same(self, row: dict[str, Any], again: list[dict[str, Any]]) -> bool:
+        """A finding came back: a row of the second run agrees on its status and place."""
+        return any(all(a.get(k) == row.get(k) for k in SAME) for a in again)
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        results: list[dict[str, Any]] = []
+        with Fleet(self.cfg.target, self.cfg.timeout) as fleet:
+            self.open(fleet)
+            cases = self.cases()
+            with Progress(len(cases), self.unit) as progress:
+                for case in cases:
+                    progress.working(f"{self.name} {self.identity(case)}")
+                    seen, rows = self.check(case)
+                    for row in rows:
+                        if row["status"] == FINDING and not isinstance(seen, Failure):
+                            row.update(self.explain(case, seen, row))
+                    bad = [r for r in rows if r["status"] in FAILING]
+                    if bad:  # once more before any is reported
+                        again = self.check(case)[1]
+                        for r in bad:
+                            r["reproduced"] = self.same(r, again)
+                    results += rows
+                    progress.advance()
+        return {**self.record(results), "results": results, "timing": {"wall_s": round(time.perf_counter() - t0, 3)}}
+
+    def report(self) -> Report:
+        data = self.run()
+        return make_report(self.name, self.fixture, data, results=data["results"], extra=self.sections,
+                           findings=[self.finding(r) for r in data["results"] if r["status"] in FAILING],
+                           numerics=[self.finding(r) for r in data["results"] if r["status"] == NUMERICS])
+
+    def finding(self, row: dict[str, Any]) -> Finding:
+        return finding_of(self.name, row, self.message(row))
+
+
+def finding_of(oracle: str, row: dict[str, Any], message: str) -> Finding:
+    """A result row as a Finding: its status and the fields that place it; the row itself as the detail."""
+    where = {k: row[k] for k in WHERE if row.get(k) is not None}
+    if "cuts" in where:
+        where["cuts"] = list(where["cuts"])
+    return Finding(oracle=oracle, status=row["status"], message=message, detail=row, **where)
