@@ -1,5 +1,5 @@
-"""fuzz/engine/case_oracle.py: the loop every oracle over cases shares — a failed call as crash or timeout, explain
-before reproduce, the reproduce-once rule, the Report — driven by a scripted oracle (no target process)."""
+"""fuzz/engine/case_oracle.py: the loop every oracle over cases shares — a failed call as crash or timeout, the
+reproduce-once rule before a finding is explained, the Report — driven by a scripted oracle (no target process)."""
 
 from __future__ import annotations
 
@@ -53,16 +53,16 @@ class Scripted(CaseOracle[str]):
         return {"fixture": str(self.fixture), "arch": "llama", "n_layer": 2, "config": {}, "llama_cpp_commit": "abc"}
 
 
-def test_a_finding_is_explained_then_observed_once_more(fixtures):
-    o = Scripted(fixtures("llama", layers=2), {"a": [None], "b": [4, 4], "c": [2, 5], "d": [1]}, numerics={"d"})
+def test_a_finding_is_observed_once_more_then_explained(fixtures):
+    o = Scripted(fixtures("llama", layers=2), {"a": [None], "b": [4, 4], "c": [2, 5], "d": [1, 1]}, numerics={"d"})
     data = o.run()
     by = {r["case"]: r for r in data["results"]}
     assert by["a"] == {"case": "a", "status": PASS, "step": None, "phase": "p"}
     assert by["b"]["status"] == FINDING and by["b"]["reproduced"] is True and by["b"]["layer"] == 3
     assert by["c"]["reproduced"] is False  # came back at another step
-    assert by["d"]["status"] == NUMERICS and "reproduced" not in by["d"]  # explained away: nothing to reproduce
-    assert o.calls == [("observe", "a"), ("observe", "b"), ("explain", "b"), ("observe", "b"), ("observe", "c"),
-                       ("explain", "c"), ("observe", "c"), ("observe", "d"), ("explain", "d")]
+    assert by["d"]["status"] == NUMERICS and by["d"]["reproduced"] is True  # reproduced, then explained away
+    assert o.calls == [("observe", "a"), ("observe", "b"), ("observe", "b"), ("explain", "b"), ("observe", "c"),
+                       ("observe", "c"), ("explain", "c"), ("observe", "d"), ("observe", "d"), ("explain", "d")]
     assert set(data["timing"]) == {"wall_s"}
 
 
@@ -74,7 +74,7 @@ def test_a_failed_call_is_a_crash_or_timeout_and_is_tried_again(fixtures):
 
 
 def test_the_report_has_one_finding_per_failing_row_and_numerics_apart(fixtures):
-    rep = Scripted(fixtures("llama", layers=2), {"b": [4, 4], "d": [1]}, numerics={"d"}).report()
+    rep = Scripted(fixtures("llama", layers=2), {"b": [4, 4], "d": [1, 1]}, numerics={"d"}).report()
     assert rep.status == FINDING and rep.exit_code == 1 and rep.llama_cpp_commit is not None
     (f,) = rep.findings
     assert (f.oracle, f.message, f.step, f.phase, f.layer, f.reproduced) == ("scripted", "case b at step 4", 4, "p",

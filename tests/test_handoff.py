@@ -232,8 +232,8 @@ def test_sliding_window_only_stages_hand_off_at_every_cut(tmp_path, row):
 def test_rows_in_a_stage_without_full_attention_are_caught():
     from types import SimpleNamespace
 
-    from fuzz.oracles.handoff import Handoff, HandoffResult
-    from fuzz.oracles.handoff_state import CELL_META, StageBytes
+    from fuzz.oracles.handoff import Handoff
+    from fuzz.oracles.handoff_state import CELL_META, HandoffResult, StageBytes
 
     def check(grow: int) -> str:
         res = HandoffResult(cuts=[2], stages=[[0, 2], [2, 6]], status="pass",

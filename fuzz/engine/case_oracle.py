@@ -5,7 +5,8 @@ nothing judged), a pure `judge` (what was seen → result rows in the status voc
 how a finding is explained (`explain`: more target calls; it may add where the difference starts, or a cause that
 makes it `numerics`), and its one-line `message` for a finding. The skeleton owns the rest: the fleet of workers,
 progress, timing, a failed target call as crash or timeout, the reproduce-once rule (a case with a finding is
-observed and judged once more; each finding says whether it came back the same) and the Report.
+observed and judged once more, before it is explained; each finding says whether it came back the same) and the
+Report.
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ class CaseOracle(ABC, Generic[Case]):
         """A finding came back: a row of the second run agrees on its status and place."""
         return any(all(a.get(k) == row.get(k) for k in SAME) for a in again)
 
+    def again(self, case: Case, seen: Any, bad: list[dict[str, Any]]) -> None:
+        """The reproduce-once rule: the case observed and judged once more; each failing row says whether it came
+        back (`reproduced`). An oracle may run less again (the one step that failed)."""
+        again = self.check(case)[1]
+        for r in bad:
+            r["reproduced"] = self.same(r, again)
+
+    def timing(self) -> dict[str, float]:
+        """Seconds of its own to report beside the wall (llama_decode_s, ...)."""
+        return {}
+
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         results: list[dict[str, Any]] = []
@@ -97,17 +109,16 @@ class CaseOracle(ABC, Generic[Case]):
                 for case in cases:
                     progress.working(f"{self.name} {self.identity(case)}")
                     seen, rows = self.check(case)
+                    bad = [r for r in rows if r["status"] in FAILING]
+                    if bad:  # once more before any is reported
+                        self.again(case, seen, bad)
                     for row in rows:
                         if row["status"] == FINDING and not isinstance(seen, Failure):
                             row.update(self.explain(case, seen, row))
-                    bad = [r for r in rows if r["status"] in FAILING]
-                    if bad:  # once more before any is reported
-                        again = self.check(case)[1]
-                        for r in bad:
-                            r["reproduced"] = self.same(r, again)
                     results += rows
                     progress.advance()
-        return {**self.record(results), "results": results, "timing": {"wall_s": round(time.perf_counter() - t0, 3)}}
+        return {**self.record(results), "results": results,
+                "timing": {"wall_s": round(time.perf_counter() - t0, 3), **self.timing()}}
 
     def report(self) -> Report:
         data = self.run()

@@ -22,24 +22,19 @@ from __future__ import annotations
 
 import base64
 import itertools
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fuzz.engine.configs import check_config
+from fuzz.engine.case_oracle import CaseOracle
 from fuzz.engine.contract import (
     CRASH,
-    FAILING,
     FINDING,
     NUMERICS,
     PASS,
     TIMEOUT,
     UNSUPPORTED,
-    Finding,
     Oracle,
     Report,
-    make_report,
     select,
 )
 from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
@@ -54,13 +49,14 @@ from fuzz.engine.parity import (
     run_script,
     script_steps,
 )
-from fuzz.engine.progress import Progress
 from fuzz.engine.schedule import Step, main_prompt, prompt_tokens, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
 from fuzz.oracles.handoff_state import (
     CELL_META,
     HandoffConfig,
+    HandoffResult,
     StageBytes,
+    format_report,
     order_verdict,
     same_cells,
     split_schedule,
@@ -75,30 +71,6 @@ from targets.target import script_request
 TRUSTED_EXPORTS = "llama-cpp"  # the target whose state exports the cell-order cause analysis reads as truth
 BUSY_SEQ = 0  # the live sequence of a busy hand-off (the imported one is 1)
 ORDER_FILLERS = tuple(range(1, 17))  # the cell-order control's shifts: a filler sequence's tokens before the sequence
-
-
-@dataclass
-class HandoffResult:
-    cuts: list[int]
-    stages: list[list[int]]
-    status: str  # pass | diverged | unsupported | crash | timeout
-    mode: str | None = None
-    offset: int | None = None
-    stage: int | None = None
-    where: str | None = None
-    position: int | None = None
-    max_abs: float = 0.0
-    reproduced: bool | None = None
-    reason: str | None = None
-    node: dict[str, Any] | None = None  # in the stage that differs, straight vs handed off: the first differing node
-    cause: dict[str, Any] | None = None  # why a difference is numerics (status numerics)
-    offsets: int = 0
-    bytes: list[StageBytes] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if v is not None and k != "bytes"}
-        d["bytes"] = [b.__dict__ for b in self.bytes]
-        return d
 
 
 class Neighbour(NamedTuple):
@@ -124,47 +96,224 @@ def roll_back(stages: list[Target], blobs: list[tuple[bytes, bytes]], seq: int, 
     return None
 
 
-class Handoff:
+class Handoff(CaseOracle[list[int]]):
+    name, unit = "handoff", "cut sets"
+
     def __init__(self, fixture: Path, cfg: HandoffConfig):
-        check_config(cfg)
+        super().__init__(fixture, cfg)
         if any(not 0 < t < cfg.prompt_len for t in cfg.offsets):
             raise UserError(f"--offsets {','.join(map(str, cfg.offsets))}: each must be in 1..{cfg.prompt_len - 1} "
                             "(inside the prompt)")
-        self.fixture = Path(fixture)
-        self.cfg = cfg
         self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
         self.decode_seconds = 0.0
+        self.sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
 
     def run(self) -> dict[str, Any]:
+        with self.st.workspace(self.cfg.workdir):
+            return super().run()
+
+    def open(self, fleet: Fleet) -> None:
+        k = max(len(s) for s in self.sets) + 1
+        self.ref, self.src, self.dst = fleet.one(start=True), fleet.open(k, start=True), fleet.open(k, start=True)
+        # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
+        self.busy_src = fleet.open(k, start=True) if "busy" in self.cfg.modes else []
+        loaded = load_full(self.ref, self.fixture, **self.params)
+        self.commit = loaded.data.get("llama_cpp_commit")
+        self.n_pos = pos_per_token(loaded.data)
+
+    def cases(self) -> list[list[int]]:
+        return self.sets
+
+    def identity(self, cuts: list[int]) -> dict[str, Any]:
+        return {"cuts": cuts, "stages": stage_ranges(cuts, self.info.n_layer)}
+
+    def observe(self, cuts: list[int]) -> dict[str, Any]:
+        """Every hand-off of the cut set, offset by offset, mode by mode, with what each must equal; it stops at
+        the first one the judge does not pass, and at a failed call."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
-        k = max(len(s) for s in sets) + 1
-        results: list[HandoffResult] = []
-        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
-            ref, src, dst = fleet.one(start=True), fleet.open(k, start=True), fleet.open(k, start=True)
-            # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
-            self.busy_src = fleet.open(k, start=True) if "busy" in cfg.modes else []
-            loaded = load_full(ref, self.fixture, **self.params)
-            commit = loaded.data.get("llama_cpp_commit")
-            self.n_pos = pos_per_token(loaded.data)
-            with Progress(len(sets) * len(self._offsets()), "hand-offs") as self.progress:
-                for cuts in sets:
-                    self.progress.working(f"handoff cuts {','.join(map(str, cuts)) or 'none'}")
-                    results.append(self._cut(cuts, ref, src, dst))
-        summary = {s: sum(r.status == s for r in results) for s in (PASS, FINDING, NUMERICS, UNSUPPORTED, CRASH,
-                                                                     TIMEOUT)}
+        stages = self.st.stages(cuts)
+        if isinstance(stages, Unsupported):
+            return {"unsupported": str(stages)}
+        src, dst = self.src[:len(stages)], self.dst[:len(stages)]
+        seen: dict[str, Any] = {"stages": stages, "records": [], "offsets": 0, "bytes": [], "empties": [],
+                                "busy_failure": None}
+        for (path, _), t in zip(stages, src, strict=True):
+            r = t.load(str(path), **self.params)
+            if not r.ok:
+                return {**seen, "failed": {"failure": r.failure}}
+        seen["bytes"] = [self._stage_bytes(path, st) for path, st in stages]
+        seen["empties"] = [self._empty_state(t) for t in src]
+        prompt = main_prompt(cfg, self.info.n_vocab)
+        offsets, busy_at = self._offsets(), self._busy_offsets()
+        neighbour = seen["neighbour"] = self._neighbour(self.ref, cuts) if "busy" in cfg.modes else None
+        if isinstance(neighbour, Failure):
+            return {**seen, "failed": {"failure": neighbour}}
+        # a busy context that cannot be made is a finding of its own, after the other modes ran at every offset
+        for (path, _), t in zip(stages, self.busy_src, strict=False):
+            r = t.load(str(path), **self.busy_params)
+            if not r.ok:
+                seen["busy_failure"] = r.failure
+                seen["busy_reproduced"] = not t.load(str(path), **self.busy_params).ok  # (a fresh worker)
+                break
+        for t in offsets:
+            seen["offsets"] += 1
+            steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
+            base = run_script(self.ref, script_steps(steps, capture=[c - 1 for c in cuts]), reset=True)
+            if isinstance(base, Failure):
+                return {**seen, "failed": {"failure": base}}
+            self.decode_seconds += base.decode_seconds
+            tokens = [so.tokens for so in base.steps]
+            shared: dict[str, Any] = {}  # the source stages' export at t, for the full and partial modes
+            for mode in cfg.modes:
+                if mode == "busy" and (seen["busy_failure"] is not None or t not in busy_at):
+                    continue
+                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour, shared)
+                if isinstance(out, Failure):
+                    return {**seen, "failed": {"failure": out, "mode": mode, "t": t}}
+                chain, blobs, live, rolled = out
+                want = Trace(base.steps[k:], 0.0)
+                # what must equal what: the continuation, and for busy hand-offs the continuation after the rollback
+                # to t, and the live sequence beside them (its own uninterrupted run)
+                checks = [("continuation", want, chain, steps[k:], 0)]
+                if rolled is not None:
+                    m = neighbour.before
+                    checks += [("rollback", want, rolled, steps[k:], 3),
+                               ("live", Trace(neighbour.base.steps[m:], 0.0), live, neighbour.steps[m:], 2)]
+                seen["records"].append({"t": t, "mode": mode, "checks": checks, "blobs": blobs, "steps": steps,
+                                        "k": k, "tokens": tokens, "base": base})
+                if self.judge(cuts, {**seen, "busy_failure": None})[0]["status"] != PASS:  # (that one: at the end)
+                    return seen
+        return seen
+
+    def judge(self, cuts: list[int], seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each hand-off's continuation (and a busy one's rollback and live neighbour) against its uninterrupted
+        run, bit-exact; a full export's bytes against what its stages hold; a failed call; a busy context that
+        cannot be made."""
+        res = HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status=PASS)
+        if "unsupported" in seen:
+            res.status, res.reason = UNSUPPORTED, seen["unsupported"]
+            return [res.to_dict()]
+        res.offsets = seen["offsets"]
+        res.bytes = [StageBytes(**b.__dict__) for b in seen["bytes"]]  # (the bytes check fills in what it finds)
+        kv_first: dict[int, tuple[int, int]] = {}
+        for rec in seen["records"]:
+            mode, t = rec["mode"], rec["t"]
+            found = self._diverged(cuts, rec, res)
+            if found is not None:
+                what, div = found
+                res.status, res.mode, res.offset = FINDING, mode, t
+                res.stage, res.where, res.position = div.stage, div.where, div.position
+                at = f"stage {div.stage} {div.where} differs from"
+                res.reason = {
+                    "continuation": f"{mode} hand-off at t={t}: {at} the uninterrupted run at position "
+                                    f"{div.position}",
+                    "rollback": f"busy rollback to t={t}: {at} the uninterrupted run at position {div.position}",
+                    "live": f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import changes: "
+                            f"{at} its own uninterrupted run at position {div.position}"}[what]
+                return [res.to_dict()]
+            if mode == "full":  # (busy exports the same bytes: checked once)
+                bad = self._check_bytes(res, rec["blobs"], seen["empties"], t, kv_first)
+                if bad:
+                    res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
+                    return [res.to_dict()]
+        failed = seen.get("failed")
+        if failed:
+            res.status = failure_status(failed["failure"])
+            res.reason = ("target refused: " if failed["failure"].kind == "error" else "") + failed["failure"].message
+            if "mode" in failed:
+                res.mode, res.offset = failed["mode"], failed["t"]
+                res.reason = f"{failed['mode']} hand-off at t={failed['t']}: {res.reason}"
+            return [res.to_dict()]
+        if seen["busy_failure"] is not None:
+            f = seen["busy_failure"]
+            res.status, res.mode, res.reproduced = failure_status(f), "busy", seen["busy_reproduced"]
+            res.reason = ("creating the busy context (2 sequences, one KV stream each): "
+                          + ("target refused: " if f.kind == "error" else "") + f.message)
+        return [res.to_dict()]
+
+    @staticmethod
+    def _diverged(cuts: list[int], rec: dict[str, Any], res: HandoffResult | None = None):
+        """The first of a hand-off's checks whose run differs from what it must equal: (which, the divergence), or
+        None; res.max_abs grows by what each check moved."""
+        for what, want, got, steps, _ in rec["checks"]:
+            div, worst = compare(want, got, steps, cuts)
+            if res is not None:
+                res.max_abs = max(res.max_abs, worst)
+            if div is not None:
+                return what, div
+        return None
+
+    def _record(self, seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        return next(r for r in seen["records"] if r["t"] == row["offset"] and r["mode"] == row["mode"])
+
+    def again(self, cuts: list[int], seen: dict[str, Any], bad: list[dict[str, Any]]) -> None:
+        """A divergence: the same hand-off once more (fresh exports), which must differ the same way. (A failed
+        call is not run again; a busy context that cannot be made was tried twice while observing.)"""
+        for row in bad:
+            if row["status"] != FINDING or row["mode"] == "bytes":
+                continue
+            rec = self._record(seen, row)
+            what, _ = self._diverged(cuts, rec)
+            check = next(c for c in rec["checks"] if c[0] == what)
+            stages = seen["stages"]
+            again = self._handoff(row["mode"], stages, self.src[:len(stages)], self.dst[:len(stages)], rec["steps"],
+                                  rec["k"], rec["t"], rec["tokens"], seen.get("neighbour"))
+            row["reproduced"] = not isinstance(again, Failure) and \
+                compare(check[1], again[check[4]], check[3], cuts)[0] is not None
+
+    def explain(self, cuts: list[int], seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """A reproduced continuation that differs: its first differing graph node in the stage; where every row
+        was restored, only elsewhere in the ring, numerics as far as the same cells in another order move the
+        uninterrupted run (order_verdict) — read from the exports, so only where they are trusted: the pinned
+        llama.cpp itself (a target whose export is the thing under test, a mutant or another runtime, keeps the
+        finding, with the evidence)."""
+        if row["mode"] == "bytes" or not row.get("reproduced"):
+            return {}
+        rec = self._record(seen, row)
+        what, div = self._diverged(cuts, rec)
+        if what != "continuation":
+            return {}
+        stages, mode, k = seen["stages"], row["mode"], rec["k"]
+        node = self._localize_node("full" if mode == "busy" else mode, stages[div.stage], div.stage, cuts,
+                                   rec["steps"], k, k + div.step, rec["t"], rec["tokens"], rec["base"],
+                                   self.dst[div.stage])
+        out: dict[str, Any] = {"node": node} if node is not None else {}
+        cells = (node or {}).get("cells")
+        if cells and not cells["same"]:
+            out["reason"] = f"{row['reason']}; {cells['detail']}"
+        if cells and cells["same"] and self.cfg.target == TRUSTED_EXPORTS:
+            control = self._order_control(stages, self.src, rec["steps"], k, rec["tokens"], cuts, rec["base"])
+            cells["order_control"] = control
+            cause = order_verdict(cells, row["max_abs"], control)
+            if cause:
+                out |= {"status": NUMERICS, "cause": cause}
+            else:
+                out["reason"] = row["reason"] + (
+                    f"; the same cells in another order move the uninterrupted run by {control:.2g}: "
+                    f"{row['max_abs']:.2g} is more than cell order" if control is not None
+                    else "; the cell-order control could not run")
+        return out
+
+    def message(self, r: dict[str, Any]) -> str:
+        what = f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason') or r['status']}"
+        what += f"; first node {describe_node(r['node'])}" if describe_node(r.get("node")) else ""
+        return what + (f"; numerics: {r['cause']['detail']}" if r.get("cause") else "")
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
         return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
-                                 target=cfg.target, commit=commit),
+                                 target=cfg.target, commit=self.commit),
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period, "modes": list(cfg.modes),
                            "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk,
                            "n_ubatch": cfg.n_ubatch,
                            "offsets": list(cfg.offsets), "busy_offsets": self._busy_offsets(),
                            "tokens": cfg.tokens, "decode_offsets": cfg.decode_offsets, "seed": cfg.seed},
-                "summary": summary, "results": [r.to_dict() for r in results],
-                "timing": {"wall_s": round(time.perf_counter() - t0, 3),
-                           "llama_decode_s": round(self.decode_seconds, 3)}}
+                "summary": {s: sum(r["status"] == s for r in results) for s in (PASS, FINDING, NUMERICS, UNSUPPORTED,
+                                                                                CRASH, TIMEOUT)}}
+
+    def timing(self) -> dict[str, float]:
+        return {"llama_decode_s": round(self.decode_seconds, 3)}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -186,117 +335,6 @@ class Handoff:
         P = self.cfg.prompt_len
         prompt = list(self.cfg.offsets) or list(range(1, P))
         return prompt + list(range(P, P + min(self.cfg.decode_offsets, self.cfg.tokens)))
-
-    def _cut(self, cuts: list[int], ref: Target, src: list[Target], dst: list[Target]) -> HandoffResult:
-        cfg = self.cfg
-        res = HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status="pass")
-        stages = self.st.stages(cuts)
-        if isinstance(stages, Unsupported):
-            res.status, res.reason = "unsupported", str(stages)
-            return res
-        src, dst = src[:len(stages)], dst[:len(stages)]
-        for (path, _), t in zip(stages, src, strict=True):
-            r = t.load(str(path), **self.params)
-            if not r.ok:
-                return self._failed(res, r.failure)
-        res.bytes = [self._stage_bytes(path, st) for path, st in stages]
-        empties = [self._empty_state(t) for t in src]
-        prompt = main_prompt(cfg, self.info.n_vocab)
-        kv_first: dict[int, tuple[int, int]] = {}
-        offsets, busy_at = self._offsets(), self._busy_offsets()
-        neighbour = self._neighbour(ref, cuts) if "busy" in cfg.modes else None
-        if isinstance(neighbour, Failure):
-            return self._failed(res, neighbour)
-        # a busy context that cannot be made is a finding of its own, after the other modes ran at every offset
-        busy_failure: Failure | None = None
-        for (path, _), t in zip(stages, self.busy_src, strict=False):
-            r = t.load(str(path), **self.busy_params)
-            if not r.ok:
-                busy_failure = r.failure
-                res.reproduced = not t.load(str(path), **self.busy_params).ok  # (a fresh worker after a crash)
-                break
-        for t in offsets:
-            res.offsets += 1
-            self.progress.advance()
-            steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
-            base = run_script(ref, script_steps(steps, capture=[c - 1 for c in cuts]), reset=True)
-            if isinstance(base, Failure):
-                return self._failed(res, base)
-            self.decode_seconds += base.decode_seconds
-            tokens = [so.tokens for so in base.steps]
-            shared: dict[str, Any] = {}  # the source stages' export at t, for the full and partial modes
-            for mode in cfg.modes:
-                if mode == "busy" and (busy_failure is not None or t not in busy_at):
-                    continue
-                out = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour, shared)
-                if isinstance(out, Failure):
-                    res = self._failed(res, out)
-                    res.mode, res.offset, res.reason = mode, t, f"{mode} hand-off at t={t}: {res.reason}"
-                    return res
-                chain, blobs, live, rolled = out
-                want = Trace(base.steps[k:], 0.0)
-                # what must equal what: the continuation, and for busy hand-offs the continuation after the rollback
-                # to t, and the live sequence beside them (its own uninterrupted run)
-                checks = [("continuation", want, chain, steps[k:], 0)]
-                if rolled is not None:
-                    m = neighbour.before
-                    checks += [("rollback", want, rolled, steps[k:], 3),
-                               ("live", Trace(neighbour.base.steps[m:], 0.0), live, neighbour.steps[m:], 2)]
-                found = None
-                for check in checks:
-                    div, worst = compare(check[1], check[2], check[3], cuts)
-                    res.max_abs = max(res.max_abs, worst)
-                    if div is not None:
-                        found = check, div
-                        break
-                if found is not None:
-                    (what, ref_trace, _, got_steps, which), div = found
-                    again = self._handoff(mode, stages, src, dst, steps, k, t, tokens, neighbour)
-                    res.reproduced = not isinstance(again, Failure) and \
-                        compare(ref_trace, again[which], got_steps, cuts)[0] is not None
-                    res.status, res.mode, res.offset = FINDING, mode, t
-                    res.stage, res.where, res.position = div.stage, div.where, div.position
-                    at = f"stage {div.stage} {div.where} differs from"
-                    res.reason = {
-                        "continuation": f"{mode} hand-off at t={t}: {at} the uninterrupted run at position "
-                                        f"{div.position}",
-                        "rollback": f"busy rollback to t={t}: {at} the uninterrupted run at position {div.position}",
-                        "live": f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import changes: "
-                                f"{at} its own uninterrupted run at position {div.position}"}[what]
-                    if what != "continuation":
-                        return res
-                    if res.reproduced:
-                        res.node = self._localize_node("full" if mode == "busy" else mode, stages[div.stage],
-                                                       div.stage, cuts, steps, k, k + div.step, t, tokens, base,
-                                                       dst[div.stage])
-                        cells = (res.node or {}).get("cells")
-                        # every row restored, only elsewhere in the ring: numerics as far as the same cells in
-                        # another order move the uninterrupted run — read from the exports, so only where they are
-                        # trusted: the pinned llama.cpp itself (a target whose export is the thing under test, a
-                        # mutant or another runtime, keeps the finding, with the evidence)
-                        if cells and not cells["same"]:
-                            res.reason += f"; {cells['detail']}"
-                        if cells and cells["same"] and self.cfg.target == TRUSTED_EXPORTS:
-                            control = self._order_control(stages, src, steps, k, tokens, cuts, base)
-                            cells["order_control"] = control
-                            cause = order_verdict(cells, res.max_abs, control)
-                            if cause:
-                                res.status, res.cause = NUMERICS, cause
-                            else:
-                                res.reason += (f"; the same cells in another order move the uninterrupted run by "
-                                               f"{control:.2g}: {res.max_abs:.2g} is more than cell order" if control
-                                               is not None else "; the cell-order control could not run")
-                    return res
-                if mode == "full":  # (busy exports the same bytes: checked once)
-                    bad = self._check_bytes(res, blobs, empties, t, kv_first)
-                    if bad:
-                        res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
-                        return res
-        if busy_failure is not None:
-            res = self._failed(res, busy_failure)
-            res.mode = "busy"
-            res.reason = f"creating the busy context (2 sequences, one KV stream each): {res.reason}"
-        return res
 
     def _order_control(self, stages, src: list[Target], steps: list[Step], k: int, tokens: list[list[int]],
                        cuts: list[int], base: Trace) -> float | None:
@@ -542,47 +580,9 @@ class Handoff:
                 return f"stage {s}: a single hand-off offset cannot show KV bytes per position; use a longer prompt"
         return ""
 
-    def _failed(self, res: HandoffResult, f: Failure) -> HandoffResult:
-        res.status = failure_status(f)
-        res.reason = ("target refused: " if f.kind == "error" else "") + f.message
-        return res
-
-
-def format_report(rep: dict[str, Any]) -> str:
-    lines = [f"handoff {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, target "
-             f"{rep['target']}, modes {','.join(rep['config']['modes'])}",
-             f"{'cuts':<10} {'status':<11} {'offsets':>7}  stage bytes (range first-layer: recurrent B, KV B/token "
-             f"≥ rows)"]
-    for r in rep["results"]:
-        by = "; ".join(f"{b['range'][0]}:{b['range'][1]} {b['first_layer'][:4]}: rec {b['recurrent_bytes']}, "
-                       f"kv {b['kv_bytes_per_token'] if b['kv_bytes_per_token'] is not None else '-'}"
-                       f"≥{b['kv_row_bytes']}" for b in r["bytes"])
-        lines.append(f"{','.join(map(str, r['cuts'])):<10} {r['status']:<11} {r.get('offsets', 0):>7}  {by}")
-        if r.get("reason"):
-            lines.append(f"{'':<10} {r['reason']}" + (f" (reproduced={r['reproduced']})" if "reproduced" in r else ""))
-        if describe_node(r.get("node")):
-            lines.append(f"{'':<10} first differing graph node of that stage: {describe_node(r['node'])}")
-    s = rep["summary"]
-    lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
-                 + f"; wall {rep['timing']['wall_s']:.2f}s")
-    return "\n".join(lines)
-
 
 def report(fixture: Path, cfg: HandoffConfig) -> Report:
-    data = Handoff(fixture, cfg).run()
-    findings = [finding_of(r) for r in data["results"] if r["status"] in FAILING]
-    numerics = [finding_of(r) for r in data["results"] if r["status"] == NUMERICS]
-    return make_report("handoff", fixture, data, results=data["results"], findings=findings, numerics=numerics)
-
-
-def finding_of(r: dict[str, Any]) -> Finding:
-    """A cut set's record as a Finding (a divergence, a crash, or numerics with its cause)."""
-    what = f"cuts {','.join(map(str, r['cuts'])) or 'none'}: {r.get('reason') or r['status']}"
-    what += f"; first node {describe_node(r['node'])}" if describe_node(r.get("node")) else ""
-    what += f"; numerics: {r['cause']['detail']}" if r.get("cause") else ""
-    return Finding(oracle="handoff", status=r["status"], cuts=list(r["cuts"]), stage=r.get("stage"),
-                   offset=r.get("offset"), phase=r.get("mode"), position=r.get("position"), where=r.get("where"),
-                   node=r.get("node"), cause=r.get("cause"), reproduced=r.get("reproduced"), detail=r, message=what)
+    return Handoff(fixture, cfg).report()
 
 
 ORACLE = Oracle(name="handoff", config=HandoffConfig, run=report, format=lambda rep: format_report(rep.native),

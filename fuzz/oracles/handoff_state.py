@@ -1,7 +1,8 @@
 """What a state hand-off is, without a target: its config (modes, offsets, batch shapes), the schedule split at
 the hand-off offset, the offsets where a prefill crosses a structural constant (ubatch, sliding window, a delta-net
-chunk), what a stage's export holds, and the judgement on two exports of a sliding-window cache (the same rows at
-the same positions, wherever the cells sit) with the bound on what cell order may move."""
+chunk), what a stage's export holds, a cut set's result and its formatter, and the judgement on two exports of a
+sliding-window cache (the same rows at the same positions, wherever the cells sit) with the bound on what cell order
+may move."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fuzz.engine.parity import describe_node
 from fuzz.engine.schedule import Step, sequential_steps
 from synth.inspect import inspect_file
 from targets.kvstate import kv_cells
@@ -52,6 +54,32 @@ class StageBytes:
     kv_bytes_per_token: float | None = None
     kv_row_bytes: int = 0  # Σ K+V (+ DSA indexer k_idx) cache row bytes of its full attention layers (synth inspect)
     pads: list[int] = field(default_factory=list)
+
+
+@dataclass
+class HandoffResult:
+    cuts: list[int]
+    stages: list[list[int]]
+    status: str  # pass | diverged | unsupported | crash | timeout
+    mode: str | None = None
+    offset: int | None = None
+    stage: int | None = None
+    where: str | None = None
+    position: int | None = None
+    max_abs: float = 0.0
+    reproduced: bool | None = None
+    reason: str | None = None
+    node: dict[str, Any] | None = None  # in the stage that differs, straight vs handed off: the first differing node
+    cause: dict[str, Any] | None = None  # why a difference is numerics (status numerics)
+    offsets: int = 0
+    bytes: list[StageBytes] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if v is not None and k != "bytes"}
+        if self.mode is not None:
+            d["phase"] = self.mode  # (a finding's phase: the hand-off mode, or bytes)
+        d["bytes"] = [b.__dict__ for b in self.bytes]
+        return d
 
 
 def split_schedule(prompt: list[int], t: int, chunk: int, n_decode: int, seq: int = 0) -> tuple[list[Step], int]:
@@ -127,3 +155,23 @@ def order_verdict(cells: dict[str, Any] | None, moved: float, control: float | N
             f"and the same cells in another order move the uninterrupted run by {control:.2g} — this hand-off moves "
             f"it by {moved:.2g}, within {ORDER_FACTOR:g}×", "control": control, "bound": ORDER_FACTOR * control,
             "max_abs": moved}
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lines = [f"handoff {rep['fixture']}: arch {rep['arch']}, {rep['n_layer']} layers {rep['kinds']}, target "
+             f"{rep['target']}, modes {','.join(rep['config']['modes'])}",
+             f"{'cuts':<10} {'status':<11} {'offsets':>7}  stage bytes (range first-layer: recurrent B, KV B/token "
+             f"≥ rows)"]
+    for r in rep["results"]:
+        by = "; ".join(f"{b['range'][0]}:{b['range'][1]} {b['first_layer'][:4]}: rec {b['recurrent_bytes']}, "
+                       f"kv {b['kv_bytes_per_token'] if b['kv_bytes_per_token'] is not None else '-'}"
+                       f"≥{b['kv_row_bytes']}" for b in r["bytes"])
+        lines.append(f"{','.join(map(str, r['cuts'])):<10} {r['status']:<11} {r.get('offsets', 0):>7}  {by}")
+        if r.get("reason"):
+            lines.append(f"{'':<10} {r['reason']}" + (f" (reproduced={r['reproduced']})" if "reproduced" in r else ""))
+        if describe_node(r.get("node")):
+            lines.append(f"{'':<10} first differing graph node of that stage: {describe_node(r['node'])}")
+    s = rep["summary"]
+    lines.append(f"{len(rep['results'])} cut sets: " + ", ".join(f"{v} {k}" for k, v in s.items() if v)
+                 + f"; wall {rep['timing']['wall_s']:.2f}s")
+    return "\n".join(lines)
