@@ -139,20 +139,23 @@ def test_run_lanes_for_a_row(tmp_path):
 @pytest.mark.llama
 def test_a_row_that_raises_in_its_process_stops_the_run(tmp_path):
     """Rows at a time run in processes: an error one raises (here: its fixture cannot be written, its directory is a
-    file) is raised in the caller once the row beside it finished, and no other row starts."""
+    file) is raised in the caller once the row beside it finished, and no other row starts. (Rows start longest
+    first: the failing one is the first to start, and one row runs beside it.)"""
     from fuzz.certify.battery import _as_is, run_rows
     from fuzz.certify.lanes import LaneOptions
+    from fuzz.certify.shards import longest_first
 
     m = load_manifest(ROOT / "family_tiers.toml")
     told = []
     (tmp_path / "a-file").write_text("not a directory")
-    tasks = [(m.row("mamba"), ["parity"], "llama-cpp", tmp_path / "a-file", LaneOptions())] + \
-        [(m.row(k), ["parity"], "llama-cpp", tmp_path, LaneOptions())
-         for k in ("lfm2", "llama", "qwen3", "qwen2", "rwkv6")]
+    keys = ["mamba", "lfm2", "llama", "qwen3", "qwen2", "rwkv6"]
+    first, beside, *rest = longest_first([(k, ["parity"]) for k in keys])
+    tasks = [(m.row(k), ["parity"], "llama-cpp", tmp_path / "a-file" if i == first else tmp_path, LaneOptions())
+             for i, k in enumerate(keys)]
     with pytest.raises(OSError):
         run_rows(tasks, 2, _as_is, lambda i, res: told.append((i, res.lane, res.status)))
-    assert {i for i, _, _ in told} <= {1}, told  # lfm2, the row that was running beside it
-    assert not [k for k in ("llama", "qwen3", "qwen2", "rwkv6") if (tmp_path / f"{k}.gguf").exists()]
+    assert {i for i, _, _ in told} <= {beside}, told  # the row that was running beside it
+    assert not [keys[i] for i in rest if (tmp_path / f"{keys[i]}.gguf").exists()]
 
 
 @pytest.mark.llama

@@ -169,7 +169,8 @@ def test_the_correct_fake_passes_every_lane(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     got = lanes(out)
     assert {k: v["status"] for k, v in got.items() if v["status"] != "pass"} == {
-        ("gpt2", "load"): "unsupported", ("qwen3", "memory"): "unsupported", ("jamba", "memory"): "unsupported"}
+        ("gpt2", "load"): "unsupported", ("qwen3", "memory"): "unsupported", ("jamba", "memory"): "unsupported",
+        ("qwen3", "prompt-trees"): "unsupported", ("jamba", "prompt-trees"): "unsupported"}
     assert "serve-binary at cut 2: skippy stage-1 exited (exit code 1): Error: Unsupported:" in \
         got[("gpt2", "reject")]["detail"]
     # jamba's boundary lanes sweep every cut offset modulo its layer pattern's period (RRRRA RRR: 5), like our own

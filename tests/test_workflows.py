@@ -721,13 +721,14 @@ def test_mutants_job_catches_every_mutant_and_publishes(ci):
 @executes
 def test_nightly_stability_runs_the_nightly_lanes_of_the_chosen_rows(ci):
     """The nightly stability job, its rows narrowed by the `rows` input to llama, runs the lanes of the manifest's
-    nightly CI job (repeat-determinism, the quantized-weight splits) on that row only, compiles nothing, and
-    publishes its summary."""
+    nightly CI job (repeat-determinism, the quantized-weight splits, the drawn prompt trees in depth) on that row
+    only, compiles nothing, and publishes its summary."""
     j = job(ci, "nightly.yml", "stability")
     assert j.ok, j.why()
     d = assert_consumer(j, ci, "out/stability")
     report = json.loads((d / "report.json").read_text())
-    assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", "determinism"), ("llama", "dtype")}, \
+    assert {(x["row"], x["lane"], x["status"]) for x in report["results"]} == {
+        ("llama", "determinism", "pass"), ("llama", "dtype", "pass"), ("llama", "prompt-trees", "pass")}, \
         report["results"]
 
 

@@ -504,6 +504,10 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     if lane == "memory":
         return LaneResult(row.key, lane, UNSUPPORTED, "the memory lane drives llama.cpp's memory API (seq_rm, seq_cp, "
                                                       "state get/set per sequence); skippy's OpenAI API exposes none")
+    if lane == "prompt-trees":
+        return LaneResult(row.key, lane, UNSUPPORTED, "the prompt-trees lane drives llama-server's slots (save, "
+                                                      "restore, host prompt cache); skippy's prefix cache is checked "
+                                                      "by the prefix-cache lane")
     cfg = lane_config(row, lane, target_spec)
     if cfg is None:
         return LaneResult(row.key, lane, SKIPPED, f"lane {lane} is not driven through skippy yet")
