@@ -243,49 +243,6 @@ def test_the_reuse_floor_follows_the_policy(fixtures):
     assert swa.floor(held, more) == 0
 
 
-def judged(radix: Radix, got_top: float, replay: str = "r2:0:6:8_0@1+11_1@4+6:c0,c1,c2:A.A.A") -> Run:
-    """The judge on one schedule whose answers all keep the cold tokens; the last one's top log-probability is
-    `got_top` where the cold run's is -1.0 (the others as cold)."""
-    from fuzz.oracles.radix_schedules import Schedule
-
-    sched = Schedule.parse(replay)
-    cold = {"tokens": [5, 6], "top": [[[5, -1.0], [7, -2.0]], [[6, -0.5], [7, -3.0]]]}
-    ops = {}
-    for n, op in enumerate(sched.clients[0]):
-        top = got_top if n == len(sched.clients[0]) - 1 else -1.0
-        ops[f"A{n}"] = {"op": op, "client": 0, "prompt": op.prompt, "step": n, "known": n,
-                        "result": {"tokens": [5, 6], "top": [[[5, top], [7, -2.0]], [[6, -0.5], [7, -3.0]]],
-                                   "cache_n": 0}}
-    ref = {"answers": {p: cold for p in "012"}, "prompts": {p: [10 * int(p) + k for k in range(3)] for p in "012"}}
-    run = Run(sched)
-    radix._judge(run, ops, ref)
-    return run
-
-
-def test_an_answer_with_the_cold_tokens_must_keep_its_log_probabilities_with_one_cache_per_slot(fixtures):
-    """Upstream 20532's shape: a stale checkpoint restored under a later prompt keeps the greedy tokens of the tiny
-    fixture but moves its log-probabilities (0.33 on laguna); co-batching and reuse move them ≤ 0.003 on the tier-1
-    fixtures, so beyond MOVED (0.02) it is a finding — with one KV cache per slot; one for all has its measured
-    placement noise instead."""
-    from fuzz.oracles.radix import MOVED
-
-    path = fixtures("llama", layers=4)
-    (f,) = judged(Radix(path, RadixConfig()), -1.33).findings
-    assert f["kind"] == "moved" and f["name"] == "A2" and "log-probabilities 0.33" in f["message"]
-    assert judged(Radix(path, RadixConfig()), -1.0 - MOVED / 2).findings == []
-    assert judged(Radix(path, RadixConfig(kv_unified=True)), -1.33).findings == []
-
-
-def test_a_move_the_same_schedule_makes_without_the_cache_is_co_batching(fixtures, monkeypatch):
-    """A moved answer is explained (numerics) when the schedule with the prompt cache off moves it at least a
-    quarter as much; less, or a token that differs there, keeps it a finding."""
-    radix = Radix(fixtures("llama", layers=4), RadixConfig())
-    run = judged(radix, -1.4)  # moved 0.4
-    for uncached_top, explained in ((-1.1, True), (-1.05, False)):
-        monkeypatch.setattr(radix, "run_schedule", lambda sched, uncached=False, top=uncached_top: judged(radix, top))
-        assert (radix.explain(run) is not None) is explained
-
-
 @pytest.mark.llama
 @pytest.mark.server
 def test_a_unified_cache_forfeits_an_idle_slot_at_another_clients_start(binary, fixtures):

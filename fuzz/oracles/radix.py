@@ -49,7 +49,6 @@ from fuzz.oracles.prefix_cache import (
     cold_answers,
     compare,
     load_server,
-    moved,
     noise_line,
     placement_noise,
     shared_prefix,
@@ -62,7 +61,6 @@ from fuzz.oracles.radix_schedules import (
     draw_tree,
     interleavings,
     letter,
-    metrics_problem,
     parse_plans,
     pct_events,
     prompt_tree,
@@ -78,11 +76,6 @@ from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
 from targets import Target
 
-# with one KV cache per slot, an answer with the cold run's tokens must also keep its top log-probabilities within
-# this of the cold run's (the tier-1 fixtures move ≤ 0.003 by co-batching and reuse); a larger move is explained
-# when the same schedule with the prompt cache off moves that answer comparably (MOVED_SHARE of it): co-batching
-MOVED = 0.02
-MOVED_SHARE = 0.25
 N_CTX_PER_SLOT = 160  # cells asked per slot (-c); llama.cpp pads each to 256, and the capacity probe reads that
 # family-certify's prefix-cache lane: the H1 pair and a second turn; save, disconnect, restore, continue; a prompt
 # moved into the host cache by an unrelated one and asked for again on its slot and on another
@@ -138,7 +131,6 @@ class Run:
     reused: int = 0
     promised: int = 0
     cause: str | None = None  # why its findings are not the prompt cache's (Radix.explain): numerics
-    moves: dict[str, float] = field(default_factory=dict)  # per answer with the cold tokens: its top log-prob move
 
     @property
     def key(self) -> tuple[tuple[str, str], ...]:
@@ -260,32 +252,17 @@ class Radix:
         same cache code, each slot's cells where a cold run puts them. (A unified-only fault of the cache's shows on
         the rows without top-k selection, where the layout is judged to its measured move.) The same schedule with
         the prompt cache off says more: it moves too (placement and co-batching alone) or it answers cold."""
-        if all(f["kind"] == "moved" for f in run.findings):
-            return self.explain_moved(run)
         if not (self.cfg.kv_unified and self.top_k) or any(f["kind"] != "diverged" for f in run.findings):
             return None
         sched = Schedule.parse(run.schedule.replay)
         if any(f["kind"] == "diverged" for f in self.run_schedule(sched, kv_unified=False).findings):
             return None
         uncached = self.run_schedule(sched, uncached=True)
-        moves = any(f["kind"] == "diverged" for f in uncached.findings)
+        moved = any(f["kind"] == "diverged" for f in uncached.findings)
         return (f"the attention keeps each query's top-{self.top_k} keys (DSA indexer), and one KV cache for all "
                 "slots moves their scores: the same schedule answers cold with one KV cache per slot (the same "
                 "reuse); on the one KV cache with the prompt cache off it "
-                + ("moves too" if moves else "answers cold"))
-
-    def explain_moved(self, run: Run) -> str | None:
-        """Answers with the cold run's tokens whose log-probabilities moved past MOVED: numerics when the same
-        schedule with the prompt cache off (each request computed afresh, batched as before) moves each of them by
-        at least MOVED_SHARE of that — co-batching, not the cache; else None (a finding: what the cache restored
-        is not what the prompt computes)."""
-        uncached = self.run_schedule(Schedule.parse(run.schedule.replay), uncached=True)
-        if any(f["kind"] == "diverged" for f in uncached.findings):
-            return None
-        if all(uncached.moves.get(f["name"], 0.0) >= MOVED_SHARE * run.moves[f["name"]] for f in run.findings):
-            return ("the same schedule with the prompt cache off moves the same answers comparably: co-batching "
-                    "moves them, not the cache")
-        return None
+                + ("moves too" if moved else "answers cold"))
 
     # ---- one schedule ---------------------------------------------------------------------------------
     def reference(self, sched: Schedule) -> dict[str, Any]:
@@ -431,13 +408,6 @@ class Radix:
                 if why:
                     run.findings.append({"kind": "diverged", "op": op.kind, "client": c,
                                          "message": f"{where}: {why} (cold run: {want['tokens']})"})
-                elif op.kind != "cancel":
-                    run.moves[name] = moved(want, got)
-                    if not self.cfg.kv_unified and run.moves[name] > MOVED:
-                        run.findings.append({"kind": "moved", "op": op.kind, "client": c, "name": name,
-                                             "message": f"{where}: the cold run's tokens, but top log-probabilities "
-                                                        f"{run.moves[name]:.2g} from the cold run's (one KV cache "
-                                                        f"per slot: co-batching and reuse move them ≤ {MOVED:g})"})
                 if op.kind != "cancel":
                     if self.cfg.kv_unified and held.get(c) and cleared(o, since[c], ops):
                         held[c] = None
@@ -511,6 +481,26 @@ class _Stop(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind, self.message = kind, message
+
+
+def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> str | None:
+    """The server's counters against what the schedule sent: prompt tokens processed + reused = every streamed
+    prompt's length; tokens predicted at least what was received and at most what was asked; nothing processing
+    or deferred."""
+    streamed = [o for o in ops.values() if o["op"].kind in STREAMED]
+    sent = sum(len(ref["prompts"][o["prompt"]]) for o in streamed)
+    counted = m.get("llamacpp:prompt_tokens_total", 0) + m.get("llamacpp:prompt_tokens_cached_total", 0)
+    got = sum(len(o["result"].get("tokens", [])) for o in streamed)
+    predicted = m.get("llamacpp:tokens_predicted_total", 0)
+    asked = sum(len(ref["answers"][o["prompt"]]["tokens"]) if o["op"].kind != "cancel" else 10 ** 6
+                for o in streamed)
+    if counted != sent:
+        return f"/metrics counts {counted:g} prompt tokens processed or reused; the schedule sent {sent}"
+    if not got <= predicted <= asked:
+        return f"/metrics counts {predicted:g} tokens predicted; the clients received {got}"
+    if m.get("llamacpp:requests_processing", 0) or m.get("llamacpp:requests_deferred", 0):
+        return "/metrics: requests still processing or deferred after the schedule"
+    return None
 
 
 def config_for(config: dict[str, Any], sched: Schedule) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """What a radix schedule is, without a server: clients' operations on a prompt tree, an interleaving of them
 (every one, or PCT-sampled), its replay string (Schedule.parse / Schedule.replay), the seeded prompt trees (the
-fixed trunk/branches/leaf, or one drawn per schedule), the smaller schedules a finding shrinks through, and the
-judgement of a server's /metrics after a schedule."""
+fixed trunk/branches/leaf, or one drawn per schedule), and the smaller schedules a finding shrinks through."""
 
 from __future__ import annotations
 
@@ -435,23 +434,3 @@ def _fix_waits(clients: tuple[tuple[Op, ...], ...], script: list[Step]) -> list[
         inflight[s.client] = clients[s.client][idx[s.client]]
         idx[s.client] += 1
     return out
-
-
-def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> str | None:
-    """The server's counters against what the schedule sent: prompt tokens processed + reused = every streamed
-    prompt's length; tokens predicted at least what was received and at most what was asked; nothing processing
-    or deferred."""
-    streamed = [o for o in ops.values() if o["op"].kind in STREAMED]
-    sent = sum(len(ref["prompts"][o["prompt"]]) for o in streamed)
-    counted = m.get("llamacpp:prompt_tokens_total", 0) + m.get("llamacpp:prompt_tokens_cached_total", 0)
-    got = sum(len(o["result"].get("tokens", [])) for o in streamed)
-    predicted = m.get("llamacpp:tokens_predicted_total", 0)
-    asked = sum(len(ref["answers"][o["prompt"]]["tokens"]) if o["op"].kind != "cancel" else 10 ** 6
-                for o in streamed)
-    if counted != sent:
-        return f"/metrics counts {counted:g} prompt tokens processed or reused; the schedule sent {sent}"
-    if not got <= predicted <= asked:
-        return f"/metrics counts {predicted:g} tokens predicted; the clients received {got}"
-    if m.get("llamacpp:requests_processing", 0) or m.get("llamacpp:requests_deferred", 0):
-        return "/metrics: requests still processing or deferred after the schedule"
-    return None
