@@ -62,6 +62,12 @@ def failure_status(f: Failure) -> str:
     return TIMEOUT if f.kind == "timeout" else CRASH
 
 
+def failure_reason(f: Failure, refused: str = "target refused") -> str:
+    """A target call that failed, as a result's reason: its message, after `refused` when the target refused the
+    request (an error, not a death or a hang)."""
+    return (f"{refused}: " if f.kind == "error" else "") + f.message
+
+
 def fixture_header(fixture: Path, *, arch: str, n_layer: int, kinds: str, target: str,
                    commit: str | None) -> dict[str, Any]:
     """The first fields of a report about one fixture: which file (and its bytes' sha256), what model, which target

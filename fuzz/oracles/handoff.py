@@ -37,7 +37,7 @@ from fuzz.engine.contract import (
     Report,
     select,
 )
-from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
+from fuzz.engine.fleet import Fleet, failure_reason, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
     Trace,
     compare,
@@ -130,7 +130,7 @@ class Handoff(CaseOracle[list[int]]):
 
     def observe(self, cuts: list[int]) -> dict[str, Any]:
         """Every hand-off of the cut set, offset by offset, mode by mode, with what each must equal; it stops at
-        the first one the judge does not pass, and at a failed call."""
+        the first one that is not as promised (the judge's own verdict, _verdict), and at a failed call."""
         cfg = self.cfg
         stages = self.st.stages(cuts)
         if isinstance(stages, Unsupported):
@@ -156,6 +156,7 @@ class Handoff(CaseOracle[list[int]]):
                 seen["busy_failure"] = r.failure
                 seen["busy_reproduced"] = not t.load(str(path), **self.busy_params).ok  # (a fresh worker)
                 break
+        probe, kv_first = self._result(cuts, seen), {}  # the verdict so far, hand-off by hand-off
         for t in offsets:
             seen["offsets"] += 1
             steps, k = split_schedule(prompt, t, cfg.chunk, cfg.tokens)
@@ -182,7 +183,7 @@ class Handoff(CaseOracle[list[int]]):
                                ("live", Trace(neighbour.base.steps[m:], 0.0), live, neighbour.steps[m:], 2)]
                 seen["records"].append({"t": t, "mode": mode, "checks": checks, "blobs": blobs, "steps": steps,
                                         "k": k, "tokens": tokens, "base": base})
-                if self.judge(cuts, {**seen, "busy_failure": None})[0]["status"] != PASS:  # (that one: at the end)
+                if self._verdict(cuts, seen["records"][-1], probe, seen["empties"], kv_first):
                     return seen
         return seen
 
@@ -190,37 +191,17 @@ class Handoff(CaseOracle[list[int]]):
         """Each hand-off's continuation (and a busy one's rollback and live neighbour) against its uninterrupted
         run, bit-exact; a full export's bytes against what its stages hold; a failed call; a busy context that
         cannot be made."""
-        res = HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status=PASS)
         if "unsupported" in seen:
-            res.status, res.reason = UNSUPPORTED, seen["unsupported"]
-            return [res.to_dict()]
-        res.offsets = seen["offsets"]
-        res.bytes = [StageBytes(**b.__dict__) for b in seen["bytes"]]  # (the bytes check fills in what it finds)
+            return [HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status=UNSUPPORTED,
+                                  reason=seen["unsupported"]).to_dict()]
+        res = self._result(cuts, seen)
         kv_first: dict[int, tuple[int, int]] = {}
         for rec in seen["records"]:
-            mode, t = rec["mode"], rec["t"]
-            found = self._diverged(cuts, rec, res)
-            if found is not None:
-                what, div = found
-                res.status, res.mode, res.offset = FINDING, mode, t
-                res.stage, res.where, res.position = div.stage, div.where, div.position
-                at = f"stage {div.stage} {div.where} differs from"
-                res.reason = {
-                    "continuation": f"{mode} hand-off at t={t}: {at} the uninterrupted run at position "
-                                    f"{div.position}",
-                    "rollback": f"busy rollback to t={t}: {at} the uninterrupted run at position {div.position}",
-                    "live": f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import changes: "
-                            f"{at} its own uninterrupted run at position {div.position}"}[what]
+            if self._verdict(cuts, rec, res, seen["empties"], kv_first):
                 return [res.to_dict()]
-            if mode == "full":  # (busy exports the same bytes: checked once)
-                bad = self._check_bytes(res, rec["blobs"], seen["empties"], t, kv_first)
-                if bad:
-                    res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
-                    return [res.to_dict()]
         failed = seen.get("failed")
         if failed:
-            res.status = failure_status(failed["failure"])
-            res.reason = ("target refused: " if failed["failure"].kind == "error" else "") + failed["failure"].message
+            res.status, res.reason = failure_status(failed["failure"]), failure_reason(failed["failure"])
             if "mode" in failed:
                 res.mode, res.offset = failed["mode"], failed["t"]
                 res.reason = f"{failed['mode']} hand-off at t={failed['t']}: {res.reason}"
@@ -228,9 +209,38 @@ class Handoff(CaseOracle[list[int]]):
         if seen["busy_failure"] is not None:
             f = seen["busy_failure"]
             res.status, res.mode, res.reproduced = failure_status(f), "busy", seen["busy_reproduced"]
-            res.reason = ("creating the busy context (2 sequences, one KV stream each): "
-                          + ("target refused: " if f.kind == "error" else "") + f.message)
+            res.reason = f"creating the busy context (2 sequences, one KV stream each): {failure_reason(f)}"
         return [res.to_dict()]
+
+    def _result(self, cuts: list[int], seen: dict[str, Any]) -> HandoffResult:
+        """A cut set's result before any verdict: its offsets and a copy of its stages' bytes (the bytes check fills
+        in what it finds)."""
+        return HandoffResult(cuts=cuts, stages=stage_ranges(cuts, self.info.n_layer), status=PASS,
+                             offsets=seen["offsets"], bytes=[StageBytes(**b.__dict__) for b in seen["bytes"]])
+
+    def _verdict(self, cuts: list[int], rec: dict[str, Any], res: HandoffResult, empties,
+                 kv_first: dict[int, tuple[int, int]]) -> bool:
+        """One hand-off, in order, against what it must equal and (a full one) its export's bytes; True, with the
+        finding in res, when it is not as promised. kv_first carries the first offset's KV bytes to later ones."""
+        mode, t = rec["mode"], rec["t"]
+        found = self._diverged(cuts, rec, res)
+        if found is not None:
+            what, div = found
+            res.status, res.mode, res.offset = FINDING, mode, t
+            res.stage, res.where, res.position = div.stage, div.where, div.position
+            at = f"stage {div.stage} {div.where} differs from"
+            res.reason = {
+                "continuation": f"{mode} hand-off at t={t}: {at} the uninterrupted run at position {div.position}",
+                "rollback": f"busy rollback to t={t}: {at} the uninterrupted run at position {div.position}",
+                "live": f"busy hand-off at t={t}: the live sequence {BUSY_SEQ} beside the import changes: "
+                        f"{at} its own uninterrupted run at position {div.position}"}[what]
+            return True
+        if mode == "full":  # (busy exports the same bytes: checked once)
+            bad = self._check_bytes(res, rec["blobs"], empties, t, kv_first)
+            if bad:
+                res.status, res.mode, res.offset, res.reason = FINDING, "bytes", t, bad
+                return True
+        return False
 
     @staticmethod
     def _diverged(cuts: list[int], rec: dict[str, Any], res: HandoffResult | None = None):

@@ -30,7 +30,7 @@ from fuzz.engine.contract import (
     make_report,
     select,
 )
-from fuzz.engine.fleet import Fleet, failure_status, fixture_header
+from fuzz.engine.fleet import Fleet, failure_reason, failure_status, fixture_header
 from fuzz.engine.parity import (
     Divergence,
     RunFailure,
@@ -491,7 +491,7 @@ class Sweep:
         res.status = failure_status(f)
         res.stage = fail.stage
         res.phase = phase
-        res.reason = ("stage rejected: " if f.kind == "error" else "") + f.message
+        res.reason = failure_reason(f, "stage rejected")
         return res
 
 

@@ -36,7 +36,7 @@ from fuzz.engine.contract import (
     Oracle,
     Report,
 )
-from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
+from fuzz.engine.fleet import Fleet, failure_reason, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
     TOP_K_NODES,
     Trace,
@@ -188,7 +188,7 @@ class Wire(CaseOracle[list[int]]):
         if seen["failed"]:
             s, f = seen["failed"]
             return [{**res, "status": failure_status(f), "stage": s,
-                     "reason": ("stage rejected: " if f.kind == "error" else "") + f.message}]
+                     "reason": failure_reason(f, "stage rejected")}]
         res["vs_unsplit"] = m = self._measure(seen["chain"], self.full, steps)
         if wire in GATES and m["clear_token_flips"]:
             res.update(status=FINDING, where="tokens", phase="tokens", reason=f"{flips_of(m, wire)} (a gate: "
