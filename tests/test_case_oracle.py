@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from fuzz.engine.case_oracle import CaseOracle, finding_of
-from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT
+from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, fingerprint
 from targets import Failure
 
 
@@ -85,3 +87,12 @@ def test_the_report_has_one_finding_per_failing_row_and_numerics_apart(fixtures)
 def test_finding_of_places_a_row_by_its_fields():
     f = finding_of("wire", {"status": FINDING, "cuts": (2, 4), "stage": 1, "where": "boundary", "junk": 1}, "m")
     assert (f.cuts, f.stage, f.where, f.offset, f.detail["junk"]) == ([2, 4], 1, "boundary", None, 1)
+
+
+def test_finding_of_places_what_the_row_names_otherwise_and_drops_what_stays_out():
+    row = {"status": FINDING, "cuts": [3], "seq": 2, "check": "wire", "payload": "kv"}
+    f = finding_of("skippy", row, "m", phase=row["check"], where=row["payload"], seq=None, detail={"own": 1})
+    assert (f.phase, f.where, f.seq, f.detail) == ("wire", "kv", None, {"own": 1})
+    assert "seq" not in fingerprint(f, "AAAA")
+    with pytest.raises(TypeError, match="'payload' is not a placing field"):
+        finding_of("skippy", row, "m", payload="kv")

@@ -130,9 +130,20 @@ class CaseOracle(ABC, Generic[Case]):
         return finding_of(self.name, row, self.message(row))
 
 
-def finding_of(oracle: str, row: dict[str, Any], message: str) -> Finding:
-    """A result row as a Finding: its status and the fields that place it; the row itself as the detail."""
+def finding_of(oracle: str, row: dict[str, Any], message: str, *, detail: dict[str, Any] | None = None,
+               **place: Any) -> Finding:
+    """A result row as a Finding: its status and the fields that place it; the row itself as the detail (or
+    `detail`). `place` sets a placing field the row names otherwise, or drops one (None) that must stay out of the
+    fingerprint (the sweep's batched sequence: fewer sequences may move it, the bug stays)."""
     where = {k: row[k] for k in WHERE if row.get(k) is not None}
+    for k, v in place.items():
+        if k not in WHERE:
+            raise TypeError(f"finding_of: {k!r} is not a placing field")
+        if v is None:
+            where.pop(k, None)
+        else:
+            where[k] = v
     if "cuts" in where:
         where["cuts"] = list(where["cuts"])
-    return Finding(oracle=oracle, status=row["status"], message=message, detail=row, **where)
+    return Finding(oracle=oracle, status=row["status"], message=message, detail=row if detail is None else detail,
+                   **where)

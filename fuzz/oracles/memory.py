@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.engine.case_oracle import finding_of
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import (
     CRASH,
@@ -340,14 +341,15 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
             "timing": {"seconds": round(time.perf_counter() - t0, 3)}}
 
 
-def finding_of(f: dict[str, Any]) -> Finding:
+def memory_finding(f: dict[str, Any]) -> Finding:
     """The contract's Finding; its fingerprint adds the operation that failed and the kinds of operation its shortest
     program needs — what tells one memory bug from another (a seq_keep that keeps a stream, a shift lost by an
     export) where the check and the layout alone would not."""
-    out = Finding(oracle="memory", status=f["status"], message=f["message"], phase=layout(f["kv_unified"]),
-                  where=f["check"], step=len(f["steps"]) - 1, reproduced=f["reproduced"], cause=f.get("cause"),
-                  detail={"program": f["steps"], "seq": f.get("seq"), "op": f["op"], "drawn_steps": f["drawn_steps"],
-                          **{k: f[k] for k in ("got", "want", "max_abs_dlogit", "failure") if k in f}})
+    out = finding_of("memory", f, f["message"], phase=layout(f["kv_unified"]), where=f["check"],
+                     step=len(f["steps"]) - 1, seq=None,
+                     detail={"program": f["steps"], "seq": f.get("seq"), "op": f["op"],
+                             "drawn_steps": f["drawn_steps"],
+                             **{k: f[k] for k in ("got", "want", "max_abs_dlogit", "failure") if k in f}})
     # (a coupled decode is a decode: the check that failed is the same, one token in several sequences or not)
     out.fingerprint = {**fingerprint(out, ""), "op": "decode" if f["op"] == "coupled" else f["op"],
                        "ops": sorted({op["op"] for op in f["steps"]}), "memory": f.get("memory")}
@@ -361,8 +363,8 @@ def finding_of(f: dict[str, Any]) -> Finding:
 def report(fixture: Path, cfg: MemoryConfig) -> Report:
     data = run(Path(fixture), cfg)
     return make_report("memory", fixture, data, results=data["results"], extra=("noise",),
-                       findings=[finding_of(f) for f in data["findings"]],
-                       numerics=[finding_of(f) for f in data["numerics"]])
+                       findings=[memory_finding(f) for f in data["findings"]],
+                       numerics=[memory_finding(f) for f in data["numerics"]])
 
 
 def format_report(rep: dict[str, Any]) -> str:

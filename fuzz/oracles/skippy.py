@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.engine.case_oracle import finding_of
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import (
     CRASH,
@@ -377,7 +378,7 @@ def summarize(check: str, rep: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def finding_of(r: dict[str, Any]) -> Finding:
+def skippy_finding(r: dict[str, Any]) -> Finding:
     cuts = r["cuts"]
     if "near_tie" in r:
         tie = r["near_tie"]
@@ -388,10 +389,7 @@ def finding_of(r: dict[str, Any]) -> Finding:
     what = f"skippy {r['check']}" + (f" stage {r['stage']} ({r['payload']})" if "stage" in r else "") + \
         (f" {r['wire']}" if "wire" in r else "") + \
         f" at cuts {','.join(map(str, cuts))}: {r['outcome']}" + (f": {r['note']}" if r.get("note") else "")
-    return Finding(oracle="skippy", status=r["status"], message=what, cuts=list(cuts), stage=r.get("stage"),
-                   phase=r["check"], where=r.get("payload") or r.get("wire"), position=r.get("position"),
-                   cause=cause, reproduced=r.get("reproduced"),
-                   detail=r)
+    return finding_of("skippy", r, what, phase=r["check"], where=r.get("payload") or r.get("wire"), cause=cause)
 
 
 def report(fixture: Path, cfg: SkippyRunConfig) -> Report:
@@ -403,8 +401,8 @@ def report(fixture: Path, cfg: SkippyRunConfig) -> Report:
             "target": cfg.target, "llama_cpp_commit": run.ident.get("llama_cpp"),
             "timing": {"wall_s": round(time.perf_counter() - t0, 2)},
             "skippy": {**run.ident, "model_id": run.model_id, "fixture_sha256": run.sha}}
-    findings = [finding_of(r) for r in run.results if r["status"] in (FINDING, CRASH, TIMEOUT)]
-    numerics = [finding_of(r) for r in run.results if r["status"] == NUMERICS]
+    findings = [skippy_finding(r) for r in run.results if r["status"] in (FINDING, CRASH, TIMEOUT)]
+    numerics = [skippy_finding(r) for r in run.results if r["status"] == NUMERICS]
     for r in run.results:
         if r["status"] == UNSUPPORTED:
             r["reason"] = r.get("note", "")

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.engine.case_oracle import finding_of
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import (
     FAILING,
@@ -496,7 +497,7 @@ class Sweep:
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
-def finding_of(r: dict[str, Any]) -> Finding:
+def sweep_finding(r: dict[str, Any]) -> Finding:
     """A cut set's record as a Finding (a divergence, or the target crashing or hanging on a stage). The batched
     phase's sequence stays in the detail, out of the fingerprint: fewer sequences may move it, the bug stays."""
     what = f"cuts {','.join(map(str, r['cuts']))}: {r['status']}"
@@ -506,16 +507,13 @@ def finding_of(r: dict[str, Any]) -> Finding:
         what += f" (first node {describe_node(r['node'])})" if describe_node(r.get("node")) else ""
     if r.get("reason"):
         what += f": {r['reason']}"
-    return Finding(oracle="sweep", status=r["status"], message=what, cuts=list(r["cuts"]), stage=r.get("stage"),
-                   phase=r.get("phase"), step=r.get("step"), position=r.get("position"), where=r.get("where"),
-                   layer=r.get("layer"), node=r.get("node"), reproduced=r.get("reproduced"),
-                   detail=r)
+    return finding_of("sweep", r, what, seq=None)
 
 
 def report(fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None) -> Report:
     rep = Sweep(fixture, cfg, slicer=slicer).run()
     data = rep.to_dict()
-    findings = [finding_of(r) for r in data["results"] if r["status"] in FAILING]
+    findings = [sweep_finding(r) for r in data["results"] if r["status"] in FAILING]
     ctl = rep.control
     if ctl.get("status") in FAILING:  # the input path itself is broken: not one cut set's finding
         findings.append(Finding(oracle="sweep", status=ctl["status"], phase="control", position=ctl.get("position"),
