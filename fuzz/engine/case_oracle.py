@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -45,7 +47,8 @@ class CaseOracle(ABC, Generic[Case]):
     # ---- what an oracle fills in ------------------------------------------------------------------------
     @abstractmethod
     def open(self, fleet: Fleet) -> None:
-        """Its workers (from the fleet) and what every case is compared against; sets `commit`."""
+        """Its workers (from the fleet) and what every case is compared against; sets `commit`. A context it must
+        hold for the run (a stage-file workspace) goes on `self.scope`, left after the workers close."""
 
     @abstractmethod
     def cases(self) -> list[Case]:
@@ -95,20 +98,40 @@ class CaseOracle(ABC, Generic[Case]):
         for r in bad:
             r["reproduced"] = self.same(r, again)
 
-    def timing(self) -> dict[str, float]:
+    def fleet_timeout(self) -> float:
+        """Seconds a worker call may take (default: the config's timeout)."""
+        return self.cfg.timeout
+
+    def timing(self, wall: float) -> dict[str, float]:
         """Seconds of its own to report beside the wall (llama_decode_s, ...)."""
         return {}
 
-    def run(self) -> dict[str, Any]:
+    def checked(self, cases: list[Case], progress: Progress) -> Iterator[tuple[Case, Any, list[dict[str, Any]]]]:
+        """Each case with what was seen and its rows, in case order, progress advanced as each is done (after the
+        caller has reproduced and explained it). Default: one case after another; an oracle whose cases run side
+        by side on several workers gives them here once they are all seen."""
+        for case in cases:
+            progress.working(f"{self.name} {self.identity(case)}")
+            yield case, *self.check(case)
+            progress.advance()
+
+    def more_findings(self, data: dict[str, Any]) -> list[Finding]:
+        """Findings that are not one case's (the sweep's control run)."""
+        return []
+
+    def native(self, data: dict[str, Any]) -> Any:
+        """What `run()` returns and the formatter prints (default: the record itself)."""
+        return data
+
+    def collect(self) -> dict[str, Any]:
+        """The run: every case checked, a failing one reproduced once, a finding explained; the record."""
         t0 = time.perf_counter()
         results: list[dict[str, Any]] = []
-        with Fleet(self.cfg.target, self.cfg.timeout) as fleet:
+        with ExitStack() as self.scope, Fleet(self.cfg.target, self.fleet_timeout()) as fleet:
             self.open(fleet)
             cases = self.cases()
             with Progress(len(cases), self.unit) as progress:
-                for case in cases:
-                    progress.working(f"{self.name} {self.identity(case)}")
-                    seen, rows = self.check(case)
+                for case, seen, rows in self.checked(cases, progress):
                     bad = [r for r in rows if r["status"] in FAILING]
                     if bad:  # once more before any is reported
                         self.again(case, seen, bad)
@@ -116,14 +139,19 @@ class CaseOracle(ABC, Generic[Case]):
                         if row["status"] == FINDING and not isinstance(seen, Failure):
                             row.update(self.explain(case, seen, row))
                     results += rows
-                    progress.advance()
+        wall = time.perf_counter() - t0
         return {**self.record(results), "results": results,
-                "timing": {"wall_s": round(time.perf_counter() - t0, 3), **self.timing()}}
+                "timing": {"wall_s": round(wall, 3), **self.timing(wall)}}
+
+    def run(self) -> Any:
+        return self.native(self.collect())
 
     def report(self) -> Report:
-        data = self.run()
+        data = self.collect()
         return make_report(self.name, self.fixture, data, results=data["results"], extra=self.sections,
-                           findings=[self.finding(r) for r in data["results"] if r["status"] in FAILING],
+                           native=self.native(data),
+                           findings=[self.finding(r) for r in data["results"] if r["status"] in FAILING]
+                           + self.more_findings(data),
                            numerics=[self.finding(r) for r in data["results"] if r["status"] == NUMERICS])
 
     def finding(self, row: dict[str, Any]) -> Finding:

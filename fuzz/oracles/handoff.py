@@ -109,11 +109,8 @@ class Handoff(CaseOracle[list[int]]):
         self.decode_seconds = 0.0
         self.sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period, self.fixture)
 
-    def run(self) -> dict[str, Any]:
-        with self.st.workspace(self.cfg.workdir):
-            return super().run()
-
     def open(self, fleet: Fleet) -> None:
+        self.scope.enter_context(self.st.workspace(self.cfg.workdir))
         k = max(len(s) for s in self.sets) + 1
         self.ref, self.src, self.dst = fleet.one(start=True), fleet.open(k, start=True), fleet.open(k, start=True)
         # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
@@ -322,7 +319,7 @@ class Handoff(CaseOracle[list[int]]):
                 "summary": {s: sum(r["status"] == s for r in results) for s in (PASS, FINDING, NUMERICS, UNSUPPORTED,
                                                                                 CRASH, TIMEOUT)}}
 
-    def timing(self) -> dict[str, float]:
+    def timing(self, wall: float) -> dict[str, float]:
         return {"llama_decode_s": round(self.decode_seconds, 3)}
 
     @property

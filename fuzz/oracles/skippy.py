@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.engine.case_oracle import finding_of
-from fuzz.engine.configs import check_config
+from fuzz.engine.case_oracle import CaseOracle, finding_of
 from fuzz.engine.contract import (
     CRASH,
     FINDING,
@@ -46,9 +45,9 @@ from fuzz.engine.contract import (
     Finding,
     Oracle,
     Report,
-    make_report,
     select,
 )
+from fuzz.engine.fleet import Fleet
 from fuzz.engine.stages import KIND_LETTER, cut_sets, pattern_period
 from fuzz.oracles.wire import (
     NEAR_TIE,  # a gated flip where the unsplit model's top-2 margin is below this is not judged
@@ -107,12 +106,13 @@ def payload_kinds(kinds: str) -> list[str]:
     return [own, "full-state"] if attention or recurrent else ["full-state"]
 
 
-class Run:
+class Skippy(CaseOracle[dict[str, Any]]):
+    name, sections = "skippy", ("skippy",)
+
     def __init__(self, fixture: Path, cfg: SkippyRunConfig):
-        check_config(cfg)
+        super().__init__(fixture, cfg)
         if not cfg.target.startswith("skippy:"):
             raise UserError(f"--target {cfg.target!r}: the skippy oracle drives skippy: use --target skippy:CONFIG")
-        self.fixture, self.cfg = Path(fixture), cfg
         info = inspect_file(str(fixture))
         self.n_layer, self.arch, self.n_embd = info.n_layer, info.arch, info.n_embd
         self.kinds = "".join(KIND_LETTER[x.kind] for x in info.layers)
@@ -123,27 +123,23 @@ class Run:
         self.ext = prompts_for(cfg.seed + 1, 1, max(4, cfg.prompt_len // 2))[0]
         self.sets = plan_cuts(cfg.cuts, self.n_layer, cfg.period or pattern_period(self.kinds))
         self.refs: dict[str, dict[str, Any]] = {}
-        self.results: list[dict[str, Any]] = []
         self.ident: dict[str, Any] = {}
         self.load_failure: str | None = None
 
     # ---- running ------------------------------------------------------------------------------------------
-    def run(self) -> None:
+    def fleet_timeout(self) -> float:
+        """A call starts several processes (each up to skippy's `ready`) or one correctness lane: the worker answers
+        after skippy's own timeouts have stopped it."""
         from targets.skippy import read_config
 
         own = read_config(self.cfg.target[len("skippy:"):]).timeouts
-        # a call starts several processes (each up to `ready`) or one correctness lane: the worker answers first
-        timeout = max(self.cfg.timeout, own["lane"] + own["request"] + 4 * own["ready"] + 60)
-        with open_target(self.cfg.target, timeout=timeout) as t:
-            hello = t.hello()
-            self.ident = hello.data.get("skippy", {}) if hello.ok else {}
-            for case in self.cases():
-                res = self.run_case(t, case)
-                if res["status"] in (FINDING, CRASH, TIMEOUT):
-                    t.call("keep_logs")  # the case's logs stay where its result names them
-                    again = self.run_case(t, case)  # once more on fresh processes before it is reported
-                    res["reproduced"] = again["status"] == res["status"] and again.get("outcome") == res["outcome"]
-                self.results.append(res)
+        return max(self.cfg.timeout, own["lane"] + own["request"] + 4 * own["ready"] + 60)
+
+    def open(self, fleet: Fleet) -> None:
+        self.t = fleet.one()
+        hello = self.t.hello()
+        self.ident = hello.data.get("skippy", {}) if hello.ok else {}
+        self.commit = self.ident.get("llama_cpp")
 
     def cases(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -171,14 +167,52 @@ class Run:
                                         "layers": [bounds[i], bounds[i + 1]]})
         return out
 
-    def run_case(self, t: Target, case: dict[str, Any]) -> dict[str, Any]:
+    def identity(self, case: dict[str, Any]) -> dict[str, Any]:
+        return case
+
+    def observe(self, case: dict[str, Any]) -> dict[str, Any]:
+        """The case through skippy: its users' outcome and what it saw (never a Failure: a call that failed is an
+        outcome, timeout or runtime-error)."""
         t0 = time.perf_counter()
         run = self.load_case if case["check"] == "load" else self.http_case if case["check"] in HTTP_CHECKS \
             else self.lane_case
-        res = {**case, **run(t, case)}
-        res["status"] = NUMERICS if "near_tie" in res else STATUS_OF[res["outcome"]]
-        res["seconds"] = round(time.perf_counter() - t0, 2)
-        return res
+        return {**run(self.t, case), "seconds": round(time.perf_counter() - t0, 2)}
+
+    def judge(self, case: dict[str, Any], seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """The outcome in this contract's statuses; a flip the unsplit model's near-tie excuses is numerics."""
+        res = {**case, **seen, "status": NUMERICS if "near_tie" in seen else STATUS_OF[seen["outcome"]]}
+        if res["status"] == UNSUPPORTED:
+            res["reason"] = res.get("note", "")
+        return [res]
+
+    def same(self, row: dict[str, Any], again: list[dict[str, Any]]) -> bool:
+        return any(a["status"] == row["status"] and a.get("outcome") == row["outcome"] for a in again)
+
+    def again(self, case: dict[str, Any], seen: Any, bad: list[dict[str, Any]]) -> None:
+        self.t.call("keep_logs")  # the first run's logs stay where its result names them
+        super().again(case, seen, bad)  # on fresh processes
+
+    def message(self, r: dict[str, Any]) -> str:
+        return f"skippy {r['check']}" + (f" stage {r['stage']} ({r['payload']})" if "stage" in r else "") + \
+            (f" {r['wire']}" if "wire" in r else "") + \
+            f" at cuts {','.join(map(str, r['cuts']))}: {r['outcome']}" + (f": {r['note']}" if r.get("note") else "")
+
+    def finding(self, r: dict[str, Any]) -> Finding:
+        """Placed by its check (phase) and its payload or wire (where); its cause the outcome, or the near-tie."""
+        if "near_tie" in r:
+            tie = r["near_tie"]
+            cause = {"kind": "near-tie", "detail": f"the unsplit model's top-2 margin at step {tie['step']} is "
+                                                   f"{tie['margin']:.1e} (< {NEAR_TIE:g}): a flip there is not judged"}
+        else:
+            cause = {"kind": r["outcome"], "detail": r.get("note", "")}
+        return finding_of(self.name, r, self.message(r), phase=r["check"], where=r.get("payload") or r.get("wire"),
+                          cause=cause)
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"arch": self.arch, "n_layer": self.n_layer, "kinds": self.kinds, "sha256": self.sha,
+                "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()},
+                "target": self.cfg.target, "llama_cpp_commit": self.commit,
+                "skippy": {**self.ident, "model_id": self.model_id, "fixture_sha256": self.sha}}
 
     def reference(self, t: Target, prompt: str) -> dict[str, Any]:
         """The unsplit model's answer (serve-openai), once per prompt."""
@@ -378,36 +412,8 @@ def summarize(check: str, rep: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def skippy_finding(r: dict[str, Any]) -> Finding:
-    cuts = r["cuts"]
-    if "near_tie" in r:
-        tie = r["near_tie"]
-        cause = {"kind": "near-tie", "detail": f"the unsplit model's top-2 margin at step {tie['step']} is "
-                                               f"{tie['margin']:.1e} (< {NEAR_TIE:g}): a flip there is not judged"}
-    else:
-        cause = {"kind": r["outcome"], "detail": r.get("note", "")}
-    what = f"skippy {r['check']}" + (f" stage {r['stage']} ({r['payload']})" if "stage" in r else "") + \
-        (f" {r['wire']}" if "wire" in r else "") + \
-        f" at cuts {','.join(map(str, cuts))}: {r['outcome']}" + (f": {r['note']}" if r.get("note") else "")
-    return finding_of("skippy", r, what, phase=r["check"], where=r.get("payload") or r.get("wire"), cause=cause)
-
-
 def report(fixture: Path, cfg: SkippyRunConfig) -> Report:
-    t0 = time.perf_counter()
-    run = Run(fixture, cfg)
-    run.run()
-    data = {"arch": run.arch, "n_layer": run.n_layer, "kinds": run.kinds, "sha256": run.sha,
-            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
-            "target": cfg.target, "llama_cpp_commit": run.ident.get("llama_cpp"),
-            "timing": {"wall_s": round(time.perf_counter() - t0, 2)},
-            "skippy": {**run.ident, "model_id": run.model_id, "fixture_sha256": run.sha}}
-    findings = [skippy_finding(r) for r in run.results if r["status"] in (FINDING, CRASH, TIMEOUT)]
-    numerics = [skippy_finding(r) for r in run.results if r["status"] == NUMERICS]
-    for r in run.results:
-        if r["status"] == UNSUPPORTED:
-            r["reason"] = r.get("note", "")
-    return make_report("skippy", fixture, data, results=run.results, findings=findings, numerics=numerics,
-                       extra=("skippy",))
+    return Skippy(fixture, cfg).report()
 
 
 def format_report(rep: Report) -> str:

@@ -14,21 +14,20 @@ import heapq
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.case_oracle import finding_of
-from fuzz.engine.configs import check_config
+from fuzz.engine.case_oracle import CaseOracle, finding_of
 from fuzz.engine.contract import (
     FAILING,
     FINDING,
     Finding,
     Oracle,
     Report,
-    make_report,
     select,
 )
 from fuzz.engine.fleet import Fleet, failure_reason, failure_status, fixture_header
@@ -70,7 +69,8 @@ class _Job:
     stages: list[tuple[Path, StageInfo]] | None  # None: unsupported (res says why)
     traces: dict[str, list[Trace]] = field(default_factory=dict)  # run name → one trace per stage done
     failures: dict[str, tuple[str, RunFailure]] = field(default_factory=dict)  # run name → (phase, failure)
-    divergence: tuple[Divergence, str] | None = None  # the first one, and its run
+    rows: list[dict[str, Any]] = field(default_factory=list)  # its result (Sweep.judge), once its last stage is done
+    again: list[Trace] | None = None  # a divergence's run again, every stage layer captured (Sweep.again)
     error: BaseException | None = None  # a bug in the engine, re-raised on the main thread
 
 
@@ -139,18 +139,23 @@ class _Thread(threading.Thread):
 
 
 # ---- the sweep ------------------------------------------------------------------------------------------
-class Sweep:
+class Sweep(CaseOracle[list[int]]):
+    """On the skeleton (fuzz.engine.case_oracle), its cut sets run side by side (`checked`: every worker takes
+    (cut set, stage) tasks as their inputs become ready); a divergence is reproduced and localized once all are
+    done."""
+
+    name, unit, sections = "sweep", "cut sets", ("control",)
+
     def __init__(self, fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None):
         """slicer materializes a stage file (default: synth.stage, reading the source once); tests inject
         broken ones to prove the oracle catches them."""
-        check_config(cfg)
-        self.fixture = Path(fixture)
-        self.cfg = cfg
+        super().__init__(fixture, cfg)
         self.slicer = slicer
         self.decode_seconds = 0.0
         self.load_seconds = 0.0  # llama.cpp's model loads and context creations, summed over every worker
         self.write_seconds = 0.0  # writing stage files
         self._lock = threading.Lock()
+        self._preload: dict[int, _Thread] = {}
 
     def _read_fixture(self) -> None:
         self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period)
@@ -167,40 +172,84 @@ class Sweep:
                 self.load_seconds += float(r.data.get("load_seconds", 0.0))
         return r
 
-    def run(self) -> SweepReport:
+    def open(self, fleet: Fleet) -> None:
+        """Two workers (reference and control) start while the full model is sent to them and the fixture is read;
+        more once the cut sets are known."""
         cfg = self.cfg
-        t_start = time.perf_counter()
         most = cfg.workers or min(8, max(2, os.cpu_count() or 1))
-        # two workers (reference and control) start while the fixture is read; more once the work is known
-        with Fleet(cfg.target, cfg.timeout) as fleet:
-            workers = fleet.open(min(2, most), start=True)
-            try:
-                # the full model goes to the reference and control workers while they start and the fixture is read
-                self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
-                self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params))
-                                 for t in workers}
-                self._read_fixture()
-                sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period, self.fixture)
-                workers += fleet.open(min(most, sum(len(s) + 1 for s in sets)) - len(workers), start=True)
-                with self.st.workspace(cfg.workdir), Progress(len(sets), "cut sets") as progress:
-                    progress.working(f"sweep {self.fixture.name}")
-                    results, control, commit = self._run(sets, workers, progress)
-            finally:
-                for th in getattr(self, "_preload", {}).values():  # (bad input found while they load: let them end)
-                    th.join()
-        wall = time.perf_counter() - t_start
-        return SweepReport(
-            **fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds,
-                             target=cfg.target, commit=commit),
-            config={"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
-                    "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk, "n_seq": cfg.n_seq,
-                    "phases": list(cfg.phases), "seed": cfg.seed, "workers": len(workers),
-                    "n_batch": self._params["n_batch"], "n_ubatch": self._params["n_ubatch"]},
-            control=control, results=results,
-            timing={"wall_s": round(wall, 4), "llama_decode_s": round(self.decode_seconds, 4),
-                    "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0,
-                    "load_s": round(self.load_seconds, 4), "stage_write_s": round(self.write_seconds, 4),
-                    "stage_bytes": self.st.bytes_written})
+        self.scope.callback(self._join_preloads)  # (bad input found while they load: let them end)
+        workers = fleet.open(min(2, most), start=True)
+        self._params = self._load_params(batch_width(cfg.n_seq, cfg.phases))
+        self._preload = {id(t): _Thread(lambda t=t: t.load(str(self.fixture), **self._params)) for t in workers}
+        self._read_fixture()
+        self.sets = cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.period, self.fixture)
+        self.workers = workers + fleet.open(min(most, sum(len(s) + 1 for s in self.sets)) - len(workers), start=True)
+        self.scope.enter_context(self.st.workspace(cfg.workdir))
+
+    def _join_preloads(self) -> None:
+        for th in self._preload.values():
+            th.join()
+
+    def cases(self) -> list[list[int]]:
+        return self.sets
+
+    def identity(self, cuts: list[int]) -> dict[str, Any]:
+        return {"cuts": cuts, "stages": stage_ranges(cuts, self.info.n_layer)}
+
+    def observe(self, cuts: list[int]) -> _Job:
+        raise NotImplementedError("the sweep's cut sets are observed side by side (checked)")
+
+    def checked(self, cases: list[list[int]], progress: Progress) -> Iterator[tuple[list[int], _Job,
+                                                                                     list[dict[str, Any]]]]:
+        progress.working(f"sweep {self.fixture.name}")
+        for job in self._run(cases, self.workers, progress):
+            yield job.res.cuts, job, job.rows
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds,
+                                 target=cfg.target, commit=self.commit),
+                "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
+                           "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk,
+                           "n_seq": cfg.n_seq, "phases": list(cfg.phases), "seed": cfg.seed,
+                           "workers": len(self.workers), "n_batch": self._params["n_batch"],
+                           "n_ubatch": self._params["n_ubatch"]},
+                "control": self.control}
+
+    def timing(self, wall: float) -> dict[str, float]:
+        return {"llama_decode_s": round(self.decode_seconds, 4),
+                "ratio": round(wall / self.decode_seconds, 2) if self.decode_seconds else 0.0,
+                "load_s": round(self.load_seconds, 4), "stage_write_s": round(self.write_seconds, 4),
+                "stage_bytes": self.st.bytes_written}
+
+    def native(self, data: dict[str, Any]) -> SweepReport:
+        return SweepReport(**{k: data[k] for k in ("fixture", "sha256", "arch", "n_layer", "kinds", "target",
+                                                   "llama_cpp_commit", "config", "control", "timing")},
+                           results=[CutResult(**r) for r in data["results"]])
+
+    def message(self, r: dict[str, Any]) -> str:
+        what = f"cuts {','.join(map(str, r['cuts']))}: {r['status']}"
+        if r["status"] == FINDING:
+            what += f" in {r.get('phase')} at position {r.get('position')}, stage {r.get('stage')} {r.get('where')}"
+            what += f", first differing layer {r['layer']}" if r.get("layer") is not None else ""
+            what += f" (first node {describe_node(r['node'])})" if describe_node(r.get("node")) else ""
+        if r.get("reason"):
+            what += f": {r['reason']}"
+        return what
+
+    def finding(self, r: dict[str, Any]) -> Finding:
+        """The batched phase's sequence stays in the detail, out of the fingerprint: fewer sequences may move it,
+        the bug stays."""
+        return finding_of(self.name, r, self.message(r), seq=None)
+
+    def more_findings(self, data: dict[str, Any]) -> list[Finding]:
+        ctl = data["control"]
+        if ctl.get("status") not in FAILING:
+            return []
+        # the input path itself is broken: not one cut set's finding
+        return [Finding(oracle="sweep", status=ctl["status"], phase="control", position=ctl.get("position"),
+                        layer=ctl.get("layer"), message=f"control (full model, embedding input): "
+                        f"{ctl['status']}: {ctl.get('reason')}", detail=ctl)]
 
     def _load_params(self, n_seq: int) -> dict[str, Any]:
         return context_params(n_seq=n_seq, n_ubatch=self.cfg.n_ubatch)
@@ -215,10 +264,11 @@ class Sweep:
             raise th.error
         return self._loaded(th.result)
 
-    def _run(self, sets: list[list[int]], workers: list[Target], progress: Progress):
+    def _run(self, sets: list[list[int]], workers: list[Target], progress: Progress) -> list[_Job]:
         """The reference runs on the first worker while a thread materializes the stages, and the control run
         on the last; then every worker takes (cut set, stage) tasks as their inputs become ready, each stage
-        loaded into a fresh context. Divergences are reproduced and localized last."""
+        loaded into a fresh context and each cut set judged as its last stage is done. The cut sets' jobs, in
+        order."""
         cfg = self.cfg
         sched = build_schedule(n_vocab=self.info.n_vocab, prompt=main_prompt(cfg, self.info.n_vocab),
                                chunk=cfg.chunk, n_decode=cfg.tokens, n_seq=cfg.n_seq, seed=cfg.seed,
@@ -246,11 +296,8 @@ class Sweep:
             if job.error is not None:
                 raise job.error
         assert sorted(tasks.finished) == list(range(len(sets))), "a cut set went missing"
-        results = []
-        for i in range(len(sets)):
-            job = tasks.finished[i]
-            results.append(job.res if job.divergence is None else self._diverged(job, ref, *job.divergence))
-        return results, control.result, commit
+        self.ref, self.commit, self.control = ref, commit, control.result
+        return [tasks.finished[i] for i in range(len(sets))]
 
     def _reference(self, ref: Target, sched: Schedule, ctl: Target | None):
         """The full model's runs, every layer captured: on `ref`, and with a second worker `ctl` the batched run
@@ -317,7 +364,7 @@ class Sweep:
                 self.write_seconds += time.perf_counter() - t0
                 if isinstance(stages, Unsupported):
                     res.status, res.reason = "unsupported", str(stages)
-                    tasks.finish(_Job(i, res, None))
+                    tasks.finish(_Job(i, res, None, rows=[res.to_dict()]))
                 else:
                     res.pads = {f"{st.first}:{st.last}": st.pads for _, st in stages if st.pads}
                     tasks.put(_Job(i, res, stages), 0)
@@ -335,7 +382,7 @@ class Sweep:
                 if s + 1 < len(job.stages) and any(len(tr) == s + 1 for tr in job.traces.values()):
                     tasks.put(job, s + 1)
                     continue
-                job.divergence = self._judge(job)
+                job.rows = self.judge(job.res.cuts, job)
             except BaseException as e:  # noqa: BLE001 — the main thread re-raises it
                 job.error = e
             tasks.finish(job)
@@ -379,15 +426,12 @@ class Sweep:
     def _tokens(self, name: str) -> list[list[int]]:
         return [so.tokens for so in self._refs[name].steps]
 
-    def _judge(self, job: _Job) -> tuple[Divergence, str] | None:
-        """Compare each run (in run order) with the reference and fill in the result; the first divergence
-        (and its run) is returned, for reproducing and localizing once every cut set is done."""
-        res = job.res
+    def _divergence(self, job: _Job, res: CutResult) -> tuple[Divergence, str] | tuple[str, RunFailure] | None:
+        """Each run (in run order) against the reference, its figures added to res: the first divergence and its
+        run, or the first run that failed (its phase and failure)."""
         for name, steps in self._sched.runs().items():
             if name in job.failures:
-                phase, fail = job.failures[name]
-                self._failed(res, fail, phase)
-                return None
+                return job.failures[name]
             ref_tr, chain = self._refs[name], job.traces[name]
             div, worst = compare(ref_tr, chain, steps, res.cuts)
             res.max_abs_dlogit = max(res.max_abs_dlogit, worst)
@@ -396,6 +440,56 @@ class Sweep:
             if div is not None:
                 return div, name
         return None
+
+    def judge(self, cuts: list[int], job: _Job) -> list[dict[str, Any]]:
+        """Pure (on the traces): the cut set's result — the first divergence from the reference, or the first run
+        that failed, or a pass."""
+        res = replace(job.res)
+        got = self._divergence(job, res)
+        if got is not None and isinstance(got[1], RunFailure):
+            return [{**res.to_dict(), **self._failed(got[1], got[0])}]
+        if got is not None:
+            div = got[0]
+            res.status = FINDING
+            res.phase, res.step, res.position, res.seq = div.phase, div.step, div.position, div.seq
+            res.stage, res.where = div.stage, div.where
+        return [res.to_dict()]
+
+    def again(self, cuts: list[int], job: _Job, bad: list[dict[str, Any]]) -> None:
+        """A divergence: the run that diverged again, stage by stage on the reference's worker with every stage
+        layer captured (what explain localizes with). It must diverge at the same step and stage; a stage that
+        fails this time makes it that failure. (A stage that failed the first time is not run again.)"""
+        row = bad[0]
+        if row["status"] != FINDING:
+            return
+        div, name = self._divergence(job, replace(job.res))
+        again = _Job(job.index, job.res, job.stages)
+        for s in range(len(job.stages)):
+            self._run_stage(again, s, self.ref, capture_all=True)
+        if name in again.failures:
+            phase, fail = again.failures[name]
+            for k in ("step", "position", "seq", "where"):
+                row.pop(k, None)
+            row.update(self._failed(fail, phase))
+            return
+        job.again = again.traces[name]
+        div2 = compare(self._refs[name], job.again, self._sched.runs()[name], cuts)[0]
+        row["reproduced"] = div2 is not None and (div2.step, div2.stage) == (div.step, div.stage)
+        if not row["reproduced"]:
+            row["reason"] = "did not reproduce on a second run (nondeterministic)"
+
+    def explain(self, cuts: list[int], job: _Job, row: dict[str, Any]) -> dict[str, Any]:
+        """A reproduced divergence: the first source layer whose output differs (against the ranges the cut set
+        asked for, not what the slicer says it produced), and in it the first graph node."""
+        if not row.get("reproduced"):
+            return {}
+        div, name = self._divergence(job, replace(job.res))
+        ref_tr = self._refs[name]
+        layer = localize(ref_tr, job.again, [(a, b, st.layers, st.pads) for (a, b), (_, st)
+                                             in zip(job.res.stages, job.stages, strict=True)], div.step)
+        if not isinstance(layer, int):
+            return {"layer": layer}
+        return {"layer": layer, "node": self._localize_node(job, self.ref, name, job.again, layer, div.step)}
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
@@ -424,33 +518,6 @@ class Sweep:
         return {"status": FINDING, "phase": div.phase, "position": div.position, "layer": layer,
                 "max_abs_dlogit": worst,
                 "reason": "embedding-input path differs from token input (not a slicing problem)"}
-
-    def _diverged(self, job: _Job, t: Target, div: Divergence, name: str) -> CutResult:
-        """Run the diverged run again, stage by stage on t with every stage layer captured: the divergence
-        must reproduce, and is localized to the first source layer whose output differs."""
-        res = job.res
-        again = _Job(job.index, res, job.stages)
-        for s in range(len(job.stages)):
-            self._run_stage(again, s, t, capture_all=True)
-        steps, ref_tr = self._sched.runs()[name], self._refs[name]
-        if name in again.failures:
-            phase, fail = again.failures[name]
-            return self._failed(res, fail, phase)
-        chain = again.traces[name]
-        div2 = compare(ref_tr, chain, steps, res.cuts)[0]
-        res.status = FINDING
-        res.reproduced = div2 is not None and (div2.step, div2.stage) == (div.step, div.stage)
-        res.phase, res.step, res.position, res.seq = div.phase, div.step, div.position, div.seq
-        res.stage, res.where = div.stage, div.where
-        if res.reproduced:
-            # against the ranges the cut set asked for, not what the slicer says it produced
-            res.layer = localize(ref_tr, chain, [(a, b, st.layers, st.pads) for (a, b), (_, st)
-                                                 in zip(res.stages, job.stages, strict=True)], div.step)
-            if isinstance(res.layer, int):
-                res.node = self._localize_node(job, t, name, chain, res.layer, div.step)
-        else:
-            res.reason = "did not reproduce on a second run (nondeterministic)"
-        return res
 
     def _localize_node(self, job: _Job, t: Target, name: str, chain: list[Trace], layer: int,
                      upto: int) -> dict[str, Any]:
@@ -487,40 +554,16 @@ class Sweep:
             return {"kind": "none", "detail": f"all {len(got)} traced nodes of the layer are bit-identical"}
         return found | {"step": k, "stage_layer": j}
 
-    def _failed(self, res: CutResult, fail: RunFailure, phase: str) -> CutResult:
+    @staticmethod
+    def _failed(fail: RunFailure, phase: str) -> dict[str, Any]:
         f = fail.failure
-        res.status = failure_status(f)
-        res.stage = fail.stage
-        res.phase = phase
-        res.reason = failure_reason(f, "stage rejected")
-        return res
+        return {"status": failure_status(f), "stage": fail.stage, "phase": phase,
+                "reason": failure_reason(f, "stage rejected")}
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
-def sweep_finding(r: dict[str, Any]) -> Finding:
-    """A cut set's record as a Finding (a divergence, or the target crashing or hanging on a stage). The batched
-    phase's sequence stays in the detail, out of the fingerprint: fewer sequences may move it, the bug stays."""
-    what = f"cuts {','.join(map(str, r['cuts']))}: {r['status']}"
-    if r["status"] == FINDING:
-        what += f" in {r.get('phase')} at position {r.get('position')}, stage {r.get('stage')} {r.get('where')}"
-        what += f", first differing layer {r['layer']}" if r.get("layer") is not None else ""
-        what += f" (first node {describe_node(r['node'])})" if describe_node(r.get("node")) else ""
-    if r.get("reason"):
-        what += f": {r['reason']}"
-    return finding_of("sweep", r, what, seq=None)
-
-
 def report(fixture: Path, cfg: SweepConfig, *, slicer: Slicer | None = None) -> Report:
-    rep = Sweep(fixture, cfg, slicer=slicer).run()
-    data = rep.to_dict()
-    findings = [sweep_finding(r) for r in data["results"] if r["status"] in FAILING]
-    ctl = rep.control
-    if ctl.get("status") in FAILING:  # the input path itself is broken: not one cut set's finding
-        findings.append(Finding(oracle="sweep", status=ctl["status"], phase="control", position=ctl.get("position"),
-                                layer=ctl.get("layer"), message=f"control (full model, embedding input): "
-                                f"{ctl['status']}: {ctl.get('reason')}", detail=ctl))
-    return make_report("sweep", fixture, data, results=data["results"], findings=findings, extra=("control",),
-                       native=rep)
+    return Sweep(fixture, cfg, slicer=slicer).report()
 
 
 ORACLE = Oracle(name="sweep", config=SweepConfig, run=report, format=lambda rep: format_report(rep.native),

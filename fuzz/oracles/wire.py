@@ -116,11 +116,8 @@ class Wire(CaseOracle[list[int]]):
                                     chunk=cfg.chunk, n_decode=cfg.tokens, seed=cfg.seed,
                                     phases=("prefill", "decode")).sequential
 
-    def run(self) -> dict[str, Any]:
-        with self.st.workspace(self.cfg.workdir):
-            return super().run()
-
     def open(self, fleet: Fleet) -> None:
+        self.scope.enter_context(self.st.workspace(self.cfg.workdir))
         ref, self.workers = fleet.one(), fleet.open(max(len(s) for s in self.sets) + 1)
         loaded = load_full(ref, self.fixture, **context_params())
         self.commit, self.n_pos = loaded.data.get("llama_cpp_commit"), pos_per_token(loaded.data)
