@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.engine.contract import CRASH, TIMEOUT
+from fuzz.engine.stages import KIND_LETTER
 from synth.errors import UserError
+from synth.inspect import ModelInfo
 from targets import Failure, Reply, Target, close_all, open_target
 from targets.llama_server_worker import NO_SERVER
 
@@ -68,9 +70,9 @@ def failure_reason(f: Failure, refused: str = "target refused") -> str:
     return (f"{refused}: " if f.kind == "error" else "") + f.message
 
 
-def fixture_header(fixture: Path, *, arch: str, n_layer: int, kinds: str, target: str,
-                   commit: str | None) -> dict[str, Any]:
-    """The first fields of a report about one fixture: which file (and its bytes' sha256), what model, which target
-    and llama.cpp commit ran it."""
-    return {"fixture": str(fixture), "sha256": hashlib.sha256(Path(fixture).read_bytes()).hexdigest(), "arch": arch,
-            "n_layer": n_layer, "kinds": kinds, "target": target, "llama_cpp_commit": commit}
+def fixture_header(fixture: Path, info: ModelInfo, *, target: str, commit: str | None) -> dict[str, Any]:
+    """The first fields of a report about one fixture: which file (and its bytes' sha256), what model (its arch,
+    layers and their kinds, one letter each), which target and llama.cpp commit ran it."""
+    return {"fixture": str(fixture), "sha256": hashlib.sha256(Path(fixture).read_bytes()).hexdigest(),
+            "arch": info.arch, "n_layer": info.n_layer, "kinds": "".join(KIND_LETTER[x.kind] for x in info.layers),
+            "target": target, "llama_cpp_commit": commit}

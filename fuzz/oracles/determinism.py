@@ -208,8 +208,7 @@ class Determinism:
                                            f"{p['max_abs']:.2g} (kernel rounding stays below {LOGIT_JUMP:g}) and no "
                                            f"routing choice at a near-tie explains it: {p['cause']['detail']}"})
         report["summary"]["findings"] = len(report["findings"])
-        report.update({**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer,
-                                        kinds=self.st.kinds, target=cfg.target, commit=commit),
+        report.update({**fixture_header(self.fixture, self.info, target=cfg.target, commit=commit),
                        "policy": POLICY, "chains": chains,
                        "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
                                   "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,

@@ -31,7 +31,7 @@ import numpy as np
 
 from fuzz.engine.case_oracle import CaseOracle
 from fuzz.engine.contract import CRASH, FAILING, FINDING, NUMERICS, PASS, Finding, Oracle, Report, select
-from fuzz.engine.fleet import Fleet
+from fuzz.engine.fleet import Fleet, fixture_header
 from fuzz.engine.parity import (
     TOP_K_NODES,
     context_params,
@@ -140,8 +140,7 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
 
     def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
         findings = [r for r in results if r["status"] in FAILING]
-        return {"fixture": str(self.fixture), "arch": self.info.arch, "n_layer": self.info.n_layer,
-                "llama_cpp_commit": self.commit, "target": self.cfg.target,
+        return {**fixture_header(self.fixture, self.info, target=self.cfg.target, commit=self.commit),
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.cfg.__dict__.items()},
                 "noise": self.noise, "findings": findings,
                 "numerics": [r for r in results if r["status"] == NUMERICS],

@@ -54,7 +54,7 @@ from fuzz.engine.contract import (
     fingerprint,
     make_report,
 )
-from fuzz.engine.fleet import Fleet
+from fuzz.engine.fleet import Fleet, fixture_header
 from fuzz.engine.parity import context_params, pos_per_token
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, run_program
@@ -334,8 +334,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 results.append(row)
                 if problem and problem["op"] == "load":  # no context in this layout: nothing more to run
                     break
-    return {"fixture": str(source), "arch": info.arch, "n_layer": info.n_layer, "llama_cpp_commit": commit,
-            "target": cfg.target,
+    return {**fixture_header(source, info, target=cfg.target, commit=commit),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
             "results": results, "findings": findings, "numerics": numerics, "noise": tolerance if not why else {},
             "timing": {"seconds": round(time.perf_counter() - t0, 3)}}

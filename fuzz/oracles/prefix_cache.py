@@ -25,7 +25,7 @@ import numpy as np
 
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
-from fuzz.engine.fleet import Fleet, need_server
+from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -137,8 +137,8 @@ class PrefixCache:
                     self.explain(ref_t, sched, reference, findings)
         numerics = [f for f in findings if f.cause and f.cause["kind"] in NUMERICS_CAUSES]
         findings = [f for f in findings if f not in numerics]
-        return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
-                "llama_cpp_commit": hello.data.get("llama_cpp_commit"),
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
+                "config": dict(cfg.__dict__),
                 "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds,
                 "findings": [f.to_dict() for f in findings],
                 "numerics": [f.to_dict() for f in numerics],
@@ -551,7 +551,6 @@ def noise_line(noise: dict[str, Any]) -> str:
 def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
     pc = PrefixCache(fixture, cfg)
     data = pc.run()
-    data.update(n_layer=pc.info.n_layer, target=cfg.target)
     found = {f["round"] for f in data["findings"]}
     explained = {f["round"] for f in data["numerics"]}
     results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in explained else PASS}

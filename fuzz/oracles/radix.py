@@ -39,7 +39,7 @@ import numpy as np
 
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report, make_report
-from fuzz.engine.fleet import Fleet, need_server
+from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.engine.progress import Progress
 from fuzz.oracles.prefix_cache import (
     NEAR_TIE,
@@ -209,8 +209,8 @@ class Radix:
                     if self.fixed or (not counted and time.perf_counter() - t0 > cfg.budget) \
                             or explored == cfg.schedules:
                         break
-        return {"fixture": str(self.fixture), "arch": self.info.arch, "config": dict(cfg.__dict__),
-                "llama_cpp_commit": hello.data.get("llama_cpp_commit"), "explored": explored,
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
+                "config": dict(cfg.__dict__), "explored": explored,
                 "runs": [r.to_dict() for r in runs], "finding": found.to_dict() if found else None,
                 "flaky": flaky, "numerics": numerics, "reuse_policy": REUSE_POLICY,
                 **({"noise": self.noise} if self.noise else {}),
@@ -545,7 +545,6 @@ def format_report(rep: dict[str, Any]) -> str:
 def report(fixture: Path, cfg: RadixConfig) -> Report:
     rx = Radix(fixture, cfg)
     data = rx.run()
-    data.update(n_layer=rx.info.n_layer, target=cfg.target)
     findings = []
     if data["finding"]:
         f = data["finding"]

@@ -47,7 +47,7 @@ from fuzz.engine.contract import (
     Report,
     select,
 )
-from fuzz.engine.fleet import Fleet
+from fuzz.engine.fleet import Fleet, fixture_header
 from fuzz.engine.stages import KIND_LETTER, cut_sets, pattern_period
 from fuzz.oracles.wire import (
     NEAR_TIE,  # a gated flip where the unsplit model's top-2 margin is below this is not judged
@@ -113,7 +113,7 @@ class Skippy(CaseOracle[dict[str, Any]]):
         super().__init__(fixture, cfg)
         if not cfg.target.startswith("skippy:"):
             raise UserError(f"--target {cfg.target!r}: the skippy oracle drives skippy: use --target skippy:CONFIG")
-        info = inspect_file(str(fixture))
+        self.info = info = inspect_file(str(fixture))
         self.n_layer, self.arch, self.n_embd = info.n_layer, info.arch, info.n_embd
         self.kinds = "".join(KIND_LETTER[x.kind] for x in info.layers)
         self.sha = hashlib.sha256(self.fixture.read_bytes()).hexdigest()
@@ -209,9 +209,8 @@ class Skippy(CaseOracle[dict[str, Any]]):
                           cause=cause)
 
     def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"arch": self.arch, "n_layer": self.n_layer, "kinds": self.kinds, "sha256": self.sha,
+        return {**fixture_header(self.fixture, self.info, target=self.cfg.target, commit=self.commit),
                 "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()},
-                "target": self.cfg.target, "llama_cpp_commit": self.commit,
                 "skippy": {**self.ident, "model_id": self.model_id, "fixture_sha256": self.sha}}
 
     def reference(self, t: Target, prompt: str) -> dict[str, Any]:

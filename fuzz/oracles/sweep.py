@@ -207,8 +207,7 @@ class Sweep(CaseOracle[list[int]]):
 
     def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
-        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.kinds,
-                                 target=cfg.target, commit=self.commit),
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=self.commit),
                 "config": {"cuts": cfg.cuts, "stages": cfg.stages, "period": self.period, "tokens": cfg.tokens,
                            "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "chunk": cfg.chunk,
                            "n_seq": cfg.n_seq, "phases": list(cfg.phases), "seed": cfg.seed,

@@ -217,8 +217,7 @@ class Wire(CaseOracle[list[int]]):
 
     def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
         cfg = self.cfg
-        return {**fixture_header(self.fixture, arch=self.info.arch, n_layer=self.info.n_layer, kinds=self.st.kinds,
-                                 target=cfg.target, commit=self.commit),
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=self.commit),
                 "policy": POLICY,
                 "config": {"wire": cfg.wire, "cuts": cfg.cuts, "stages": cfg.stages, "period": self.st.period,
                            "tokens": cfg.tokens, "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt),
