@@ -114,7 +114,7 @@ class Skippy(CaseOracle[dict[str, Any]]):
         if not cfg.target.startswith("skippy:"):
             raise UserError(f"--target {cfg.target!r}: the skippy oracle drives skippy: use --target skippy:CONFIG")
         self.info = info = inspect_file(str(fixture))
-        self.n_layer, self.arch, self.n_embd = info.n_layer, info.arch, info.n_embd
+        self.n_layer, self.n_embd = info.n_layer, info.n_embd
         self.kinds = "".join(KIND_LETTER[x.kind] for x in info.layers)
         self.sha = hashlib.sha256(self.fixture.read_bytes()).hexdigest()
         self.model_id = f"fixture-{self.sha[:12]}"  # neutral: no family name in it

@@ -70,7 +70,8 @@ class _Job:
     traces: dict[str, list[Trace]] = field(default_factory=dict)  # run name → one trace per stage done
     failures: dict[str, tuple[str, RunFailure]] = field(default_factory=dict)  # run name → (phase, failure)
     rows: list[dict[str, Any]] = field(default_factory=list)  # its result (Sweep.judge), once its last stage is done
-    again: list[Trace] | None = None  # a divergence's run again, every stage layer captured (Sweep.again)
+    # a divergence, its run's name and that run again with every stage layer captured (Sweep.again, for explain)
+    again: tuple[Divergence, str, list[Trace]] | None = None
     error: BaseException | None = None  # a bug in the engine, re-raised on the main thread
 
 
@@ -159,7 +160,7 @@ class Sweep(CaseOracle[list[int]]):
 
     def _read_fixture(self) -> None:
         self.st = FixtureStages(self.fixture, slicer=self.slicer, period=self.cfg.period)
-        self.info, self.kinds, self.period = self.st.info, self.st.kinds, self.st.period
+        self.info, self.period = self.st.info, self.st.period
         self.embd_refused = self.st.embd_refused
 
     def _add_time(self, seconds: float) -> None:
@@ -471,8 +472,8 @@ class Sweep(CaseOracle[list[int]]):
                 row.pop(k, None)
             row.update(self._failed(fail, phase))
             return
-        job.again = again.traces[name]
-        div2 = compare(self._refs[name], job.again, self._sched.runs()[name], cuts)[0]
+        job.again = div, name, again.traces[name]
+        div2 = compare(self._refs[name], job.again[2], self._sched.runs()[name], cuts)[0]
         row["reproduced"] = div2 is not None and (div2.step, div2.stage) == (div.step, div.stage)
         if not row["reproduced"]:
             row["reason"] = "did not reproduce on a second run (nondeterministic)"
@@ -482,13 +483,12 @@ class Sweep(CaseOracle[list[int]]):
         asked for, not what the slicer says it produced), and in it the first graph node."""
         if not row.get("reproduced"):
             return {}
-        div, name = self._divergence(job, replace(job.res))
-        ref_tr = self._refs[name]
-        layer = localize(ref_tr, job.again, [(a, b, st.layers, st.pads) for (a, b), (_, st)
-                                             in zip(job.res.stages, job.stages, strict=True)], div.step)
+        div, name, chain = job.again
+        layer = localize(self._refs[name], chain, [(a, b, st.layers, st.pads) for (a, b), (_, st)
+                                                  in zip(job.res.stages, job.stages, strict=True)], div.step)
         if not isinstance(layer, int):
             return {"layer": layer}
-        return {"layer": layer, "node": self._localize_node(job, self.ref, name, job.again, layer, div.step)}
+        return {"layer": layer, "node": self._localize_node(job, self.ref, name, chain, layer, div.step)}
 
     def _control(self, ref: Target, sched: Schedule, tr: Trace) -> dict[str, Any]:
         """The full model fed its own token embeddings through batch.embd must equal token input, bit for bit."""
