@@ -102,7 +102,82 @@ def fixtures(tmp_path_factory):
     return make
 
 
-def run_cli(prog: str, *args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
+# our console scripts → their entry points (pyproject.toml [project.scripts])
+ENTRY_POINTS = {"synth": "synth.cli:main", "fuzz": "fuzz.cli:main", "family-certify": "fuzz.certify.commands:main"}
+
+
+def run_cli(prog: str, *args: str, cwd=None, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run a console script as a user would and return what it printed and its exit code.
+
+    Our own scripts run in a child forked from this test process (their modules already imported: a CLI's start is
+    most of a bad-input test's time); the child has its own cwd, argv, stdin (/dev/null), stdout and stderr, and
+    ends with the code the script returns, so what is asserted is what the installed script does.
+    `fresh=True` (or any other program) starts the installed executable instead; tests/test_cli.py holds both to
+    the same output."""
     exe = BIN / prog
     assert exe.exists() or shutil.which(prog), f"console script {prog} not installed"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    if fresh or prog not in ENTRY_POINTS:
+        return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return _forked(prog, list(args), cwd, timeout)
+
+
+def _forked(prog: str, args: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
+    import importlib
+    import signal
+    import tempfile
+    import time
+
+    module, name = ENTRY_POINTS[prog].split(":")
+    main = getattr(importlib.import_module(module), name)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdin = open(0, closefd=False)
+                sys.stdout = open(1, "w", closefd=False)
+                sys.stderr = open(2, "w", closefd=False)
+                sys.argv = [str(BIN / prog), *args]
+                if cwd is not None:
+                    os.chdir(cwd)
+                import targets.target as target
+                target._idle.clear()  # the parent's idle workers are the parent's
+                try:
+                    code = main()
+                except SystemExit as e:
+                    code = e.code
+                except BaseException:
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                if isinstance(code, str):
+                    print(code, file=sys.stderr)
+                    code = 1
+                code = int(code or 0)
+                target._close_idle()  # what the script's atexit does
+            finally:
+                for f in (sys.stdout, sys.stderr):
+                    try:
+                        f.flush()
+                    except BaseException:
+                        pass
+                os._exit(code)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired([prog, *args], timeout)
+            time.sleep(0.005)
+        code = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([str(BIN / prog), *args], code, out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))

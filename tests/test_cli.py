@@ -68,3 +68,18 @@ def test_fuzz_run_bad_inputs(tmp_path):
     assert_one_line_error(run_cli("fuzz", "run", str(bad)), "bad.gguf")
     assert_one_line_error(run_cli("fuzz", "run", "mamba", "--target", "cmd:/no/such/binary"), "cannot start")
     assert_one_line_error(run_cli("fuzz", "run", "mamba", "--prompt", "a,b"), "--prompt")
+
+
+@pytest.mark.parametrize("prog,args", [
+    ("synth", ["list", "--json"]),
+    ("synth", ["make", "gpt5"]),
+    ("fuzz", ["run", "no-such.gguf"]),
+    ("family-certify", ["check", "no-such.toml"]),
+    ("family-certify", ["matrix", "--tier", "1", "--json"]),
+])
+def test_the_forked_cli_the_tests_use_is_the_installed_script(prog, args, tmp_path):
+    """run_cli forks our scripts from the test process; the installed executable prints the same and exits the same."""
+    forked = run_cli(prog, *args, cwd=tmp_path if "no-such" in " ".join(args) else None)
+    fresh = run_cli(prog, *args, cwd=tmp_path if "no-such" in " ".join(args) else None, fresh=True)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.stdout or forked.stderr
