@@ -441,6 +441,8 @@ def radix_cmd(
     target: Annotated[str, Opt(help="llama-server, or mutant:radix-dup-leak / mutant:radix-replace-live-borrower")]
         = "llama-server",
     kv_unified: KvUnifiedOpt = False,
+    cache_ram: Annotated[int, Opt(help="MiB of host prompt cache (--cache-ram); 0: off, where a slot's checkpoints "
+                                       "stay its own and drawn trees aim at them")] = 64,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     backend: BackendOpt = None,
@@ -455,7 +457,8 @@ def radix_cmd(
     consistent, context still usable; a finding is replayed twice more, then shrunk and bundled with its string."""
     cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
                          tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, tree=tree,
-                         schedules=schedules, target=target, kv_unified=kv_unified, timeout=timeout, seed=seed)
+                         schedules=schedules, target=target, kv_unified=kv_unified, cache_ram=cache_ram,
+                         timeout=timeout, seed=seed)
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 

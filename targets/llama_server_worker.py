@@ -131,13 +131,42 @@ def binary_says(binary: str, flag: str) -> tuple[str, str] | str:
     return r.stdout, r.stderr
 
 
+def known_flags(binary: str) -> set[str]:
+    """The flags this llama-server binary's --help names."""
+    said = binary_says(binary, "--help")
+    return set() if isinstance(said, str) else set(re.findall(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)", said[0]))
+
+
 def fast_start_args(binary: str) -> tuple[str, ...]:
     """The FAST_START flags this llama-server binary knows, in order (from its --help)."""
-    said = binary_says(binary, "--help")
-    if isinstance(said, str):
-        return ()
-    known = set(re.findall(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)", said[0]))
+    known = known_flags(binary)
     return tuple(a for flag in FAST_START if flag[0] in known for a in flag)
+
+
+# What llama-server says, at trace level (-lv 4), about each slot's prompts and context checkpoints: the line's slot
+# and task, then the event. A checkpoint is the state of the parts of the memory that cannot be rolled back (SWA,
+# recurrent), saved after n_tokens prompt tokens; restored, it stands for the first n_past tokens of the new prompt.
+SLOT_LINE = re.compile(r"slot\s+[^:|]*: id\s+(\d+) \| task (-?\d+) \| (.*)")
+CHECKPOINT_EVENTS = {
+    "prompt": re.compile(r"^new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (?P<n_tokens>\d+)"),
+    "created": re.compile(r"^created context checkpoint \d+ of \d+ \(pos_min = (?P<pos_min>-?\d+), "
+                          r"pos_max = (?P<pos_max>-?\d+), n_tokens = (?P<n_tokens>\d+)"),
+    "restored": re.compile(r"^restored context checkpoint \(pos_min = (?P<pos_min>-?\d+), pos_max = "
+                           r"(?P<pos_max>-?\d+), n_tokens = (?P<n_tokens>\d+), n_past = (?P<n_past>\d+)"),
+}
+
+
+def checkpoint_event(line: str) -> dict[str, Any] | None:
+    """One log line as a checkpoint event ({event, slot, task, n_tokens, ...}), or None."""
+    m = SLOT_LINE.search(line)
+    if not m:
+        return None
+    for event, rx in CHECKPOINT_EVENTS.items():
+        e = rx.match(m.group(3))
+        if e:
+            return {"event": event, "slot": int(m.group(1)), "task": int(m.group(2)),
+                    **{k: int(v) for k, v in e.groupdict().items()}}
+    return None
 
 
 def listed_devices(binary: str) -> str:
@@ -188,6 +217,8 @@ class ServerWorker:
         self.decode_seconds = self.callback_seconds = 0.0  # serve() reports them; the server keeps its own
         self.ops: dict[str, Operation] = {}
         self.save_dir: str | None = None
+        self.events: list[dict[str, Any]] = []  # checkpoint events (checkpoint_event) since the server started
+        self.logged = threading.Condition()
 
     # ---- ops ---------------------------------------------------------------------------------------
     def op_hello(self, _req: dict) -> dict:
@@ -206,6 +237,8 @@ class ServerWorker:
         backend = backend_environment()
         offload = offload_args(backend, listed_devices(str(binary)) if backend in DEVICE_BACKENDS else "")
         p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
+        # log_checkpoints: the server logs at trace level, where it says which checkpoint it restored (`checkpoints`)
+        trace = ["-lv", "4"] if req.get("log_checkpoints") and "--log-verbosity" in known_flags(str(binary)) else []
         self.save_dir = tempfile.mkdtemp(prefix="llama-server-slots-")
         deadline = time.monotonic() + float(req.get("start_timeout", 60))
         for attempt in range(PORT_TRIES):
@@ -218,10 +251,12 @@ class ServerWorker:
                     "-np", str(p["slots"]), "-c", str(p["n_ctx"]), "--cache-ram", str(p["cache_ram"]),
                     "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]), "-t", str(p["threads"]),
                     "-tb", str(p["threads"]), "--no-webui", "--metrics", "--slots", "--no-warmup",
-                    "--slot-save-path", self.save_dir, *fast_start_args(str(binary)), *offload,
+                    "--slot-save-path", self.save_dir, *fast_start_args(str(binary)), *offload, *trace,
                     *[str(a) for a in req.get("args", [])]]
             self.stderr.clear()
             self.offloaded = None
+            with self.logged:
+                self.events = []
             # in the worker's process group: a worker the engine kills takes its server with it
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, preexec_fn=die_with_parent())
@@ -245,7 +280,8 @@ class ServerWorker:
                             self._stop()
                             raise RequestError("load_failed", problem)
                         self.params = p
-                        return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:]}
+                        return {"target": "llama-server", "port": self.port, "params": p, "argv": argv[1:],
+                                "log_checkpoints": bool(trace)}
                 except (OSError, ValueError):
                     pass
                 time.sleep(0.003)
@@ -439,10 +475,28 @@ class ServerWorker:
         lines = [ln for ln in self.stderr if any(w in ln.lower() for w in ("error", "failed", "abort", "assert"))]
         return f"{how}; " + (lines[-1] if lines else (self.stderr[-1] if self.stderr else "no output"))
 
+    def op_checkpoints(self, req: dict) -> dict:
+        """The server's checkpoint events so far (a server loaded with log_checkpoints). `prompts`: how many prompts
+        the caller knows the server began (its completions that reached the prompt point): the events are returned
+        once the log says that many (the log is read as the server writes it), or after `timeout` with `complete`
+        false."""
+        self._need_server()
+        want = int(req.get("prompts", 0))
+        with self.logged:
+            done = self.logged.wait_for(lambda: sum(e["event"] == "prompt" for e in self.events) >= want,
+                                        timeout=float(req.get("timeout", 5.0)))
+            return {"events": list(self.events), "complete": bool(done)}
+
     def _pump(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
         for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip()
+            event = checkpoint_event(line)
+            if event is not None:
+                with self.logged:
+                    self.events.append(event)
+                    self.logged.notify_all()
+                continue
             self.stderr.append(line)
             if "offloaded" in line and "layers" in line:
                 self.offloaded = line

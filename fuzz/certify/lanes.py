@@ -310,29 +310,33 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
 
 
-# drawn prompt-tree schedules per KV layout: per bump a seeded prefix of what the nightly prompt-trees lane draws
-PER_BUMP_TREES = 12
+# drawn prompt-tree schedules per KV layout and host-cache setting (on, off): per bump a seeded prefix of what the
+# nightly prompt-trees lane draws
+PER_BUMP_TREES = 6
 NIGHTLY_TREES = 96
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
-    of prompt trees drawn per schedule, in both KV layouts llama-server has: one cache per slot (-np given) and one
-    for all slots (its default without -np)."""
+    of prompt trees drawn per schedule with the host prompt cache on and as many with it off (the trees aimed at
+    each slot's own checkpoints), in both KV layouts llama-server has: one cache per slot (-np given) and one for
+    all slots (its default without -np)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
         return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                 ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
                                       kv_unified=unified)),
-                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified))]
+                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified)),
+                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified, cache_ram=0))]
     return server_lane(row, "prefix-cache", path, target_spec, runs)
 
 
 def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout
-    (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of them)."""
+    """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout,
+    with the host prompt cache on and off (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of each)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
-        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified))]
+        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache))
+                for cache in (64, 0)]
     return server_lane(row, "prompt-trees", path, target_spec, runs)
 
 
@@ -363,6 +367,14 @@ def server_lane(row: Row, lane: str, path: Path, target_spec: str,
     return LaneResult(row.key, lane, worst([r.status for r in reps]), detail, reports=reps, cases=cases)
 
 
+def unjudged_part(scheds: list[Report]) -> str:
+    """The schedules whose server log could not be judged (a build that does not say which checkpoint it restored
+    is not passed on that count: it is said)."""
+    n = sum(1 for r in scheds for x in r.results if x.get("unjudged"))
+    why = next((x["unjudged"] for r in scheds for x in r.results if x.get("unjudged")), "")
+    return f" ({n} schedules' checkpoint logs unjudged: {why})" if n else ""
+
+
 def server_parts(reps: list[Report]) -> list[str]:
     """What a clean server lane checked, part by part (the rounds and rewinds, the radix schedules, the noise)."""
     rounds = [r for r in reps if r.oracle == "prefix-cache"]
@@ -380,7 +392,9 @@ def server_parts(reps: list[Report]) -> list[str]:
         parts.append(f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, "
                      f"second turns, host cache; {drawn} on drawn prompt trees): clean, "
                      f"{sum(x['reused'] for r in scheds for x in r.results)} prompt tokens reused (promised "
-                     f"{sum(x['promised'] for r in scheds for x in r.results)})")
+                     f"{sum(x['promised'] for r in scheds for x in r.results)}); "
+                     f"{sum(x.get('restores', 0) for r in scheds for x in r.results)} checkpoint restores, each of "
+                     "the prompt's own tokens" + unjudged_part(scheds))
     noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
     if noise and noise["placement"] is not None:
         parts.append(f"one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "

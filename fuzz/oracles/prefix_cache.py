@@ -342,7 +342,7 @@ class ServerCrash(Exception):
         self.params = params
 
 
-def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: Any) -> None:
+def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: Any) -> dict[str, Any]:
     """A server that refuses the model is bad input (UserError); one that aborts loading it (a signal) is a crash of
     the target under the configuration chosen here — a finding (ServerCrash). kv_unified: one KV cache shared by the
     slots (--kv-unified) instead of one per slot."""
@@ -353,6 +353,7 @@ def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: An
         if "signal" in r.failure.message:
             raise ServerCrash(f"loading with {params.get('slots')} slots: {r.failure.message}", params)
         raise UserError(f"{fixture}: llama-server cannot serve it: {r.failure.message}")
+    return r.data
 
 
 def crashes_loading(t: Target, fixture: Path, params: dict[str, Any]) -> bool:

@@ -58,6 +58,7 @@ from fuzz.oracles.radix_schedules import (
     STREAMED,
     Schedule,
     Step,
+    config_for,
     draw_tree,
     interleavings,
     letter,
@@ -65,12 +66,13 @@ from fuzz.oracles.radix_schedules import (
     pct_events,
     prompt_tree,
     random_clients,
+    reduce_config,
     script_of,
-    smaller,
     tree_children,
     tree_names,
     tree_prompts,
 )
+from fuzz.oracles.server_checkpoints import judge_restores, stale_message
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
@@ -114,11 +116,12 @@ class RadixConfig:
 
 
 def drawn_trees(schedules: int, *, target: str = "llama-server", kv_unified: bool = False, tokens: int = 6,
-                seed: int = 0) -> RadixConfig:
+                seed: int = 0, cache_ram: int = 64) -> RadixConfig:
     """The radix engine on prompt trees drawn per schedule (draw_tree): two random clients of three operations,
-    PCT interleavings, counted (no time limit) — the lanes' and the campaign's drawn surface."""
+    PCT interleavings, counted (no time limit) — the lanes' and the campaign's drawn surface. With the host prompt
+    cache off (cache_ram 0) a slot's checkpoints stay its own, and the trees aim at them (draw_tree's aim)."""
     return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=schedules, budget=0.0,
-                       tokens=tokens, target=target, kv_unified=kv_unified, seed=seed)
+                       tokens=tokens, target=target, kv_unified=kv_unified, seed=seed, cache_ram=cache_ram)
 
 
 @dataclass
@@ -131,6 +134,8 @@ class Run:
     reused: int = 0
     promised: int = 0
     cause: str | None = None  # why its findings are not the prompt cache's (Radix.explain): numerics
+    restores: int = 0  # checkpoint restores judged against the prompts (server_checkpoints)
+    unjudged: str | None = None  # why the server's checkpoint log could not be judged
 
     @property
     def key(self) -> tuple[tuple[str, str], ...]:
@@ -140,6 +145,7 @@ class Run:
         status = NUMERICS if self.cause else FINDING if self.findings else PASS
         return {"replay": self.schedule.replay, "status": status, "reused": self.reused, "promised": self.promised,
                 "ops": self.results, **({"findings": self.findings} if self.findings else {}),
+                "restores": self.restores, **({"unjudged": self.unjudged} if self.unjudged else {}),
                 **({"cause": self.cause} if self.cause else {})}
 
 
@@ -170,6 +176,8 @@ class Radix:
         self.srv: Target | None = None
         self.near_tie = NEAR_TIE
         self.noise: dict[str, Any] | None = None  # a unified layout's measured placement move (placement_noise)
+        self.logged = False  # the server says which checkpoints it restores (the target's load: log_checkpoints)
+        self.unlogged: str | None = None  # why its log cannot be judged (then not asked again in this run)
 
     # ---- the whole run --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -225,7 +233,7 @@ class Radix:
         rng = np.random.Generator(np.random.PCG64(cfg.seed))
         seen: set[str] = set()
         drawn = cfg.tree == "drawn"
-        trees = (draw_tree(rng, self.window) if drawn else "" for _ in range(10_000))
+        trees = (draw_tree(rng, self.window, aim=not cfg.cache_ram) if drawn else "" for _ in range(10_000))
         plans = ((t, c) for t, c in zip(trees, parse_plans(cfg.plan), strict=False)) if cfg.plan else \
             ((t, random_clients(rng, cfg.clients, cfg.ops, tree_names(t), tree_children(t))) for t in trees)
         for tree, clients in plans:
@@ -297,10 +305,10 @@ class Radix:
         ref["prompts"][name] = prompt
         ref["answers"].update(cold_answers(self.ref_t, self.fixture, {name: prompt}, ref["tokens"]))
 
-    def _load(self, t: Target, **params: Any) -> None:
+    def _load(self, t: Target, **params: Any) -> dict[str, Any]:
         """A server that refuses the model is bad input; one that aborts loading it is a crash finding."""
         try:
-            load_server(t, self.fixture, n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
+            return load_server(t, self.fixture, n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
         except ServerCrash as e:
             raise _Stop("server_crash", str(e)) from None
 
@@ -319,8 +327,9 @@ class Radix:
         ref: dict[str, Any] = {}
         try:
             ref = self.reference(sched)  # (a one-slot server that aborts loading: a crash finding too)
-            self._load(t, slots=k, cache_ram=self.cfg.cache_ram,
-                       kv_unified=self.cfg.kv_unified if kv_unified is None else kv_unified)
+            self.logged = self._load(t, slots=k, cache_ram=self.cfg.cache_ram, log_checkpoints=True,
+                                     kv_unified=self.cfg.kv_unified if kv_unified is None else kv_unified
+                                     ).get("log_checkpoints", False)
             for n, step in enumerate(sched.script):
                 for c, point in step.waits:
                     self._await(current[c], point, ops, n)
@@ -360,9 +369,32 @@ class Radix:
                                  "op": "-", "client": None, "message": e.message})
             return run
         self._judge(run, ops, ref)
+        if not any(f["kind"] in ("server-crash", "request-failed") for f in run.findings):
+            self._restores(run, ops, ref)  # (first: another prompt's state is why an answer diverged)
         if not run.findings:
             self._after(run, ops, ref)
         return run
+
+    def _restores(self, run: Run, ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> None:
+        """Every context checkpoint the server restored was made from the same first tokens as the prompt it
+        served (server_checkpoints: the server's log against the prompts each slot was sent, in order)."""
+        if not self.logged or self.unlogged:
+            run.unjudged = self.unlogged or "the server does not say which checkpoints it restores (no trace log)"
+            return
+        sent: dict[int, list[tuple[str, list[int]]]] = {}
+        for name, o in sorted(ops.items(), key=lambda kv: kv[1]["step"]):
+            if o["op"].kind in STREAMED:
+                sent.setdefault(o["client"], []).append((name, ref["prompts"][o["prompt"]]))
+        r = self.srv.call("checkpoints", prompts=sum(map(len, sent.values())), timeout=5.0)
+        if not (r.ok and r.data["complete"]):
+            run.unjudged = self.unlogged = "the server's log did not say it began every prompt"
+            return
+        v = judge_restores(r.data["events"], sent, shared=self.cfg.cache_ram > 0)
+        run.restores, run.unjudged = v.restores, v.unjudged
+        stale = [{"kind": "stale-checkpoint", "op": ops[x["prompt"]]["op"].kind, "client": x["slot"],
+                  "message": stale_message({**x, "prompt": f"{x['prompt']} ({ops[x['prompt']]['op'].code})",
+                                            "source": f"{x['source']}'s prompt"})} for x in v.stale]
+        run.findings[:0] = stale
 
     def _await(self, name: str | None, point: str, ops: dict[str, dict[str, Any]], step: int) -> None:
         """Wait for operation `name` to reach `point`. `known` (its first await): the step from which on the server
@@ -503,19 +535,6 @@ def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: di
     return None
 
 
-def config_for(config: dict[str, Any], sched: Schedule) -> dict[str, Any]:
-    """A case config that runs exactly this schedule, its other fields saying the same as the string."""
-    return {**config, "replay": sched.replay, "clients": len(sched.clients),
-            "ops": max(len(c) for c in sched.clients), "tokens": sched.tokens, "trunk": sched.trunk or 24,
-            "seed": sched.seed, "plan": "", "limit": 0, "tree": "drawn" if sched.tree else "fixed", "schedules": 0}
-
-
-def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
-    if not config.get("replay"):
-        return []
-    return [config_for(config, s) for s in smaller(Schedule.parse(config["replay"]))]
-
-
 def format_report(rep: dict[str, Any]) -> str:
     cfg = rep["config"]
     what = f"replay {cfg['replay']}" if cfg["replay"] else f"{cfg['mode']}, " + (
@@ -524,8 +543,11 @@ def format_report(rep: dict[str, Any]) -> str:
         f", budget {cfg['budget']:g} s" if cfg["budget"] else "")
     reused = sum(r["reused"] for r in rep["runs"])
     promised = sum(r["promised"] for r in rep["runs"])
+    restores = sum(r.get("restores", 0) for r in rep["runs"])
+    unjudged = sum(1 for r in rep["runs"] if r.get("unjudged"))
     lines = [f"radix {rep['fixture']}: arch {rep['arch']}, {what}: {rep['explored']} schedules in "
-             f"{rep['timing']['seconds']:.1f} s; prompt tokens from the cache {reused} (promised {promised})"]
+             f"{rep['timing']['seconds']:.1f} s; prompt tokens from the cache {reused} (promised {promised}); "
+             f"checkpoint restores judged {restores}" + (f" ({unjudged} schedules' logs unjudged)" if unjudged else "")]
     if rep.get("noise"):
         lines.append(noise_line(rep["noise"]))
     for fl in rep["flaky"]:

@@ -343,25 +343,34 @@ def tree_prompts(n_vocab: int, seed: int, tree: str) -> dict[str, list[int]]:
 CHECKPOINT_OFFSET = 4  # llama-server takes a context checkpoint this many tokens before a prompt's end (PR 20288)
 
 
-def draw_tree(rng: np.random.Generator, window: int = 0, longest: int = 80) -> str:
+def draw_tree(rng: np.random.Generator, window: int = 0, longest: int = 80, aim: bool = False) -> str:
     """A prompt tree for one schedule (parse_tree's form): 3 to 6 prompts, each a new root now and then, else an
     earlier prompt cut anywhere, at its end, just before its end (what a checkpoint taken at the end of that prompt
     must roll back across), at or around the checkpoint llama-server took CHECKPOINT_OFFSET tokens before its end,
-    or around the sliding window (`window`: cells a server's SWA cache may have dropped); then new tokens, or now and
-    then none (a retry, a regenerate, a scoring request: a prompt the cache may cover whole)."""
+    or around the sliding window (`window`: cells a server's SWA cache may have dropped); then new tokens, or now
+    and then none (a retry, a regenerate, a scoring request: a prompt the cache may cover whole).
+    aim: the cuts also fall where another earlier prompt left its checkpoint (a conversation that went back inside
+    one prompt and forward again past where another left one), and with a window a root is now and then as long as
+    puts its checkpoint at the window's edge (where a server restores a checkpoint instead of the cells it
+    holds) — for a server whose checkpoints stay with their slot (no host prompt cache moving them)."""
     lengths: list[int] = []
     items: list[str] = []
+    k = CHECKPOINT_OFFSET
     for i in range(int(rng.integers(3, 7))):
         if i == 0 or rng.random() < 0.15:
             n = int(rng.integers(6, 29))
+            if aim and window and rng.random() < 0.3:
+                n = max(2, window + k + int(rng.integers(0, 2)))
             items.append(str(n))
             lengths.append(n)
             continue
         j = int(rng.integers(0, i))
         size = lengths[j]
-        k = CHECKPOINT_OFFSET
-        points = [size, size - 1, size - 2, size - k + 1, size - k, size - k - 1, int(rng.integers(1, size))] + \
-            [w for w in (window - 1, window, window + 1, 2 * window) if window and 0 < w < size]
+        other = lengths[int(rng.integers(0, i))] - k if aim else 0  # where an earlier prompt had its checkpoint
+        anywhere = int(rng.integers(1, size)) if size > 1 else 1  # (a 1-token prompt has no cut inside it)
+        points = [size, size - 1, size - 2, size - k + 1, size - k, size - k - 1, anywhere] + \
+            [w for w in (window - 1, window, window + 1, 2 * window) if window and 0 < w < size] + \
+            [other] * 2 * (0 < other < size)
         cut = min(max(1, points[int(rng.integers(len(points)))]), size)
         n = 0 if rng.random() < 0.2 else min(int(rng.integers(1, 13)), max(1, longest - cut))
         items.append(f"{j}+{n}" if cut == size else f"{j}@{cut}+{n}")
@@ -434,3 +443,16 @@ def _fix_waits(clients: tuple[tuple[Op, ...], ...], script: list[Step]) -> list[
         inflight[s.client] = clients[s.client][idx[s.client]]
         idx[s.client] += 1
     return out
+
+
+def config_for(config: dict[str, Any], sched: Schedule) -> dict[str, Any]:
+    """A case config that runs exactly this schedule, its other fields saying the same as the string."""
+    return {**config, "replay": sched.replay, "clients": len(sched.clients),
+            "ops": max(len(c) for c in sched.clients), "tokens": sched.tokens, "trunk": sched.trunk or 24,
+            "seed": sched.seed, "plan": "", "limit": 0, "tree": "drawn" if sched.tree else "fixed", "schedules": 0}
+
+
+def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
+    if not config.get("replay"):
+        return []
+    return [config_for(config, s) for s in smaller(Schedule.parse(config["replay"]))]
