@@ -18,7 +18,8 @@ demo: bootstrap
 # test-quick: the tests that start no llama.cpp process (judges, contract, synth, manifest, schemas, CLI parsing);
 # FAMILY_CERTIFY_NO_LLAMA makes a worker refuse to start, so a test that needs llama.cpp and is not marked `llama`
 # fails here instead of slowing the lane. test: the quick lane first, then the tests that drive llama.cpp (the
-# prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached).
+# prefix-cache tests need llama-server from the same pinned source: built once per machine, then cached), their
+# slowest 15 listed at the end.
 TEST_JOBS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
 QUICK := not llama and not server and not slow and not scan
@@ -27,7 +28,7 @@ test-quick: bootstrap
 
 test: test-quick
 	@scripts/build_llama_server.sh >/dev/null
-	$(PYTEST) -m "(llama or server) and not slow and not scan"
+	$(PYTEST) --durations=15 -m "(llama or server) and not slow and not scan"
 
 test-slow: bootstrap
 	$(PY) -m pytest -q -m slow

@@ -28,7 +28,7 @@ def test_make_test_runs_the_quick_lane_then_the_rest_on_every_core():
     assert test.startswith("\ntest: test-quick") and quick.startswith("\ntest-quick: bootstrap")
     assert 'FAMILY_CERTIFY_NO_LLAMA=1 $(PYTEST) -m "$(QUICK)"' in quick
     quick_expr = re.search(r"^QUICK := (.+)$", make, re.M).group(1)
-    rest_expr = re.search(r'\$\(PYTEST\) -m "(.+)"', test).group(1)
+    rest_expr = re.search(r'\$\(PYTEST\)(?: --durations=\d+)? -m "(.+)"', test).group(1)
     for marks in itertools.product((False, True), repeat=4):
         names = dict(zip(("llama", "server", "slow", "scan"), marks, strict=True))
         default = not names["slow"] and not names["scan"]
