@@ -494,8 +494,9 @@ class ServerWorker:
             event = checkpoint_event(line)
             if event is not None:
                 with self.logged:
-                    self.events.append(event)
-                    self.logged.notify_all()
+                    if proc is self.proc:  # (not a line a server stopped for the next one left in its pipe)
+                        self.events.append(event)
+                        self.logged.notify_all()
                 continue
             self.stderr.append(line)
             if "offloaded" in line and "layers" in line:
