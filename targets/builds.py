@@ -210,7 +210,11 @@ def sdist_tree(version: str) -> tuple[Path, Path, str]:
     shutil.rmtree(root, ignore_errors=True)  # edited, or half there: extracted again
     tmp = root.with_name(f"{root.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    src, py = extract_sdist(archive, tmp)
+    try:
+        src, py = extract_sdist(archive, tmp)
+    except BuildError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(str(e)) from None
     tree = tree_hash(src)
     (tmp / "digests.json").write_text(json.dumps({"src": src.relative_to(tmp).as_posix(), "tree": tree,
                                                   "bindings": py.relative_to(tmp).as_posix(),

@@ -87,6 +87,10 @@ class BuildError(Exception):
     """The build of a tree failed; the message names the tree, the step and the log."""
 
 
+class BadSdist(BuildError):
+    """What was to be built is not a readable llama-cpp-python sdist (bad input: exit 2, not a failed build)."""
+
+
 def say(msg: str) -> None:
     print(f"build: {msg}", file=sys.stderr, flush=True)
 
@@ -234,12 +238,17 @@ def copy_server(out: Path, dest: Path) -> None:
 def extract_sdist(path: Path, into: Path) -> tuple[Path, Path]:
     """(its vendored llama.cpp tree, its llama_cpp bindings package) of a llama-cpp-python sdist, extracted under
     `into` (with its PKG-INFO beside them)."""
-    with tarfile.open(path) as tar:
-        members = [m for m in tar.getmembers()
-                   if (re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/") and "/.git" not in m.name)
-                   or re.fullmatch(r"[^/]+/PKG-INFO", m.name)]
-        tar.extractall(into, members=members, filter="data")
-    (top,) = {m.name.split("/")[0] for m in members}
+    try:
+        with tarfile.open(path) as tar:
+            members = [m for m in tar.getmembers()
+                       if (re.match(r"[^/]+/(vendor/llama\.cpp|llama_cpp)/", m.name + "/") and "/.git" not in m.name)
+                       or re.fullmatch(r"[^/]+/PKG-INFO", m.name)]
+            tar.extractall(into, members=members, filter="data")
+        (top,) = {m.name.split("/")[0] for m in members}
+    except (tarfile.TarError, EOFError, ValueError) as e:  # (ValueError: no llama.cpp tree in it, or two tops)
+        why = str(e).splitlines()[0] if str(e) else "no vendored llama.cpp tree in it"
+        raise BadSdist(f"{path}: not a readable llama-cpp-python sdist ({why}); delete it (a partial download?) "
+                       "and run again: it is downloaded afresh") from None
     return into / top / "vendor" / "llama.cpp", into / top / "llama_cpp"
 
 
@@ -315,7 +324,7 @@ def main(argv: list[str]) -> int:
         wheel, server = pinned(Path(argv[1]), Path(argv[2]))
     except BuildError as e:
         print(f"build: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, BadSdist) else 1
     print(wheel)
     print(server)
     return 0

@@ -362,3 +362,38 @@ def test_an_sdist_is_extracted_once_and_checked_at_every_use(tmp_path, monkeypat
     fake_sdist(tmp_path, "9.9.9", "B")
     other, _, other_digest = builds.sdist_tree("9.9.9")
     assert other != src and (other / "a.txt").read_text() == "B" and other_digest != digest
+
+
+def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A cached sdist cut short (a download that died) is bad input, named with its fix, wherever it is read: the
+    pinned build (exit 2, one line), a candidate's extraction (UserError) and make bootstrap (before anything is
+    installed or built)."""
+    import sys
+
+    from synth.errors import UserError
+
+    monkeypatch.setenv("FAMILY_CERTIFY_CACHE", str(tmp_path))
+    good = fake_sdist(tmp_path, "9.9.9", "A").read_bytes()
+    cut = tmp_path / "sdist" / "llama_cpp_python-9.9.9.tar.gz"
+    cut.write_bytes(good[: len(good) // 2])
+    fix = "not a readable llama-cpp-python sdist"
+    r = subprocess.run([sys.executable, "-m", "targets.cmake_build", "pinned", str(cut), str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert fix in one_line_exit_2(r) and "delete it" in r.stderr
+    with pytest.raises(UserError, match=fix):
+        builds.sdist_tree("9.9.9")
+    assert not list((tmp_path / "builds").glob("*.tmp")), "the half extraction is left behind"
+    version = next(ln.split("=")[1].split()[0] for ln in (ROOT / "scripts" / "bootstrap.sh").read_text().splitlines()
+                   if ln.startswith("LLAMA_CPP_PYTHON="))
+    pinned = tmp_path / "sdist" / f"llama_cpp_python-{version}.tar.gz"
+    pinned.write_bytes(good[: len(good) // 2])
+    repo = tmp_path / "repo"  # a checkout without a venv: bootstrap stops before it installs or builds anything
+    shutil.copytree(ROOT / "scripts", repo / "scripts")
+    shutil.copytree(ROOT / "targets", repo / "targets", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "constraints.txt", repo)
+    shutil.copy(ROOT / "pyproject.toml", repo)
+    r = subprocess.run(["bash", "scripts/bootstrap.sh"], cwd=repo, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "FAMILY_CERTIFY_CACHE": str(tmp_path), "PYTHON": sys.executable})
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"bootstrap: error: {pinned} is not a readable sdist (a partial download?): delete it and run make "
+        "bootstrap again"), r.stderr
