@@ -39,16 +39,28 @@ if [ ! -f "$sdist" ]; then
   say "downloading llama-cpp-python $LLAMA_CPP_PYTHON sdist"
   "${pip[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$cache/sdist"
 fi
+if ! tar -tzf "$sdist" >/dev/null 2>&1; then
+  say "error: $sdist is not a readable sdist (a partial download?): delete it and run make bootstrap again"
+  exit 2
+fi
 
 wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
 built_with=$(cat "$cache/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON.options" 2>/dev/null || true)
+build_pid=""
 if [ -z "$wheel" ] || [ "$built_with" != "$options" ]; then
   # one CMake build of the vendored tree gives the wheel's libraries and llama-server (targets/cmake_build.py;
-  # standard library only, so the system Python runs it before the venv holds anything)
+  # standard library only, so the system Python runs it before the venv holds anything). It runs in a process
+  # group of its own while the venv gets every other pinned package (downloads, not compiling: the two overlap);
+  # a bootstrap that stops early stops the build with it.
   say "building llama.cpp from source: the wheel and llama-server (first setup only; about 4 minutes on 2 cores)"
-  PYTHONPATH="$root" "$py" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
-  wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl | head -1)
+  group=(); if command -v setsid >/dev/null; then group=(setsid); fi  # (macOS has no setsid: the build alone)
+  PYTHONPATH="$root" ${group[@]+"${group[@]}"} "$py" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null &
+  build_pid=$!
+  trap 'kill -- -"$build_pid" 2>/dev/null || kill "$build_pid" 2>/dev/null || true' EXIT
 fi
+
+# while the build runs: every package constraints.txt pins (it lists them all: the installs below find them there)
+"${pip[@]}" install -r "$constraints"
 
 gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$gguf_wheel" ]; then
@@ -58,6 +70,12 @@ if [ -z "$gguf_wheel" ]; then
   "${pip[@]}" wheel --no-deps "$tmp/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py" -w "$cache/wheels"
   rm -rf "$tmp"
   gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl | head -1)
+fi
+
+if [ -n "$build_pid" ]; then
+  trap - EXIT
+  wait "$build_pid" || exit $?  # (its one line above names what failed and the log)
+  wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl | head -1)
 fi
 
 say "installing into $venv"
