@@ -34,8 +34,8 @@ def test_a_case_is_a_function_of_seed_and_index():
 
 def test_radix_cases_draw_both_kv_layouts_and_every_lane_plan():
     """A campaign's radix cases run llama-server's two layouts (one KV cache per slot, one for all slots: its default
-    without -np), every plan of the lane on the fixed tree and prompt trees drawn per schedule (a count of them),
-    each case the same from its (seed, index)."""
+    without -np), every plan of the lane on the fixed tree and prompt trees drawn per schedule (a count of them)
+    with the host prompt cache on and off, each case the same from its (seed, index)."""
     cases = [case_config("radix", np.random.Generator(np.random.PCG64([7, i])), 4, "llama-cpp", 0) for i in range(40)]
     assert cases == [case_config("radix", np.random.Generator(np.random.PCG64([7, i])), 4, "llama-cpp", 0)
                      for i in range(40)]
@@ -44,6 +44,7 @@ def test_radix_cases_draw_both_kv_layouts_and_every_lane_plan():
     drawn = [c for c in cases if c.tree == "drawn"]
     assert len({c.plan for c in fixed}) == 3 and {c.target for c in cases} == {"llama-server"}
     assert drawn and all(c.schedules == 4 and not c.plan for c in drawn)
+    assert {c.cache_ram for c in drawn} == {64, 0} and {c.cache_ram for c in fixed} == {64}
 
 
 @pytest.mark.llama
