@@ -73,8 +73,8 @@ if [ -z "$gguf_wheel" ]; then
 fi
 
 if [ -n "$build_pid" ]; then
-  trap - EXIT
   wait "$build_pid" || exit $?  # (its one line above names what failed and the log)
+  trap - EXIT
   wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl | head -1)
 fi
 
