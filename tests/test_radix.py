@@ -35,6 +35,7 @@ from fuzz.oracles.radix_schedules import (
 )
 from synth.errors import UserError
 from targets import close_all, open_target
+from targets.client import ENGINE_PID
 from targets.llama_server_worker import server_binary
 
 from conftest import BIN, ROOT, run_cli
@@ -590,8 +591,11 @@ def test_no_llama_server_outlives_a_killed_engine(binary, fixtures, tmp_path):
 
 
 def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) -> tuple[bool, list[str]]:
-    """Wait (up to 60 s) for a process matching `server` (pgrep -f), SIGKILL the engine `p`, then give the matching
-    processes `within` seconds to go: (whether one started, the pids still there)."""
+    """Wait (up to 60 s) for a process matching `server` (pgrep -f), SIGKILL the engine `p`, then give what it
+    started `within` seconds to go: (whether one started, the pids still there). What it started: the servers
+    matching `server` and every process carrying the engine's pid in its environment (its workers, and their
+    servers) — a worker the engine forked as it died may start its server after the first ones are gone, so an
+    instant with no server matching is not the end."""
     def servers() -> list[str]:
         return subprocess.run(["pgrep", "-f", server], capture_output=True, text=True).stdout.split()
 
@@ -602,10 +606,28 @@ def kill_engine_once_started(p: subprocess.Popen, server: str, within: float) ->
         return False, []
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
+
+    def left() -> list[str]:
+        return sorted(set(servers()) | set(engine_children(p.pid)))
+
     deadline = time.monotonic() + within
-    while servers() and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return True, servers()
+    return True, left()
+
+
+def engine_children(engine: int) -> list[str]:
+    """Pids of the processes whose environment names `engine` as the engine that started them (a worker, and what
+    it runs)."""
+    mark = f"{ENGINE_PID}={engine}".encode()
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                out.append(proc.name)
+        except OSError:  # (gone, or not ours to read)
+            pass
+    return out
 
 
 def processes(pids: list[str]) -> str:
