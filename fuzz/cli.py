@@ -356,6 +356,9 @@ def memory_cmd(
                                                      "sequences interleaved in a 256-cell cache, one removed, "
                                                      "another's state imported into its scattered cells: upstream "
                                                      "17527's shape)")] = False,
+    flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
+                                    help="flash attention in the contexts (llama-server's default on the CPU); a "
+                                         "MoE routing near-tie it makes is numerics, not a finding")] = False,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -377,14 +380,16 @@ def memory_cmd(
                             "report's finding records it (detail.program)") from None
     cfg = MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
                            noise_factor=noise_factor, program=given,
-                           engine=engine, stage=stage, target=target, timeout=timeout, seed=seed)
+                           engine=engine, stage=stage, target=target, timeout=timeout, seed=seed,
+                           flash_attn=flash_attn)
     if pressure:
         if given is not None or stage:
             raise UserError("--pressure runs its own program on the model: drop --program and --stage")
         from synth.inspect import inspect_file
 
         cfg = pressure_config(inspect_file(str(fixture_path(fixture))).n_vocab, n_rs_seq=n_rs_seq, tol=tol,
-                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed)
+                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
+                              flash_attn=flash_attn)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 

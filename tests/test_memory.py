@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from fuzz.certify.corpus import fixture_for
 from fuzz.certify.lanes import lane_memory
 from fuzz.engine.contract import KNOWN, PASS
 from fuzz.engine.fixtures import fixture_path
@@ -355,6 +356,29 @@ def test_where_the_neighbours_put_a_sequence_is_numerics_not_a_finding(tmp_path)
     assert not rep.findings and rep.status == PASS
     (n,) = rep.numerics
     assert n.cause["kind"] == "neighbour-numerics" and n.detail["max_abs_dlogit"] > 1.0
+
+
+@pytest.mark.llama
+def test_a_routing_near_tie_under_flash_attention_is_numerics_not_a_finding(tmp_path):
+    """laguna's tier-1 row (a MoE router; K/V heads 1 on layer 0, 2 elsewhere) in one unified cache with flash
+    attention, as llama-server runs it: sequence 1's state imported as sequence 0 (its cells beside the source's),
+    the source dropped, sequence 0 continued. Its fourth token moves by 1.24 against the recompute: layer 6's router
+    picks experts 0 and 2 here, 1 and 2 alone, its scores moved by 1.9e-4 across a gap of 4.2e-5 — the routing
+    control names it numerics. No other sequence's data is in the history (the neighbour control cannot apply),
+    and without flash attention the same program passes."""
+    fixture = fixture_for(load_manifest().rows["laguna"], tmp_path)
+    prog = [{"op": "decode", "parts": [[1, [48, 6, 3, 0, 36, 56]]]}, {"op": "copy_state", "src": 1, "dst": 0},
+            {"op": "rm", "seq": 1, "p0": 0, "p1": -1}, {"op": "decode", "parts": [[0, [59, 11, 20]]]},
+            {"op": "decode", "parts": [[0, [7]]]}]
+    rep = report(fixture, MemoryConfig(program=prog, kv_unified=(True,), flash_attn=True))
+    assert not rep.findings and rep.status == PASS
+    (n,) = rep.numerics
+    assert n.cause["kind"] == "routing-numerics" and n.detail["max_abs_dlogit"] > 1.0
+    flip = n.cause["flip"]
+    assert (flip["node"], flip["token"], flip["a"], flip["b"]) == ("ffn_moe_topk-6", 0, [1, 2], [0, 2])
+    assert flip["margin"] <= 2 * flip["scores_max_abs"] <= 2e-2
+    plain = report(fixture, MemoryConfig(program=prog, kv_unified=(True,)))
+    assert plain.status == PASS and not plain.numerics and plain.results[0]["max_abs_dlogit"] < 1e-3
 
 
 @pytest.mark.llama

@@ -55,9 +55,15 @@ from fuzz.engine.contract import (
     make_report,
 )
 from fuzz.engine.fleet import Fleet, fixture_header
-from fuzz.engine.parity import context_params, pos_per_token
+from fuzz.engine.parity import (
+    context_params,
+    first_token_flip,
+    pos_per_token,
+    routing_near_tie,
+    token_rows,
+)
 from fuzz.engine.stages import FixtureStages
-from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, run_program
+from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, ids, run_program
 from fuzz.oracles.memory_model import Memory, MemoryConfig, check_program, format_step, step_class
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -172,6 +178,10 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
         else:
             return {"kind": "neighbours", "detail": "without the other sequences' tokens it passes, and other tokens "
                     f"for them change sequence {seq}'s logits: their data reaches it"}
+    route = routing(t, fixture, cfg, kv_unified, recompute, program, problem) if problem["check"] == "logits" \
+        else None
+    if route is not None:
+        return route
     if gaps and passes(settle=frozenset(gaps)):
         i = next((i for i in gaps if passes(settle=frozenset([i]))), gaps[0])
         return {"kind": "deferred", "op": program[i]["op"], "step": i, "then": step_class(program[i + 1]["op"]),
@@ -182,6 +192,40 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
         return {"kind": "layout", "detail": f"the same program passes with {layout(not kv_unified)}: the operation "
                 f"behaves otherwise with {'one stream per sequence' if not kv_unified else 'one unified cache'}"}
     return None
+
+
+def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
+            program: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
+    """The routing control, for a MoE model: the failing decode traced in the machine and in the recompute of the
+    sequence alone. A token whose chosen experts differ where the router's scores moved by rounding only, across a
+    gap at most twice that (routing_near_tie), is numerics: where the sequence's cells sit changes the order flash
+    attention sums them in, and a near-tie turns that rounding into another expert — a whole-logit move. None when
+    no expert choice differs, the scores moved more, or the sequence's log is not a log of decodes."""
+    seq, step = problem.get("seq"), problem.get("step", -1)
+    if seq is None or step < 0 or not kv_unified:  # (one stream per sequence splits a batch by sequence: its rows'
+        return None                                # order is not the batch's, so they cannot be paired here)
+    try:
+        _, again, mach = run_program(t, fixture, cfg, kv_unified, recompute, program[:step + 1], None, trace=step)
+    except UserError:
+        return None
+    if again is None or mach.traced is None:
+        return None
+    alone = recompute.traced(mach.model.log[seq])
+    if alone is None:
+        return None
+    nodes, seqs = mach.traced
+    mine = [i for i, s in enumerate(seqs) if seq in ids(s)]
+    # (a node of the last layer holds output rows only: left out by its row count)
+    flip = first_token_flip(token_rows([alone], [len(mine)]),
+                            token_rows([nodes], [len(mine)], lambda _i, n: mine if n == len(seqs) else []))
+    if flip is None or not routing_near_tie(flip):
+        return None
+    layer = flip["node"].rsplit("-", 1)[-1]
+    return {"kind": "routing-numerics", "numerics": True, "flip": flip,
+            "detail": f"a MoE routing near-tie: at token {flip['token']} of the failing decode, layer {layer} chooses "
+                      f"experts {flip['b']} here and {flip['a']} alone; the router's scores ({flip['scores']}) moved "
+                      f"by {flip['scores_max_abs']:.2g} across a gap of {flip['margin']:.2g} — rounding (where the "
+                      f"cells sit orders flash attention's sums) chose another expert, which moves the logits whole"}
 
 
 def same_problem(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -283,7 +327,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     results, findings, numerics = [], [], []
     commit = None
-    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq)
+    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq, flash_attn=cfg.flash_attn)
     source = Path(fixture)
     with contextlib.ExitStack() as stack:
         t, tr = stack.enter_context(Fleet(cfg.target, cfg.timeout)).open(2)
@@ -373,7 +417,8 @@ def format_report(rep: dict[str, Any]) -> str:
                 f"a Hypothesis state machine, up to {cfg['programs']} examples of {cfg['steps']} operations per KV "
                 "layout" if cfg.get("engine") == "hypothesis" else
                 f"{cfg['programs']} programs × {cfg['steps']} operations per KV layout")
-             + (f", stage {cfg['stage']}" if cfg.get("stage") else "") + f", tolerance max({cfg['tol']:g}, "
+             + (f", stage {cfg['stage']}" if cfg.get("stage") else "")
+             + (", flash attention" if cfg.get("flash_attn") else "") + f", tolerance max({cfg['tol']:g}, "
              f"{cfg.get('noise_factor', 0):g} × the batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
     noise = rep.get("noise") or {}
     if "shift" in noise:
@@ -424,6 +469,6 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "context", "n_rs_seq", "kv_unified", "tol",
-                             "noise_factor", "program", "engine", "stage", "seed"),
+                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op", "cause_then"))

@@ -94,21 +94,29 @@ class Recompute:
             return None
         return float(np.max(np.abs(shifted.astype(np.float64) - direct.astype(np.float64))))
 
+    def requests(self, log: list[list[Any]], trace: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """The log as requests to a fresh context (trace: loaded for tracing, its last decode traced)."""
+        reqs: list[tuple[str, dict[str, Any]]] = [("load", {"path": str(self.fixture), **self.params,
+                                                            **({"trace": True} if trace else {})})]
+        last = max((i for i, e in enumerate(log) if e[0] == "d"), default=-1)
+        for i, e in enumerate(log):
+            if e[0] == "d":
+                reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
+                                        "seq": 0, "logits": "last", **({"trace": "all"} if trace and i == last
+                                                                       else {})}))
+            elif e[0] == "rm":
+                reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
+            elif e[0] == "add":
+                reqs.append(("seq_add", {"seq": 0, "p0": e[1], "p1": e[2], "delta": e[3]}))
+            else:
+                reqs.append(("seq_div", {"seq": 0, "p0": e[1], "p1": e[2], "d": e[3]}))
+        return reqs
+
     def logits(self, log: list[list[Any]]) -> np.ndarray | str:
         key = json.dumps(log)
         if key not in self.memo:
             self.runs += 1
-            reqs: list[tuple[str, dict[str, Any]]] = [("load", {"path": str(self.fixture), **self.params})]
-            for e in log:
-                if e[0] == "d":
-                    reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
-                                            "seq": 0, "logits": "last"}))
-                elif e[0] == "rm":
-                    reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
-                elif e[0] == "add":
-                    reqs.append(("seq_add", {"seq": 0, "p0": e[1], "p1": e[2], "delta": e[3]}))
-                else:
-                    reqs.append(("seq_div", {"seq": 0, "p0": e[1], "p1": e[2], "d": e[3]}))
+            reqs = self.requests(log)
             replies = self.t.pipeline(reqs)
             bad = next((r for r in replies if not r.ok), None)
             if bad is not None or len(replies) < len(reqs):
@@ -118,6 +126,15 @@ class Recompute:
                 last = next(r for r in reversed(replies) if r.request.get("op") == "decode")
                 self.memo[key] = np.frombuffer(as_bytes(last.data["logits"]), "<f4")
         return self.memo[key]
+
+    def traced(self, log: list[list[Any]]) -> list[dict[str, Any]] | None:
+        """Every graph node of the log's last decode, replayed alone in a fresh context loaded for tracing (the
+        routing control); None if the replay failed."""
+        reqs = self.requests(log, trace=True)
+        replies = self.t.pipeline(reqs)
+        if len(replies) < len(reqs) or not all(r.ok for r in replies):
+            return None
+        return next(r for r in reversed(replies) if r.request.get("op") == "decode").data["nodes"]
 
 
 def sliding_window(path: str) -> int:
@@ -150,11 +167,14 @@ class Machine:
         self.refused: Counter[str] = Counter()
         self.worst = 0.0
         self.commit: str | None = None
+        self.trace_load = False  # the routing control (explain): contexts loaded for tracing ...
+        self.trace = False  # ... and the next decode traces every node
+        self.traced: tuple[list[dict[str, Any]], list[Any]] | None = None  # that decode's nodes, and its rows' seqs
 
     def params(self) -> dict[str, Any]:
         n = self.cfg.n_seq + 1
         return context_params(n_seq=n, n_ctx=self.cfg.context or n * 256, kv_unified=self.kv_unified, capture=False,
-                              n_rs_seq=self.cfg.n_rs_seq)
+                              n_rs_seq=self.cfg.n_rs_seq, flash_attn=self.cfg.flash_attn, trace=self.trace_load)
 
     def start(self) -> None:
         r = self.t.load(str(self.fixture), **self.params())
@@ -268,7 +288,10 @@ class Machine:
             seqs += [s] * len(toks)
             pos += list(range(p, p + len(toks)))
             out += [False] * (len(toks) - 1) + [True]
-        r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out)
+        r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out,
+                      **({"trace": "all"} if self.trace else {}))
+        if r.ok and self.trace:
+            self.traced = (r.data["nodes"], seqs)
         if not r.ok:
             return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
                                 f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
@@ -366,12 +389,13 @@ class Crashed(Exception):
 
 def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
                 program: list[dict[str, Any]] | None, rng: np.random.Generator | None, *,
-                settle: frozenset[int] = frozenset(), recompute_rollbacks: bool = False
+                settle: frozenset[int] = frozenset(), recompute_rollbacks: bool = False, trace: int = -1
                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, Machine]:
     """A program (given, or drawn from rng as it goes) in a fresh context: the operations run, up to and including
-    the first that failed a check, and that problem. The controls (explain): `settle` after these steps, and
-    rollbacks recomputed."""
+    the first that failed a check, and that problem. The controls (explain): `settle` after these steps, rollbacks
+    recomputed, and the decode at step `trace` traced (the machine's `traced`)."""
     mach = Machine(t, fixture, cfg, kv_unified, recompute, recompute_rollbacks=recompute_rollbacks)
+    mach.trace_load = trace >= 0
     try:
         mach.start()
     except Crashed as c:
@@ -390,6 +414,7 @@ def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, r
             op = draw_op(SeededDraws(rng), mach.model, mach.mem, cfg, kv_unified, *burst(rng, done, mach, cfg,
                                                                                        kv_unified))
         done.append(op)
+        mach.trace = i == trace
         problem = mach.apply(op)
         if problem:
             return done, {**problem, "step": i, "op": op["op"]}, mach

@@ -34,6 +34,7 @@ class MemoryConfig:
     context: int = 0  # the context's cells (0: 256 per sequence, the control's included); small: memory pressure
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
+    flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
     tol: float = 0.1  # the least tolerance: max |Δlogit| against the recompute (batch shapes move ~1e-2 on fixtures)
     noise_factor: float = 4.0  # the tolerance is this many times the model's own batch-shape move (0: tol only)
     program: list | None = None  # a recorded program: run exactly it (bundles, shrinking) instead of drawing
