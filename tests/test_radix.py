@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fuzz.certify.corpus import fixture_for
 from fuzz.certify.schemas import validate
 from fuzz.oracles.radix import LANE_PLANS, Radix, RadixConfig, Run, cleared, drawn_trees, reduce_config
 from fuzz.oracles.radix_schedules import (
@@ -34,6 +35,7 @@ from fuzz.oracles.radix_schedules import (
     tree_prompts,
 )
 from synth.errors import UserError
+from synth.manifest import load_manifest
 from targets import close_all, open_target
 from targets.client import ENGINE_PID
 from targets.llama_server_worker import server_binary
@@ -405,6 +407,38 @@ def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtu
     assert per_slot["status"] == "pass" and per_slot["numerics"] == [] and per_slot["flaky"] == []
     dense = Radix(fixtures("llama", layers=4), RadixConfig(kv_unified=True, replay="r1:0:6:24:cT/cT:A.B"))
     assert dense.top_k == 0 and dense.explain(diverged) is None
+
+
+# a drawn tree on the laguna row (MoE: 2 of 4 experts) with one KV cache for both slots and the host cache on: B's
+# prompt is processed while A still decodes (timing decides), their cells interleave, and B1, restored from a
+# checkpoint, answers 63 for 25 at its 3rd token — a router near-tie flash attention's cell order crosses (the memory
+# oracle traces it on the API: tests/test_memory.py)
+MOE_UNIFIED_REPLAY = "r2:0:6:7_0@5+0_0@5+6_0@1+6_2@4+0_4@3+11:c0,c3,s/c5,c0,c3:A.A.Bap.B.B.A"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_a_routing_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, tmp_path):
+    """A MoE router picks each token's top experts: one KV cache for the slots moves its scores (flash attention sums
+    a sequence's cells in the order they sit) and a near-tie swaps an expert. As for DSA's top-k: explained when the
+    same schedule answers cold with one KV cache per slot; never a finding, however the run's timing falls."""
+    fixture = fixture_for(load_manifest().rows["laguna"], tmp_path)
+    cfg = dict(replay=MOE_UNIFIED_REPLAY, tree="drawn", tokens=6)
+    rx = Radix(fixture, RadixConfig(kv_unified=True, **cfg))
+    assert rx.experts == (2, 4) and rx.top_k == 0
+    rx.ref_t, rx.srv = open_target("llama-server"), open_target("llama-server")
+    try:
+        diverged = Run(Schedule.parse(MOE_UNIFIED_REPLAY), findings=[
+            {"kind": "diverged", "op": "complete", "client": 1, "message": "B1 (c0, slot 1): token 2: 63 for 25"}])
+        assert rx.explain(diverged).startswith("the router picks each token's top-2 of 4 experts (MoE), and one KV "
+                                               "cache for all slots moves their scores: the same schedule answers "
+                                               "cold with one KV cache per slot")
+    finally:
+        close_all([rx.ref_t, rx.srv])
+    for _ in range(3):
+        unified = Radix(fixture, RadixConfig(kv_unified=True, **cfg)).run()
+        assert unified["status"] == "pass" and unified["finding"] is None
+        assert all("experts (MoE)" in x["cause"] for x in unified["numerics"])
 
 
 # case 126 of seed 0's campaign: gemma3, every layer sliding-window (window 8), q4_0 weights

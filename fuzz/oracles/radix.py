@@ -170,6 +170,8 @@ class Radix:
         gguf = GGUFFile(str(self.fixture))
         self.window = int(gguf.get("attention.sliding_window", 0) or 0) if self.swa else 0
         self.top_k = int(gguf.get("attention.indexer.top_k", 0) or 0)  # attention keeps each query's top-k keys (DSA)
+        experts, used = (int(gguf.get(k, 0) or 0) for k in ("expert_count", "expert_used_count"))
+        self.experts = (used, experts) if 0 < used < experts else None  # a router picks each token's top experts
         self.full_attention_only = not self.swa and kinds <= {"attention", "mlp"}
         self.refs: dict[tuple[int, int, int], dict[str, Any]] = {}  # (seed, tokens, trunk) → cold answers
         self.ref_t: Target | None = None
@@ -252,24 +254,29 @@ class Radix:
                     yield s
 
     def explain(self, run: Run) -> str | None:
-        """Why a reproduced divergence is not the prompt cache's, or None (a finding). On a model whose attention
-        keeps each query's top-k keys (DSA's indexer), one KV cache for all slots moves the indexer's scores (where
-        cells sit, what a prompt was batched with: the measured placement move) and a score at the k-th place can
-        swap a key, turning that move into another token — however clear the pick's margin. Such a divergence is
-        explained when the same schedule gives every answer cold with one KV cache per slot: the same reuse, of the
-        same cache code, each slot's cells where a cold run puts them. (A unified-only fault of the cache's shows on
-        the rows without top-k selection, where the layout is judged to its measured move.) The same schedule with
-        the prompt cache off says more: it moves too (placement and co-batching alone) or it answers cold."""
-        if not (self.cfg.kv_unified and self.top_k) or any(f["kind"] != "diverged" for f in run.findings):
+        """Why a reproduced divergence is not the prompt cache's, or None (a finding). On a model that picks a top-k
+        by score — the keys each query keeps (DSA's indexer), the experts each token is routed to (MoE) — one KV cache
+        for all slots moves those scores (where cells sit orders flash attention's sums; what a prompt was batched
+        with: the measured placement move) and a score at the k-th place can swap a key or an expert, turning that
+        move into another token — however clear the pick's margin (the memory oracle traces it on the API: a router
+        near-tie). Such a divergence is explained when the same schedule gives every answer cold with one KV cache per
+        slot: the same reuse, of the same cache code, each slot's cells where a cold run puts them. (A unified-only
+        fault of the cache's shows on the rows without top-k selection, where the layout is judged to its measured
+        move.) The same schedule with the prompt cache off says more: it moves too (placement and co-batching alone)
+        or it answers cold."""
+        if not (self.cfg.kv_unified and (self.top_k or self.experts)) or \
+                any(f["kind"] != "diverged" for f in run.findings):
             return None
         sched = Schedule.parse(run.schedule.replay)
         if any(f["kind"] == "diverged" for f in self.run_schedule(sched, kv_unified=False).findings):
             return None
         uncached = self.run_schedule(sched, uncached=True)
         moved = any(f["kind"] == "diverged" for f in uncached.findings)
-        return (f"the attention keeps each query's top-{self.top_k} keys (DSA indexer), and one KV cache for all "
-                "slots moves their scores: the same schedule answers cold with one KV cache per slot (the same "
-                "reuse); on the one KV cache with the prompt cache off it "
+        used, experts = self.experts or (0, 0)
+        what = f"the attention keeps each query's top-{self.top_k} keys (DSA indexer)" if self.top_k else \
+            f"the router picks each token's top-{used} of {experts} experts (MoE)"
+        return (f"{what}, and one KV cache for all slots moves their scores: the same schedule answers cold with one "
+                "KV cache per slot (the same reuse); on the one KV cache with the prompt cache off it "
                 + ("moves too" if moved else "answers cold"))
 
     # ---- one schedule ---------------------------------------------------------------------------------
