@@ -372,43 +372,6 @@ def test_a_unified_layout_measures_what_placement_moves(binary, fixtures):
 # first complete computed, and when that complete was batched with A's (timing decides) B2 answers 48 for 2 at its
 # 4th token
 DSA_UNIFIED_REPLAY = "r2:0:6:14_0@10+1_0@10+7_0@10+11_1@6+3_25:c1,s,x4/c1,c1,c3:A.B.B.B.Abd.A"
-
-
-@pytest.mark.llama
-@pytest.mark.server
-def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtures):
-    """DSA keeps each query's top-k keys: one KV cache for the slots moves the indexer's scores and can swap the
-    k-th key, a different token however clear the pick's margin. Such a divergence is explained when the same
-    schedule answers cold with one KV cache per slot (the same reuse): numerics with that cause (and what the prompt
-    cache off does), never a finding, however the run's timing falls. Per slot the schedule passes with nothing to
-    explain; a model without top-k selection explains nothing."""
-    fixture = fixtures("deepseek32", layers=6, indexer_top_k=4)  # the deepseek3 row's recipe
-    cfg = dict(replay=DSA_UNIFIED_REPLAY, tree="drawn", tokens=6)
-    rx = Radix(fixture, RadixConfig(kv_unified=True, **cfg))
-    rx.ref_t, rx.srv = open_target("llama-server"), open_target("llama-server")
-    try:
-        diverged = Run(Schedule.parse(DSA_UNIFIED_REPLAY), findings=[
-            {"kind": "diverged", "op": "complete", "client": 1, "message": "B2 (c3, slot 1): token 3: 48 for 2"}])
-        assert rx.explain(diverged).startswith("the attention keeps each query's top-4 keys (DSA indexer), and one "
-                                               "KV cache for all slots moves their scores: the same schedule answers "
-                                               "cold with one KV cache per slot (the same reuse); on the one KV cache "
-                                               "with the prompt cache off it answers cold")
-        assert rx.explain(Run(diverged.schedule, findings=[*diverged.findings, {"kind": "leaked-slot", "op": "-",
-                                                                              "client": None, "message": ""}])) is None
-    finally:
-        close_all([rx.ref_t, rx.srv])
-    for _ in range(3):
-        unified = Radix(fixture, RadixConfig(kv_unified=True, **cfg)).run()
-        assert unified["status"] == "pass" and unified["finding"] is None
-        assert all("top-4 keys" in x["cause"] for x in unified["numerics"])
-        assert not {x["replay"] for x in unified["numerics"]} & {x["replay"] for x in unified["flaky"]}
-        assert {r["status"] for r in unified["runs"]} <= {"numerics" if unified["numerics"] else "pass"}
-    per_slot = Radix(fixture, RadixConfig(**cfg)).run()
-    assert per_slot["status"] == "pass" and per_slot["numerics"] == [] and per_slot["flaky"] == []
-    dense = Radix(fixtures("llama", layers=4), RadixConfig(kv_unified=True, replay="r1:0:6:24:cT/cT:A.B"))
-    assert dense.top_k == 0 and dense.explain(diverged) is None
-
-
 # a drawn tree on the laguna row (MoE: 2 of 4 experts) with one KV cache for both slots and the host cache on: B's
 # prompt is processed while A still decodes (timing decides), their cells interleave, and B1, restored from a
 # checkpoint, answers 63 for 25 at its 3rd token — a router near-tie flash attention's cell order crosses (the memory
@@ -418,27 +381,47 @@ MOE_UNIFIED_REPLAY = "r2:0:6:7_0@5+0_0@5+6_0@1+6_2@4+0_4@3+11:c0,c3,s/c5,c0,c3:A
 
 @pytest.mark.llama
 @pytest.mark.server
-def test_a_routing_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, tmp_path):
-    """A MoE router picks each token's top experts: one KV cache for the slots moves its scores (flash attention sums
-    a sequence's cells in the order they sit) and a near-tie swaps an expert. As for DSA's top-k: explained when the
-    same schedule answers cold with one KV cache per slot; never a finding, however the run's timing falls."""
-    fixture = fixture_for(load_manifest().rows["laguna"], tmp_path)
-    cfg = dict(replay=MOE_UNIFIED_REPLAY, tree="drawn", tokens=6)
+@pytest.mark.parametrize("selects,replay,diverged_at,why,cold_when_uncached", [
+    ("dsa", DSA_UNIFIED_REPLAY, "B2 (c3, slot 1): token 3: 48 for 2",
+     "the attention keeps each query's top-4 keys (DSA indexer)", True),
+    ("moe", MOE_UNIFIED_REPLAY, "B1 (c0, slot 1): token 2: 63 for 25",
+     "the router picks each token's top-2 of 4 experts (MoE)", None)])
+def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtures, tmp_path, selects, replay,
+                                                                      diverged_at, why, cold_when_uncached):
+    """A model that picks a top-k by score — DSA's indexer keeps each query's top-k keys, a MoE router each token's
+    top experts — can swap the k-th one when one KV cache for the slots moves the scores (where cells sit orders flash
+    attention's sums; what a prompt was batched with), a different token however clear the pick's margin. Such a
+    divergence is explained when the same schedule answers cold with one KV cache per slot (the same reuse): numerics
+    with that cause (and what the prompt cache off does), never a finding, however the run's timing falls. Per slot
+    the schedule passes with nothing to explain; a model without top-k selection explains nothing."""
+    fixture = fixtures("deepseek32", layers=6, indexer_top_k=4) if selects == "dsa" else \
+        fixture_for(load_manifest().rows["laguna"], tmp_path)  # (the deepseek3 row's recipe; the laguna row)
+    cfg = dict(replay=replay, tree="drawn", tokens=6)
     rx = Radix(fixture, RadixConfig(kv_unified=True, **cfg))
-    assert rx.experts == (2, 4) and rx.top_k == 0
+    assert (rx.top_k, rx.experts) == ((4, (2, 4)) if selects == "dsa" else (0, (2, 4)))
     rx.ref_t, rx.srv = open_target("llama-server"), open_target("llama-server")
     try:
-        diverged = Run(Schedule.parse(MOE_UNIFIED_REPLAY), findings=[
-            {"kind": "diverged", "op": "complete", "client": 1, "message": "B1 (c0, slot 1): token 2: 63 for 25"}])
-        assert rx.explain(diverged).startswith("the router picks each token's top-2 of 4 experts (MoE), and one KV "
-                                               "cache for all slots moves their scores: the same schedule answers "
-                                               "cold with one KV cache per slot")
+        diverged = Run(Schedule.parse(replay), findings=[
+            {"kind": "diverged", "op": "complete", "client": 1, "message": diverged_at}])
+        said = rx.explain(diverged)
+        assert said.startswith(f"{why}, and one KV cache for all slots moves their scores: the same schedule answers "
+                               "cold with one KV cache per slot (the same reuse); on the one KV cache with the prompt "
+                               "cache off it ")
+        assert cold_when_uncached is None or said.endswith("answers cold" if cold_when_uncached else "moves too")
+        assert rx.explain(Run(diverged.schedule, findings=[*diverged.findings, {"kind": "leaked-slot", "op": "-",
+                                                                              "client": None, "message": ""}])) is None
     finally:
         close_all([rx.ref_t, rx.srv])
     for _ in range(3):
         unified = Radix(fixture, RadixConfig(kv_unified=True, **cfg)).run()
         assert unified["status"] == "pass" and unified["finding"] is None
-        assert all("experts (MoE)" in x["cause"] for x in unified["numerics"])
+        assert all(x["cause"].startswith(why) for x in unified["numerics"])
+        assert not {x["replay"] for x in unified["numerics"]} & {x["replay"] for x in unified["flaky"]}
+        assert {r["status"] for r in unified["runs"]} <= {"numerics" if unified["numerics"] else "pass"}
+    per_slot = Radix(fixture, RadixConfig(**cfg)).run()
+    assert per_slot["status"] == "pass" and per_slot["numerics"] == [] and per_slot["flaky"] == []
+    dense = Radix(fixtures("llama", layers=4), RadixConfig(kv_unified=True, replay="r1:0:6:24:cT/cT:A.B"))
+    assert (dense.top_k, dense.experts) == (0, None) and dense.explain(diverged) is None
 
 
 # case 126 of seed 0's campaign: gemma3, every layer sliding-window (window 8), q4_0 weights
