@@ -205,6 +205,8 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     seq, step = problem.get("seq"), problem.get("step", -1)
     if seq is None or step < 0 or not kv_unified:  # (one stream per sequence splits a batch by sequence: its rows'
         return None                                # order is not the batch's, so they cannot be paired here)
+    if not any(x.ffn == "moe" for x in inspect_file(str(fixture)).layers):
+        return None  # (no router: no traced re-run)
     try:
         _, again, mach = run_program(t, fixture, cfg, kv_unified, recompute, program[:step + 1], None, trace=step)
     except UserError:
