@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,17 @@ from hypothesis import strategies as st
 
 from fuzz.certify.corpus import fixture_for
 from fuzz.certify.schemas import validate
-from fuzz.oracles.radix import LANE_PLANS, Radix, RadixConfig, Run, cleared, drawn_trees, reduce_config
+from fuzz.oracles.radix import (
+    LANE_PLANS,
+    Radix,
+    RadixConfig,
+    Run,
+    cleared,
+    drawn_trees,
+    format_report,
+    reduce_config,
+    report,
+)
 from fuzz.oracles.radix_schedules import (
     CHECKPOINT_OFFSET,
     Op,
@@ -592,6 +603,25 @@ def test_the_interleaving_decides(binary, fixtures):
     hit = Radix(fixture, RadixConfig(replay="r1:0:4:8:cT/cT:A.B", target="mutant:radix-dup-leak")).run()
     miss = Radix(fixture, RadixConfig(replay="r1:0:4:8:cT/cT:A.Bad", target="mutant:radix-dup-leak")).run()
     assert hit["status"] == "finding" and miss["status"] == "pass"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_drawn_surface_goes_on_past_a_finding(binary, fixtures):
+    """The drawn trees on the H1 leak mutant: the second schedule leaks a slot (reproduced, reported); the lanes' and
+    the campaign's drawn surface explores all 12 schedules anyway, reporting that finding once and counting the four
+    later schedules that leak the same way (not replayed); a run told not to go on stops at the second."""
+    fixture = fixtures("llama", layers=4)
+    got = report(fixture, drawn_trees(12, target="mutant:radix-dup-leak"))
+    validate(got.to_dict(), "report")  # drawn trees' replay strings and `again` as the schema says
+    rep = got.native
+    assert rep["status"] == "finding" and rep["explored"] == 12 and len(rep["runs"]) == 12
+    (found,) = rep["found"]
+    assert [x["kind"] for x in found["findings"]] == ["leaked-slot"] and rep["finding"] == found
+    assert len(rep["again"]) == 4 and found["replay"] not in rep["again"]
+    assert "the same findings again in 4 more schedules (not replayed)" in format_report(rep)
+    once = Radix(fixture, replace(drawn_trees(12, target="mutant:radix-dup-leak"), keep_going=False)).run()
+    assert once["explored"] == 2 and [f["replay"] for f in once["found"]] == [found["replay"]] and not once["again"]
 
 
 @pytest.mark.llama

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from fuzz.certify.schemas import DIR, schemas, validate
+from fuzz.certify.schemas import DIR, RADIX_REPLAY, schemas, validate
 from fuzz.repro.bundle import load_case, migrate
 
 from conftest import ROOT, run_cli
@@ -53,6 +53,16 @@ def test_every_oracles_report_satisfies_the_report_schema(fixtures, tmp_path, or
     broken = {**rep, "status": "diverged"}  # a word outside the one vocabulary
     with pytest.raises(jsonschema.ValidationError):
         validate(broken, "report")
+
+
+def test_radix_replay_strings_of_both_trees_satisfy_the_schema():
+    """A report's radix replay strings (its flaky runs, its `again`): the fixed tree's (r1, a trunk length) and a
+    drawn tree's (r2, the tree itself); nothing else."""
+    for replay in ("r1:0:8:24:cT,s/cT:A.Bap.A", "r2:1:6:25_0@24+11_1@30+10_2@21+5:c5,k,k/c5,s,e:B.B.B.Abd.A.A"):
+        jsonschema.validate(replay, RADIX_REPLAY)
+    for bad in ("r2:1:6:c5,k,k:A.A.A", "r3:0:8:24:cT:A", "r1:0:8:x_1:cT:A"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, RADIX_REPLAY)
 
 
 def test_a_schema_1_bundle_is_read_in_schema_2s_words(tmp_path):

@@ -313,23 +313,25 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 # drawn prompt-tree schedules per KV layout and host-cache setting (on, off): per bump a seeded prefix of what the
-# nightly prompt-trees lane draws
+# nightly prompt-trees lane draws. The host-cache-on draws are seeded apart from the off ones (their trees aimed
+# the same way: a seed draws the same trees either way), so a lane sees twice as many trees.
 PER_BUMP_TREES = 6
 NIGHTLY_TREES = 96
+CACHE_SEEDS = {64: 1, 0: 0}  # host prompt cache MiB (--cache-ram) -> the drawn trees' seed
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
-    of prompt trees drawn per schedule with the host prompt cache on and as many with it off (the trees aimed at
-    each slot's own checkpoints), in both KV layouts llama-server has: one cache per slot (-np given) and one for
+    of prompt trees drawn per schedule (aimed at the slots' checkpoints) with the host prompt cache on and as many
+    with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for
     all slots (its default without -np)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
         return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                 ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
                                       kv_unified=unified)),
-                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified)),
-                ("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified, cache_ram=0))]
+                *(("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
+                  for cache, seed in CACHE_SEEDS.items())]
     return server_lane(row, "prefix-cache", path, target_spec, runs)
 
 
@@ -337,8 +339,8 @@ def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
     """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout,
     with the host prompt cache on and off (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of each)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
-        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache))
-                for cache in (64, 0)]
+        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
+                for cache, seed in CACHE_SEEDS.items()]
     return server_lane(row, "prompt-trees", path, target_spec, runs)
 
 

@@ -82,7 +82,8 @@ FINDING = {"type": "object", "required": ["oracle", "status", "message"], "addit
                                                                               "detail": {"type": "string"}}},
                "reproduced": {"type": "boolean"}, "fingerprint": FINGERPRINT, "detail": {"type": "object"}}}
 
-RADIX_REPLAY = {"type": "string", "pattern": "^r1:[0-9]+:[0-9]+:[0-9]+:[^:]+:[A-Za-z.]*$",
+RADIX_REPLAY = {"type": "string",  # r1: the fixed tree (a trunk length); r2: a tree drawn for the schedule
+                "pattern": "^(r1:[0-9]+:[0-9]+:[0-9]+|r2:[0-9]+:[0-9]+:[^:]+):[^:]+:[A-Za-z.]*$",
                 "description": "a radix schedule's replay string (fuzz radix --replay STRING)"}
 
 REPORT = {
@@ -113,6 +114,8 @@ REPORT = {
         "explored": {"type": "integer", "minimum": 0, "description": "radix: schedules run"},
         "flaky": {"type": "array", "description": "radix: findings that did not reproduce (not reported)",
                   "items": {"type": "object", "required": ["replay"], "properties": {"replay": RADIX_REPLAY}}},
+        "again": {"type": "array", "items": RADIX_REPLAY, "description": "radix: later schedules with the findings "
+                  "of one already found, counted, not replayed (a drawn surface goes on past a finding)"},
         "reuse_policy": {"type": "string", "description": "radix: the prompt-cache reuse it promises"}}}
 
 LANE = {"type": "object", "required": ["row", "lane", "status", "detail", "seconds"], "properties": {

@@ -1,4 +1,5 @@
-"""Which state llama-server restored: its checkpoint log against the prompts each slot was sent (no server here).
+"""What llama-server's own records say against what a schedule sent (no server here): which state it restored
+(its checkpoint log against the prompts each slot was sent) and its /metrics counters.
 
 A context checkpoint is the state of the memory that cannot be rolled back (sliding-window cells, recurrent
 state), saved by a slot after the first n_tokens of a prompt. When a later prompt shares a prefix with what the slot
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from fuzz.oracles.radix_schedules import STREAMED
 
 
 @dataclass
@@ -72,3 +75,23 @@ def stale_message(s: dict[str, Any]) -> str:
     return (f"slot {s['slot']} restored a context checkpoint (positions {s['pos_min']}..{s['pos_max']}, "
             f"{s['n_tokens']} tokens) made from {s['source']} and reused {s['n_past']} of its tokens for "
             f"{s['prompt']}, whose tokens differ from index {s['differs']}: another prompt's state")
+
+
+def metrics_problem(m: dict[str, float], ops: dict[str, dict[str, Any]], ref: dict[str, Any]) -> str | None:
+    """The server's counters against what the schedule sent: prompt tokens processed + reused = every streamed
+    prompt's length; tokens predicted at least what was received and at most what was asked; nothing processing
+    or deferred."""
+    streamed = [o for o in ops.values() if o["op"].kind in STREAMED]
+    sent = sum(len(ref["prompts"][o["prompt"]]) for o in streamed)
+    counted = m.get("llamacpp:prompt_tokens_total", 0) + m.get("llamacpp:prompt_tokens_cached_total", 0)
+    got = sum(len(o["result"].get("tokens", [])) for o in streamed)
+    predicted = m.get("llamacpp:tokens_predicted_total", 0)
+    asked = sum(len(ref["answers"][o["prompt"]]["tokens"]) if o["op"].kind != "cancel" else 10 ** 6
+                for o in streamed)
+    if counted != sent:
+        return f"/metrics counts {counted:g} prompt tokens processed or reused; the schedule sent {sent}"
+    if not got <= predicted <= asked:
+        return f"/metrics counts {predicted:g} tokens predicted; the clients received {got}"
+    if m.get("llamacpp:requests_processing", 0) or m.get("llamacpp:requests_deferred", 0):
+        return "/metrics: requests still processing or deferred after the schedule"
+    return None

@@ -79,8 +79,8 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
     if oracle == "wire":
         return WireConfig(wire=pick("f16", "bf16", "q8_0"), cuts=cut, tokens=4, prompt_len=8, target=target,
                           seed=seed)
-    if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule (counted), with
-        # the host prompt cache on or off (off: the trees aimed at the slots' checkpoints, as the lanes' second half)
+    if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule (counted, aimed
+        # at the slots' checkpoints, going on past a finding), with the host prompt cache on or off
         server = target if target.startswith("mutant:radix") else "llama-server"
         if pick(False, True):
             return drawn_trees(4, tokens=4, kv_unified=pick(False, True), target=server, seed=seed,
