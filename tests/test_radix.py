@@ -30,6 +30,7 @@ from fuzz.oracles.radix import (
     reduce_config,
     report,
 )
+from fuzz.oracles.radix_controls import batch_shape, top_k_layout
 from fuzz.oracles.radix_schedules import (
     CHECKPOINT_OFFSET,
     Op,
@@ -414,7 +415,7 @@ def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtu
     try:
         diverged = Run(Schedule.parse(replay), findings=[
             {"kind": "diverged", "op": "complete", "client": 1, "message": diverged_at}])
-        said = rx.explain(diverged)
+        said = top_k_layout(rx, diverged)
         assert said.startswith(f"{why}, and one KV cache for all slots moves their scores: the same schedule answers "
                                "cold with one KV cache per slot (the same reuse); on the one KV cache with the prompt "
                                "cache off it ")
@@ -432,7 +433,40 @@ def test_a_top_k_swap_one_kv_cache_makes_is_numerics_not_a_finding(binary, fixtu
     per_slot = Radix(fixture, RadixConfig(**cfg)).run()
     assert per_slot["status"] == "pass" and per_slot["numerics"] == [] and per_slot["flaky"] == []
     dense = Radix(fixtures("llama", layers=4), RadixConfig(kv_unified=True, replay="r1:0:6:24:cT/cT:A.B"))
-    assert (dense.top_k, dense.experts) == (0, None) and dense.explain(diverged) is None
+    assert (dense.top_k, dense.experts) == (0, None) and top_k_layout(dense, diverged) is None
+
+
+# glm-4.7-flash's row (MLA, MoE), one client, one KV cache per slot: a prompt, a second turn, a third; the third's
+# fifth token turns 48 → 19 (cold margin 0.004) — what the same tokens fed in the server's batch shapes give on the
+# API too (measured: with flash attention the server's shapes pick 19 and the cold run's 48; without, both pick 19)
+GLM_THIRD_TURN = "r2:1:6:25_0@24+11_1@30+10_2@21+5_1@33+6_0@20+5:c5,k,k:A.A.A"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_a_pick_the_models_own_batch_shapes_turn_is_numerics_not_a_finding(binary, tmp_path):
+    """A conversation's tokens reach the model in other batch shapes than its cold run's (each generated token
+    alone, then the next turn's few new ones together; the cold run takes the whole prompt at once), and under flash
+    attention a pick at a small margin turns. The batch-shape control answers the prompt cold one token per ubatch,
+    with no cache at all: it turns the same token the same way, so the divergence is numerics with that cause, not a
+    finding. A divergence the control does not reproduce (another token) stays a finding."""
+    fixture = fixture_for(load_manifest().rows["glm-4.7-flash"], tmp_path)
+    rep = Radix(fixture, RadixConfig(replay=GLM_THIRD_TURN, tree="drawn", tokens=6)).run()
+    assert rep["status"] == "pass" and rep["finding"] is None, rep["finding"]
+    (x,) = rep["numerics"]
+    assert x["findings"][0]["message"].startswith("A2 (k=5++, slot 0): token 4: 19 instead of 48")
+    assert x["cause"].startswith("the model's batch shapes, not the cache: answered cold one token per ubatch (no "
+                                 "cache), 5++'s token 4 turns the same way")
+    rx = Radix(fixture, RadixConfig(replay=GLM_THIRD_TURN, tree="drawn", tokens=6))
+    rx.ref_t, rx.srv = open_target("llama-server"), open_target("llama-server")
+    try:
+        run = rx.run_schedule(rx.fixed)
+        (f,) = run.findings
+        assert f["prompt"] == "5++" and f["tokens"][4] == 19
+        other = Run(run.schedule, findings=[{**f, "tokens": [*f["tokens"][:4], 20, *f["tokens"][5:]]}])
+        assert batch_shape(rx, other) is None and batch_shape(rx, run).startswith("the model's batch shapes")
+    finally:
+        close_all([rx.ref_t, rx.srv])
 
 
 # case 126 of seed 0's campaign: gemma3, every layer sliding-window (window 8), q4_0 weights

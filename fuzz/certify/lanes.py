@@ -405,7 +405,8 @@ def server_parts(reps: list[Report]) -> list[str]:
                      f"{noise['near_tie']:.1g} not judged")
     moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
     if moved:
-        parts.append(f"{moved} answers moved by the shared KV cache, not the prompt cache")
+        parts.append(f"{moved} answers moved by numerics the controls name (the model's batch shapes, a shared KV "
+                     "cache), not by the prompt cache")
     return parts
 
 

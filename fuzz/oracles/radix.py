@@ -53,6 +53,7 @@ from fuzz.oracles.prefix_cache import (
     placement_noise,
     shared_prefix,
 )
+from fuzz.oracles.radix_controls import explain
 from fuzz.oracles.radix_schedules import (
     CANCEL_AFTER,
     STREAMED,
@@ -268,30 +269,11 @@ class Radix:
                     yield s
 
     def explain(self, run: Run) -> str | None:
-        """Why a reproduced divergence is not the prompt cache's, or None (a finding). On a model that picks a top-k
-        by score — the keys each query keeps (DSA's indexer), the experts each token is routed to (MoE) — one KV cache
-        for all slots moves those scores (where cells sit orders flash attention's sums; what a prompt was batched
-        with: the measured placement move) and a score at the k-th place can swap a key or an expert, turning that
-        move into another token — however clear the pick's margin (the memory oracle traces it on the API: a router
-        near-tie). Such a divergence is explained when the same schedule gives every answer cold with one KV cache per
-        slot: the same reuse, of the same cache code, each slot's cells where a cold run puts them. (A unified-only
-        fault of the cache's shows on the rows without top-k selection, where the layout is judged to its measured
-        move.) The same schedule with the prompt cache off says more: it moves too (placement and co-batching alone)
-        or it answers cold."""
-        if not (self.cfg.kv_unified and (self.top_k or self.experts)) or \
-                any(f["kind"] != "diverged" for f in run.findings):
+        """Why a reproduced divergence is not the prompt cache's, or None (a finding): radix_controls."""
+        try:
+            return explain(self, run)
+        except _Stop:  # a control's server aborted: nothing explained
             return None
-        sched = Schedule.parse(run.schedule.replay)
-        if any(f["kind"] == "diverged" for f in self.run_schedule(sched, kv_unified=False).findings):
-            return None
-        uncached = self.run_schedule(sched, uncached=True)
-        moved = any(f["kind"] == "diverged" for f in uncached.findings)
-        used, experts = self.experts or (0, 0)
-        what = f"the attention keeps each query's top-{self.top_k} keys (DSA indexer)" if self.top_k else \
-            f"the router picks each token's top-{used} of {experts} experts (MoE)"
-        return (f"{what}, and one KV cache for all slots moves their scores: the same schedule answers cold with one "
-                "KV cache per slot (the same reuse); on the one KV cache with the prompt cache off it "
-                + ("moves too" if moved else "answers cold"))
 
     # ---- one schedule ---------------------------------------------------------------------------------
     def reference(self, sched: Schedule) -> dict[str, Any]:
@@ -302,7 +284,7 @@ class Radix:
             tree = tree_prompts(self.info.n_vocab, sched.seed, sched.tree) if sched.tree else \
                 prompt_tree(self.info.n_vocab, sched.seed, sched.trunk)
             if not self.refs:
-                self._load(self.ref_t, slots=1, cache_ram=0)
+                self.serve(self.ref_t, slots=1, cache_ram=0)
             prompts = {n: tree[n] for n in sched.prompts}
             answers = cold_answers(self.ref_t, self.fixture, prompts, sched.tokens)
             self.refs[key] = {"prompts": prompts, "answers": answers, "tail": tree["tail"], "tokens": sched.tokens}
@@ -326,7 +308,7 @@ class Radix:
         ref["prompts"][name] = prompt
         ref["answers"].update(cold_answers(self.ref_t, self.fixture, {name: prompt}, ref["tokens"]))
 
-    def _load(self, t: Target, **params: Any) -> dict[str, Any]:
+    def serve(self, t: Target, **params: Any) -> dict[str, Any]:
         """A server that refuses the model is bad input; one that aborts loading it is a crash finding."""
         try:
             return load_server(t, self.fixture, n_ctx=N_CTX_PER_SLOT * params["slots"], **params)
@@ -348,7 +330,7 @@ class Radix:
         ref: dict[str, Any] = {}
         try:
             ref = self.reference(sched)  # (a one-slot server that aborts loading: a crash finding too)
-            self.logged = self._load(t, slots=k, cache_ram=self.cfg.cache_ram, log_checkpoints=True,
+            self.logged = self.serve(t, slots=k, cache_ram=self.cfg.cache_ram, log_checkpoints=True,
                                      kv_unified=self.cfg.kv_unified if kv_unified is None else kv_unified
                                      ).get("log_checkpoints", False)
             for n, step in enumerate(sched.script):
@@ -459,7 +441,8 @@ class Radix:
                     want, got = {**want, "tokens": want["tokens"][:n]}, {**got, "tokens": got["tokens"][:n]}
                 why = compare(want, got, self.near_tie)
                 if why:
-                    run.findings.append({"kind": "diverged", "op": op.kind, "client": c,
+                    run.findings.append({"kind": "diverged", "op": op.kind, "client": c, "prompt": o["prompt"],
+                                         "tokens": got["tokens"],
                                          "message": f"{where}: {why} (cold run: {want['tokens']})"})
                 if op.kind != "cancel":
                     if self.cfg.kv_unified and held.get(c) and cleared(o, since[c], ops):

@@ -1,0 +1,74 @@
+"""Why a reproduced radix divergence is numerics and not the prompt cache's: controls on the real server, run only
+for a divergence that reproduced (Radix.explain). Each returns the cause in words, or None: then it is a finding.
+
+A control explains a divergence by the same answers without the thing under test (the cache's reuse) and with only
+the numerics it names changed: the model's batch shapes (batch_shape), or where one KV cache for all slots puts a
+sequence's cells (top_k_layout)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fuzz.oracles.prefix_cache import cold_answers
+from fuzz.oracles.radix_schedules import Schedule
+
+if TYPE_CHECKING:
+    from fuzz.oracles.radix import Radix, Run
+
+
+def explain(rx: Radix, run: Run) -> str | None:
+    """Why a reproduced divergence is not the prompt cache's, or None (a finding): the model's own batch shapes
+    (batch_shape), or one KV cache for all slots moving a top-k selection (top_k_layout)."""
+    if any(f["kind"] != "diverged" for f in run.findings):
+        return None
+    return batch_shape(rx, run) or top_k_layout(rx, run)
+
+
+def batch_shape(rx: Radix, run: Run) -> str | None:
+    """A conversation's tokens reach the model in other batch shapes than its cold run's: what a slot reuses was
+    processed as it came (a prompt in one ubatch, each generated token alone, a second turn's new tokens
+    together), the cold run takes the whole prompt in one. With flash attention (llama-server's default on the
+    CPU) a ubatch's keys are summed in tiles and a single token's in another order, so the two move apart by
+    rounding, and a pick at a small margin can turn (seen on glm-4.7-flash: a third turn's fifth token, margin
+    0.004, the server's token what the same tokens fed in its shapes give on the API). Control: each diverged
+    prompt answered cold on a one-slot server with the cache off, one token per ubatch — no cache at all. A
+    divergence is the model's batch-shape numerics when that answer parts from the batched cold answer at the
+    same step, with the token the server gave."""
+    ref = rx.reference(run.schedule)
+    rx.serve(rx.srv, slots=1, cache_ram=0, n_ubatch=1)
+    one = cold_answers(rx.srv, rx.fixture, {f["prompt"]: ref["prompts"][f["prompt"]] for f in run.findings},
+                       ref["tokens"])
+    turned = []
+    for f in run.findings:
+        want, alone, got = ref["answers"][f["prompt"]]["tokens"], one[f["prompt"]]["tokens"], f["tokens"]
+        k = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
+        if k is None or k >= len(alone) or alone[:k] != want[:k] or alone[k] != got[k]:
+            return None
+        turned.append(f"{f['prompt']}'s token {k}")
+    return (f"the model's batch shapes, not the cache: answered cold one token per ubatch (no cache), "
+            f"{', '.join(turned)} turns the same way (flash attention sums a ubatch's keys in another order)")
+
+
+def top_k_layout(rx: Radix, run: Run) -> str | None:
+    """On a model that picks a top-k by score — the keys each query keeps (DSA's indexer), the experts each token is
+    routed to (MoE) — one KV cache for all slots moves those scores (where cells sit orders flash attention's sums;
+    what a prompt was batched with: the measured placement move) and a score at the k-th place can swap a key or an
+    expert, turning that move into another token — however clear the pick's margin (the memory oracle traces it on
+    the API: a router near-tie). Such a divergence is explained when the same schedule gives every answer cold with
+    one KV cache per slot: the same reuse, of the same cache code, each slot's cells where a cold run puts them. (A
+    unified-only fault of the cache's shows on the rows without top-k selection, where the layout is judged to its
+    measured move.) The same schedule with the prompt cache off says more: it moves too (placement and co-batching
+    alone) or it answers cold."""
+    if not (rx.cfg.kv_unified and (rx.top_k or rx.experts)):
+        return None
+    sched = Schedule.parse(run.schedule.replay)
+    if any(f["kind"] == "diverged" for f in rx.run_schedule(sched, kv_unified=False).findings):
+        return None
+    uncached = rx.run_schedule(sched, uncached=True)
+    moved = any(f["kind"] == "diverged" for f in uncached.findings)
+    used, experts = rx.experts or (0, 0)
+    what = f"the attention keeps each query's top-{rx.top_k} keys (DSA indexer)" if rx.top_k else \
+        f"the router picks each token's top-{used} of {experts} experts (MoE)"
+    return (f"{what}, and one KV cache for all slots moves their scores: the same schedule answers cold with one "
+            "KV cache per slot (the same reuse); on the one KV cache with the prompt cache off it "
+            + ("moves too" if moved else "answers cold"))
