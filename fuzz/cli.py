@@ -447,7 +447,9 @@ def radix_cmd(
         = "llama-server",
     kv_unified: KvUnifiedOpt = False,
     cache_ram: Annotated[int, Opt(help="MiB of host prompt cache (--cache-ram); 0: off, where a slot's checkpoints "
-                                       "stay its own and drawn trees aim at them")] = 64,
+                                       "stay its own")] = 64,
+    keep_going: Annotated[bool, Opt(help="go on past a finding: every schedule explored, each kind of finding "
+                                         "reproduced and reported once, later schedules with it counted")] = False,
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     backend: BackendOpt = None,
@@ -463,7 +465,7 @@ def radix_cmd(
     cfg = rx.RadixConfig(clients=clients, ops=ops, mode="exhaustive" if exhaustive else "pct", budget=budget,
                          tokens=tokens, trunk=trunk, replay=replay, plan=plan, limit=limit, tree=tree,
                          schedules=schedules, target=target, kv_unified=kv_unified, cache_ram=cache_ram,
-                         timeout=timeout, seed=seed)
+                         keep_going=keep_going, timeout=timeout, seed=seed)
     return run_oracle("radix", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 

@@ -313,11 +313,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 # drawn prompt-tree schedules per KV layout and host-cache setting (on, off): per bump a seeded prefix of what the
-# nightly prompt-trees lane draws. The host-cache-on draws are seeded apart from the off ones (their trees aimed
-# the same way: a seed draws the same trees either way), so a lane sees twice as many trees.
-PER_BUMP_TREES = 6
-NIGHTLY_TREES = 96
-CACHE_SEEDS = {64: 1, 0: 0}  # host prompt cache MiB (--cache-ram) -> the drawn trees' seed
+# nightly prompt-trees lane draws; each setting its own seed (host cache MiB -> seed: a seed draws the same trees)
+PER_BUMP_TREES, NIGHTLY_TREES, CACHE_SEEDS = 6, 96, {64: 1, 0: 0}
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
@@ -405,8 +402,7 @@ def server_parts(reps: list[Report]) -> list[str]:
                      f"{noise['near_tie']:.1g} not judged")
     moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
     if moved:
-        parts.append(f"{moved} answers moved by numerics the controls name (the model's batch shapes, a shared KV "
-                     "cache), not by the prompt cache")
+        parts.append(f"{moved} answers moved by numerics the controls name, not by the prompt cache")
     return parts
 
 
