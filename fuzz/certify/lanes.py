@@ -321,8 +321,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
     of prompt trees drawn per schedule (aimed at the slots' checkpoints) with the host prompt cache on and as many
-    with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for
-    all slots (its default without -np)."""
+    with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its
+    default without -np)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
         return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                 ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,

@@ -115,7 +115,7 @@ class RadixConfig:
     target: str = "llama-server"
     timeout: float = 60.0
     # go on past a finding: every schedule is explored and each kind of finding reported once (a later schedule
-    # with the same kinds is counted, not run again), so one finding — an upstream bug already named — does not
+    # with the same kinds is counted, not replayed), so one finding — an upstream bug already named — does not
     # end the exploration of the rest
     keep_going: bool = False
 
@@ -194,9 +194,9 @@ class Radix:
         t0 = time.perf_counter()
         runs: list[Run] = []
         flaky: list[dict[str, Any]] = []
-        numerics: list[dict[str, Any]] = []  # reproduced divergences the layout explains (explain), not reported
-        found: list[Run] = []  # reproduced findings the layout does not explain: the first (keep_going: each kind)
-        again: list[str] = []  # keep_going: later schedules with the findings of one already found (not rerun)
+        numerics: list[dict[str, Any]] = []  # reproduced divergences a control explains (explain), not reported
+        found: list[Run] = []  # reproduced findings no control explains: the first (keep_going: each kind)
+        again: list[str] = []  # keep_going: later schedules with the findings of one already found (not replayed)
         explored = 0
         with Fleet(cfg.target, cfg.timeout) as fleet:
             self.ref_t = fleet.one(spec="llama-server", start=True)  # (a mutant's reference is the real one)
