@@ -4,6 +4,7 @@ llama.cpp, clean attention and recurrent models pass, every finding on a clean b
 upstream repros (by its cause), and the two mutants no other lane sees are caught and shortened to 2 operations."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,15 @@ from fuzz.certify.corpus import fixture_for
 from fuzz.certify.lanes import lane_memory
 from fuzz.engine.contract import KNOWN, PASS
 from fuzz.engine.fixtures import fixture_path
-from fuzz.oracles.memory import lineage, other_neighbours, reduce_config, report, without_neighbours
+from fuzz.oracles.memory import (
+    ORDER_ROUNDING,
+    lineage,
+    other_neighbours,
+    reduce_config,
+    report,
+    without_neighbours,
+)
+from fuzz.oracles.memory_machine import Recompute
 from fuzz.oracles.memory_model import (
     PRESSURE_CTX,
     Memory,
@@ -379,6 +388,43 @@ def test_a_routing_near_tie_under_flash_attention_is_numerics_not_a_finding(tmp_
     assert flip["margin"] <= 2 * flip["scores_max_abs"] <= 2e-2
     plain = report(fixture, MemoryConfig(program=prog, kv_unified=(True,)))
     assert plain.status == PASS and not plain.numerics and plain.results[0]["max_abs_dlogit"] < 1e-3
+
+
+@pytest.mark.llama
+def test_a_recomputes_cell_order_under_flash_attention_is_numerics_not_a_finding(tmp_path):
+    """llama-wide-vocab's tier-1 row in one unified cache with flash attention: sequence 1's token copied to 0 and 2,
+    a token pair decoded for 0 and 2 together, 0's first two positions removed (their cells still held by 1 and 2),
+    six tokens decoded for 0. The recompute of 0's history alone refills the two cells its removal freed, so two of
+    the six sit below position 2; flash attention sums cells in that order: 0.278 on the last logits. The cell-order
+    control: held by a filler sequence, the recompute agrees with this context; the recomputes first part at layer 0,
+    by 4.5e-4 of its largest output (f16 rounding); without flash attention the program passes bit for bit."""
+    fixture = fixture_for(load_manifest().rows["llama-wide-vocab"], tmp_path)
+    prog = [{"op": "decode", "parts": [[1, [40091]]]}, {"op": "cp", "src": 1, "dst": 0, "p0": -1, "p1": -1},
+            {"op": "cp", "src": 1, "dst": 2, "p0": -1, "p1": -1},
+            {"op": "coupled", "seqs": [0, 2], "tokens": [98093, 25213]}, {"op": "rm", "seq": 0, "p0": 0, "p1": 2},
+            {"op": "decode", "parts": [[0, [101118, 14906, 50601, 91292, 107093, 49767]]]}]
+    rep = report(fixture, MemoryConfig(program=prog, kv_unified=(True,), flash_attn=True))
+    assert not rep.findings and rep.status == PASS
+    (n,) = rep.numerics
+    assert n.cause["kind"] == "cell-order-numerics" and n.cause["layer"] == 0
+    assert 1e-4 < n.cause["moved"] <= ORDER_ROUNDING and 0.2 < n.detail["max_abs_dlogit"] < 0.4
+    plain = report(fixture, MemoryConfig(program=prog, kv_unified=(True,)))
+    assert plain.status == PASS and not plain.numerics and plain.results[0]["max_abs_dlogit"] == 0.0
+
+
+def test_a_held_recompute_gives_the_cells_each_removal_frees_to_a_filler():
+    """The cell-order control's recompute: after each removal a filler sequence takes as many cells as the removal
+    freed of the sequence's positions (shifts and divisions followed), and the context holds both sequences in one
+    cache; the plain recompute has neither."""
+    rc = Recompute(None, Path("m.gguf"), {"n_seq_max": 1})
+    log = [["d", [[0, 5], [1, 6], [2, 7], [3, 8]]], ["rm", 0, 2], ["add", 2, -1, 4], ["d", [[8, 9]]],
+           ["div", 0, -1, 2], ["rm", 3, -1], ["d", [[4, 1]]]]
+    reqs = rc.requests(log, hold=True)
+    assert reqs[0][1]["n_seq_max"] == 2 and reqs[0][1]["kv_unified"] is True
+    fillers = [(i, r) for i, (op, r) in enumerate(reqs) if op == "decode" and r["seq"] == 1]
+    # removal 1 frees positions 0, 1; 2, 3 shift to 6, 7; 8 decoded; ÷2: 3, 3, 4; removal 2 frees all three cells
+    assert [(i, r["pos"]) for i, r in fillers] == [(3, [0, 1]), (8, [2, 3, 4])]
+    assert [op for op, _ in rc.requests(log)].count("decode") == 3 and "kv_unified" not in rc.requests(log)[0][1]
 
 
 @pytest.mark.llama

@@ -35,6 +35,7 @@ import contextlib
 import re
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def without_neighbours(program: list[dict[str, Any]], keep: set[tuple[int, int]]
 
 def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
             program: list[dict[str, Any]], problem: dict[str, Any], mem: Memory,
-            rows: dict[int, np.ndarray]) -> dict[str, Any] | None:
+            rows: dict[int, np.ndarray], logs: dict[int, list[list[Any]]] | None = None) -> dict[str, Any] | None:
     """What the shortest program's failure needs, by controls that each change one thing and must make it pass:
     rollback — every partial seq_rm of a recurrent state done as a recompute instead (the rolled-back state is not
     the state of the tokens kept); deferred — a settle (a decode elsewhere) after one operation (llama.cpp defers that
@@ -182,6 +183,10 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
         else None
     if route is not None:
         return route
+    order = cell_order(t, fixture, cfg, kv_unified, recompute, program, problem, logs.get(seq), rows.get(seq)) \
+        if logs is not None and seq is not None else None
+    if order is not None:
+        return order
     if gaps and passes(settle=frozenset(gaps)):
         i = next((i for i in gaps if passes(settle=frozenset([i]))), gaps[0])
         return {"kind": "deferred", "op": program[i]["op"], "step": i, "then": step_class(program[i + 1]["op"]),
@@ -229,6 +234,50 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
                       f"experts {flip['b']} here and {flip['a']} alone; the router's scores ({flip['scores']}) moved "
                       f"by {flip['scores_max_abs']:.2g} across a gap of {flip['margin']:.2g} — rounding (where the "
                       f"cells sit orders flash attention's sums) chose another expert, which moves the logits whole"}
+
+
+# a few f16 roundings, relative to a layer's largest output: CPU flash attention accumulates V in f16, in cell order
+ORDER_ROUNDING = 4 * 2.0 ** -10
+
+
+def cell_order(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
+               program: list[dict[str, Any]], problem: dict[str, Any], log: list[list[Any]] | None,
+               got: np.ndarray | None) -> dict[str, Any] | None:
+    """The cell-order control, with flash attention: it sums a sequence's cells in cell order, and the recompute
+    refills the cells its own removals freed, so later positions can sit below earlier ones where the machine (other
+    sequences holding those cells) keeps them in position order. Numerics when all three hold: the program passes
+    without flash attention; the recompute with the freed cells held by a filler sequence (the sequence's cells in
+    position order) agrees with the machine; and where that recompute and the plain one first part, the layer's
+    outputs moved by at most a few f16 roundings (ORDER_ROUNDING) — a kernel that mis-summed or mis-masked
+    out-of-order cells would move them whole. None otherwise."""
+    if not cfg.flash_attn or problem["check"] != "logits" or log is None or got is None \
+            or not any(e[0] == "rm" for e in log):
+        return None
+    plain_fa = Recompute(recompute.t, recompute.fixture, {**recompute.params, "flash_attn": False}, recompute.feed,
+                         tol=recompute.tol)
+    plain_fa.faithful_shifts = recompute.faithful_shifts
+    try:
+        if run_program(t, fixture, replace(cfg, flash_attn=False), kv_unified, plain_fa, program, None)[1]:
+            return None
+    except UserError:
+        return None
+    n_layer = inspect_file(str(recompute.fixture)).n_layer
+    plain, held = recompute.layers(log, n_layer), recompute.layers(log, n_layer, hold=True)
+    if plain is None or held is None or float(np.max(np.abs(held[0].astype(np.float64) - got))) > recompute.tol:
+        return None
+    first = next((k for k in sorted(plain[1]) if not np.array_equal(plain[1][k], held[1][k])), None)
+    if first is None:
+        return None
+    a, b = plain[1][first].astype(np.float64), held[1][first].astype(np.float64)
+    moved = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(a))), 1e-30))
+    if moved > ORDER_ROUNDING:
+        return None
+    return {"kind": "cell-order-numerics", "numerics": True, "layer": first, "moved": moved,
+            "detail": f"flash attention sums the sequence's cells in cell order: the recompute refilled cells its "
+                      f"removal freed (later positions below earlier ones); with them held by a filler sequence it "
+                      f"agrees with this context, the layer where the two recomputes first part (layer {first}) moved "
+                      f"by {moved:.2g} of its largest output (f16 rounding), and without flash attention the program "
+                      f"passes"}
 
 
 def same_problem(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -370,7 +419,8 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                     _, last, ran = run_program(t, fixture, cfg, kvu, recompute, short, None)
                     final = last or problem
                     row["status"] = CRASH if problem["check"] == "crash" else FINDING
-                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows) \
+                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows,
+                                    ran.model.log) \
                         if mach.mem and problem["check"] != "crash" else None
                     if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
                         row["status"] = NUMERICS

@@ -94,22 +94,43 @@ class Recompute:
             return None
         return float(np.max(np.abs(shifted.astype(np.float64) - direct.astype(np.float64))))
 
-    def requests(self, log: list[list[Any]], trace: bool = False) -> list[tuple[str, dict[str, Any]]]:
-        """The log as requests to a fresh context (trace: loaded for tracing, its last decode traced)."""
-        reqs: list[tuple[str, dict[str, Any]]] = [("load", {"path": str(self.fixture), **self.params,
-                                                            **({"trace": True} if trace else {})})]
+    def requests(self, log: list[list[Any]], trace: bool = False, hold: bool = False,
+                 capture: int = 0) -> list[tuple[str, dict[str, Any]]]:
+        """The log as requests to a fresh context. trace: loaded for tracing, its last decode traced. hold: the cells
+        each removal frees are taken at once by a filler sequence (one more sequence, one unified cache), so the
+        sequence's later tokens never sit below its earlier ones: its cells in position order, as where other
+        sequences still hold them (the cell-order control). capture: the last decode's first `capture` layers'
+        outputs returned."""
+        load = {"path": str(self.fixture), **self.params, **({"trace": True} if trace else {}),
+                **({"n_seq_max": 2, "kv_unified": True} if hold else {}), **({"capture": True} if capture else {})}
+        reqs: list[tuple[str, dict[str, Any]]] = [("load", load)]
         last = max((i for i, e in enumerate(log) if e[0] == "d"), default=-1)
+        held: list[int] = []  # the sequence's positions, one per cell (hold: what a removal frees)
+        filler = 0  # the filler sequence's next position
         for i, e in enumerate(log):
             if e[0] == "d":
                 reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
                                         "seq": 0, "logits": "last", **({"trace": "all"} if trace and i == last
-                                                                       else {})}))
-            elif e[0] == "rm":
+                                                                       else {}),
+                                        **({"capture": list(range(capture))} if capture and i == last else {})}))
+                held += [p for p, _ in e[1]]
+                continue
+            lo, hi = (e[1] if e[1] >= 0 else 0), (e[2] if e[2] >= 0 else np.inf)
+            inside = [p for p in held if lo <= p < hi]
+            outside = [p for p in held if not lo <= p < hi]
+            if e[0] == "rm":
                 reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
+                held = outside
+                if hold and inside:
+                    reqs.append(("decode", {**self.feed.args([0] * len(inside)), "seq": 1, "logits": "last",
+                                            "pos": list(range(filler, filler + len(inside)))}))
+                    filler += len(inside)
             elif e[0] == "add":
                 reqs.append(("seq_add", {"seq": 0, "p0": e[1], "p1": e[2], "delta": e[3]}))
+                held = outside + [p + e[3] for p in inside]
             else:
                 reqs.append(("seq_div", {"seq": 0, "p0": e[1], "p1": e[2], "d": e[3]}))
+                held = outside + [p // e[3] for p in inside]
         return reqs
 
     def logits(self, log: list[list[Any]]) -> np.ndarray | str:
@@ -126,6 +147,18 @@ class Recompute:
                 last = next(r for r in reversed(replies) if r.request.get("op") == "decode")
                 self.memo[key] = np.frombuffer(as_bytes(last.data["logits"]), "<f4")
         return self.memo[key]
+
+    def layers(self, log: list[list[Any]], n_layer: int, hold: bool = False) \
+            -> tuple[np.ndarray, dict[int, np.ndarray]] | None:
+        """The log's last logits and its last decode's layer outputs (captured), replayed in a fresh context — with
+        the freed cells held (hold: requests) or not; None if the replay failed."""
+        reqs = self.requests(log, hold=hold, capture=n_layer)
+        replies = self.t.pipeline(reqs)
+        if len(replies) < len(reqs) or not all(r.ok for r in replies):
+            return None
+        last = next(r for r in reversed(replies) if r.request.get("op") == "decode" and r.request.get("seq") == 0)
+        return (np.frombuffer(as_bytes(last.data["logits"]), "<f4"),
+                {int(k): np.frombuffer(as_bytes(v), "<f4") for k, v in last.data["captures"].items()})
 
     def traced(self, log: list[list[Any]]) -> list[dict[str, Any]] | None:
         """Every graph node of the log's last decode, replayed alone in a fresh context loaded for tracing (the
