@@ -278,14 +278,15 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 
 
 def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts) on the model, and on its second
-    half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on attention), and the program under
-    memory pressure (a state imported into cells free in total but in no long enough run), with flash attention and
-    without. A finding that is a committed upstream repro (corpora/repros, matched by its check, operation and cause
-    whatever the family) is known; any other fails the lane."""
+    """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts; half as many with flash attention)
+    on the model, and on its second half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on
+    attention), and the program under memory pressure (a state imported into cells free in total but in no long enough
+    run), with flash attention and without. A finding that is a committed upstream repro (corpora/repros, matched by
+    its check, operation and cause whatever the family) is known; any other fails the lane."""
     spec = row.spec()
     n = spec.n_layer
-    runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec))]
+    runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec)),
+               oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4, flash_attn=True))]
     if n > 1:
         runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4,
                                                                stage=f"{n // 2}:{n}")))
@@ -295,8 +296,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
     runs = [r for rep in reps for r in rep.results]
-    did = (f"{len(runs)} programs (model, stage {n // 2}:{n}, under memory pressure with and without flash "
-           "attention), "
+    did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
+           "and without flash attention), "
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks")
     if new:

@@ -88,9 +88,9 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
         plans = LANE_PLANS.split(";")
         return RadixConfig(plan=pick(*plans), limit=3, budget=0.0, tokens=4, kv_unified=pick(False, True),
                            target=server, seed=seed)
-    if oracle == "memory":  # a few drawn programs, in the layout drawn
+    if oracle == "memory":  # a few drawn programs, in the layout drawn, with flash attention or without
         return MemoryConfig(programs=2, steps=int(rng.integers(8, 25)), n_seq=int(rng.integers(2, 5)),
-                            kv_unified=(pick(False, True),), target=target, seed=seed)
+                            kv_unified=(pick(False, True),), target=target, seed=seed, flash_attn=pick(False, True))
     raise UserError(f"--oracle {oracle!r}: campaigns run {', '.join(ORACLES)}")
 
 
