@@ -412,6 +412,23 @@ def test_a_recomputes_cell_order_under_flash_attention_is_numerics_not_a_finding
     assert plain.status == PASS and not plain.numerics and plain.results[0]["max_abs_dlogit"] == 0.0
 
 
+@pytest.mark.llama
+def test_the_deferred_control_names_the_operation_whose_work_was_still_pending(tmp_path):
+    """granite's tier-1 row: two divisions of sequence 2, its state copied to sequence 0, 0 decoded — the export
+    loses the divisions' deferred work (upstream's, `llama-memory-div-lost-by-export`). A decode right after the first
+    division is enough too (what the second leaves pending moves the logits less), but the work still pending when
+    the export read the cache is the second's: the cause names the division before the export, and the finding is
+    the known one (seed 5's 24 drawn programs found it and, naming the first, matched nothing)."""
+    row = load_manifest().rows["granite"]
+    prog = [{"op": "decode", "parts": [[2, [31, 40, 30]]]}, {"op": "div", "seq": 2, "p0": 1, "p1": -1, "d": 2},
+            {"op": "div", "seq": 2, "p0": 0, "p1": -1, "d": 2}, {"op": "copy_state", "src": 2, "dst": 0},
+            {"op": "decode", "parts": [[0, [6]]]}]
+    rep = report(fixture_for(row, tmp_path), MemoryConfig(program=prog, kv_unified=(False,)))
+    (f,) = rep.findings
+    assert (f.cause["kind"], f.cause["op"], f.cause["step"], f.cause["then"]) == ("deferred", "div", 2, "export")
+    assert known_repro(known_upstream(), "granite", f) == "llama-memory-div-lost-by-export"
+
+
 def test_a_held_recompute_gives_the_cells_each_removal_frees_to_a_filler():
     """The cell-order control's recompute: after each removal a filler sequence takes as many cells as the removal
     freed of the sequence's positions (shifts and divisions followed), and the context holds both sequences in one

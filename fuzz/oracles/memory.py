@@ -188,7 +188,9 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     if order is not None:
         return order
     if gaps and passes(settle=frozenset(gaps)):
-        i = next((i for i in gaps if passes(settle=frozenset([i]))), gaps[0])
+        # the latest operation whose settle is enough: the work still pending when a later step read the cache (an
+        # earlier one's settle may pass too, where what it leaves pending moves the logits less)
+        i = next((i for i in reversed(gaps) if passes(settle=frozenset([i]))), gaps[0])
         return {"kind": "deferred", "op": program[i]["op"], "step": i, "then": step_class(program[i + 1]["op"]),
                 "detail": f"the same program passes with a decode elsewhere right after step {i} "
                           f"({format_step(program[i])}): the work llama.cpp defers to the next decode was not done "
