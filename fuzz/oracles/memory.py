@@ -255,11 +255,11 @@ def cell_order(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
     if not cfg.flash_attn or problem["check"] != "logits" or log is None or got is None \
             or not any(e[0] == "rm" for e in log):
         return None
-    plain_fa = Recompute(recompute.t, recompute.fixture, {**recompute.params, "flash_attn": False}, recompute.feed,
+    no_fa = Recompute(recompute.t, recompute.fixture, {**recompute.params, "flash_attn": False}, recompute.feed,
                          tol=recompute.tol)
-    plain_fa.faithful_shifts = recompute.faithful_shifts
+    no_fa.faithful_shifts = recompute.faithful_shifts
     try:
-        if run_program(t, fixture, replace(cfg, flash_attn=False), kv_unified, plain_fa, program, None)[1]:
+        if run_program(t, fixture, replace(cfg, flash_attn=False), kv_unified, no_fa, program, None)[1]:
             return None
     except UserError:
         return None
