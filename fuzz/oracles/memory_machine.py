@@ -133,42 +133,38 @@ class Recompute:
                 held = outside + [p // e[3] for p in inside]
         return reqs
 
+    def replay(self, reqs: list[tuple[str, dict[str, Any]]]) -> Reply | str:
+        """Requests (requests()) sent to a fresh context: the reply to the sequence's last decode, or why it failed."""
+        replies = self.t.pipeline(reqs)
+        bad = next((r for r in replies if not r.ok), None)
+        if bad is not None or len(replies) < len(reqs):
+            why = bad.failure.message if bad is not None and bad.failure else "no reply"
+            return f"the recompute in a fresh context failed: {why}"
+        return next(r for r in reversed(replies) if r.request.get("op") == "decode" and r.request.get("seq") == 0)
+
     def logits(self, log: list[list[Any]]) -> np.ndarray | str:
         key = json.dumps(log)
         if key not in self.memo:
             self.runs += 1
-            reqs = self.requests(log)
-            replies = self.t.pipeline(reqs)
-            bad = next((r for r in replies if not r.ok), None)
-            if bad is not None or len(replies) < len(reqs):
-                why = bad.failure.message if bad is not None and bad.failure else "no reply"
-                self.memo[key] = f"the recompute in a fresh context failed: {why}"
-            else:
-                last = next(r for r in reversed(replies) if r.request.get("op") == "decode")
-                self.memo[key] = np.frombuffer(as_bytes(last.data["logits"]), "<f4")
+            last = self.replay(self.requests(log))
+            self.memo[key] = last if isinstance(last, str) else np.frombuffer(as_bytes(last.data["logits"]), "<f4")
         return self.memo[key]
 
     def layers(self, log: list[list[Any]], n_layer: int, hold: bool = False) \
             -> tuple[np.ndarray, dict[int, np.ndarray]] | None:
         """The log's last logits and its last decode's layer outputs (captured), replayed in a fresh context — with
         the freed cells held (hold: requests) or not; None if the replay failed."""
-        reqs = self.requests(log, hold=hold, capture=n_layer)
-        replies = self.t.pipeline(reqs)
-        if len(replies) < len(reqs) or not all(r.ok for r in replies):
+        last = self.replay(self.requests(log, hold=hold, capture=n_layer))
+        if isinstance(last, str):
             return None
-        last = next(r for r in reversed(replies) if r.request.get("op") == "decode" and r.request.get("seq") == 0)
         return (np.frombuffer(as_bytes(last.data["logits"]), "<f4"),
                 {int(k): np.frombuffer(as_bytes(v), "<f4") for k, v in last.data["captures"].items()})
 
     def traced(self, log: list[list[Any]]) -> list[dict[str, Any]] | None:
         """Every graph node of the log's last decode, replayed alone in a fresh context loaded for tracing (the
         routing control); None if the replay failed."""
-        reqs = self.requests(log, trace=True)
-        replies = self.t.pipeline(reqs)
-        if len(replies) < len(reqs) or not all(r.ok for r in replies):
-            return None
-        return next(r for r in reversed(replies) if r.request.get("op") == "decode").data["nodes"]
-
+        last = self.replay(self.requests(log, trace=True))
+        return None if isinstance(last, str) else last.data["nodes"]
 
 def sliding_window(path: str) -> int:
     """The model's sliding window (0: no sliding-window layer), read from the file once per version of it (a machine

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fuzz.oracles.prefix_cache import cold_answers
+from fuzz.oracles.prefix_cache import cold_answers, shared_prefix
 from fuzz.oracles.radix_schedules import Schedule
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ def batch_shape(rx: Radix, run: Run) -> str | None:
     turned = []
     for f in run.findings:
         want, alone, got = ref["answers"][f["prompt"]]["tokens"], one[f["prompt"]]["tokens"], f["tokens"]
-        k = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
-        if k is None or k >= len(alone) or alone[:k] != want[:k] or alone[k] != got[k]:
+        k = shared_prefix(want, got)  # the step where the server's answer left the cold one
+        if k >= min(len(want), len(got)) or shared_prefix(alone, want) != k or k >= len(alone) or alone[k] != got[k]:
             return None
         turned.append(f"{f['prompt']}'s token {k}")
     return (f"the model's batch shapes, not the cache: answered cold one token per ubatch (no cache), "
