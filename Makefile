@@ -45,9 +45,9 @@ bench: bootstrap
 # a single bump is simpler by hand: one line of constraints.txt
 constraints: bootstrap
 	rm -rf build/freeze && python3 -m venv build/freeze
-	build/freeze/bin/pip install -q --find-links "$(CACHE)/wheels" -e '.[dev]'
-	{ sed '/^[^#]/,$$d' constraints.txt; build/freeze/bin/pip freeze --exclude-editable \
-	  | grep -v -e '^llama_cpp_python[=@ ]' -e '^gguf[=@ ]'; } > build/constraints.txt
+	build/freeze/bin/pip install -q --find-links "$(CACHE)/wheels" -e '.[dev]' --upgrade setuptools
+	{ sed '/^[^#]/,$$d' constraints.txt; build/freeze/bin/pip freeze --all --exclude-editable \
+	  | grep -v -e '^llama_cpp_python[=@ ]' -e '^gguf[=@ ]' -e '^pip=='; } > build/constraints.txt
 	mv build/constraints.txt constraints.txt && rm -rf build/freeze
 
 clean:

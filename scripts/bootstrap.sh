@@ -79,12 +79,13 @@ if [ -n "$build_pid" ]; then
 fi
 
 say "installing into $venv"
-# -c: the wheels' own dependencies (numpy, jinja2, diskcache, pyyaml, tqdm, ...) at the pinned versions too
-"${pip[@]}" install -c "$constraints" "$wheel" "$gguf_wheel"
-# (and over an earlier install of the same versions: a rebuilt wheel keeps its version number)
+# their dependencies and the project's are all in constraints.txt, installed above (pip check agrees: the tests
+# check it); --force-reinstall: over an earlier install of the same versions too (a rebuilt wheel keeps its version
+# number, and pip would call it satisfied)
 "${pip[@]}" install --force-reinstall --no-deps "$wheel" "$gguf_wheel"
-# compat mode: a path entry to the checkout, so new modules and packages need no reinstall
-"${pip[@]}" install -c "$constraints" -e "$root[dev]" --config-settings editable_mode=compat
+# compat mode: a path entry to the checkout, so new modules and packages need no reinstall; made by the venv's
+# setuptools (pinned), not one pip would fetch into an isolated build environment on every run
+"${pip[@]}" install --no-deps --no-build-isolation -e "$root" --config-settings editable_mode=compat
 # the worker's native helpers (targets/native.c); workers also build them on first use if missing
 "$venv/bin/python" -m targets.native >&2
 "$venv/bin/python" -m compileall -q "$root/synth" "$root/fuzz" "$root/targets" >/dev/null
