@@ -39,15 +39,18 @@ if [ ! -f "$sdist" ]; then
   say "downloading llama-cpp-python $LLAMA_CPP_PYTHON sdist"
   "${pip[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$cache/sdist"
 fi
-if ! tar -tzf "$sdist" >/dev/null 2>&1; then
+# read whole before anything is built from it (a second a run: not when the wheels are cached and nothing is)
+readable_sdist() {
+  tar -tzf "$sdist" >/dev/null 2>&1 && return
   say "error: $sdist is not a readable sdist (a partial download?): delete it and run make bootstrap again"
   exit 2
-fi
+}
 
 wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
 built_with=$(cat "$cache/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON.options" 2>/dev/null || true)
 build_pid=""
 if [ -z "$wheel" ] || [ "$built_with" != "$options" ]; then
+  readable_sdist
   # one CMake build of the vendored tree gives the wheel's libraries and llama-server (targets/cmake_build.py;
   # standard library only, so the system Python runs it before the venv holds anything). It runs in a process
   # group of its own while the venv gets every other pinned package (downloads, not compiling: the two overlap);
@@ -64,6 +67,7 @@ fi
 
 gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$gguf_wheel" ]; then
+  [ -n "$build_pid" ] || readable_sdist
   say "building gguf-py $GGUF_PY from the pinned llama.cpp tree"
   tmp=$(mktemp -d)
   tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py"
