@@ -1,26 +1,26 @@
 """The manifest's lanes: each lane is a function of the row (its fixture on disk, the target) that runs one or more
-oracles with the lane's settings and says, in one LaneResult, what the lane certifies; LANE_RUNNERS is the table
+oracles with the lane's settings and says, in one LaneResult (lane_result.py), what the lane certifies (the
+llama-server lanes: server_lanes.py); LANE_RUNNERS is the table
 from a lane's name (family_tiers.toml) to its function. A lane's cut sets come from `lane_cuts`, and `check_cuts`
 holds it to them (planned = executed)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.contract import FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.certify.lane_result import LaneResult, known_findings, known_result, oracle_run, worst
+from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
+from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_model import MemoryConfig, pressure_config
-from fuzz.oracles.prefix_cache import PrefixCacheConfig
-from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
-from fuzz.oracles.registry import ORACLES
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -28,43 +28,11 @@ from synth.families import get_family
 from synth.make import write_fixture
 from synth.manifest import Row
 from targets import Target
-from targets.llama_server_worker import NO_SERVER, server_binary
 
 PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
 
 
 WIDE_BLOCKS = {name for name, q in DTYPES.items() if q in MADE_SCALES}  # 256-wide blocks
-
-
-@dataclass
-class LaneResult:
-    row: str
-    lane: str
-    status: str  # one of fuzz.engine.contract.STATUSES
-    detail: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    reports: list[Report] = field(default_factory=list)  # every oracle run of the lane
-    cases: list[dict[str, Any]] = field(default_factory=list)  # each report's case config (for bundling)
-    bundles: list[str] = field(default_factory=list)  # relative to the run's --out directory
-    pictures: list[str] = field(default_factory=list)
-
-    def add(self, rep: Report, case: dict[str, Any]) -> Report:
-        """One more oracle run of the lane: the lane's status is then the worst of its runs."""
-        self.reports.append(rep)
-        self.cases.append(case)
-        self.status = worst([r.status for r in self.reports])
-        return rep
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"row": self.row, "lane": self.lane, "status": self.status, "detail": self.detail,
-                "seconds": round(self.seconds, 2), "data": self.data, "bundles": self.bundles,
-                "pictures": self.pictures, "reports": [r.to_dict() for r in self.reports]}
-
-
-def oracle_run(name: str, path: Path, cfg: Any) -> tuple[Report, dict[str, Any]]:
-    o = ORACLES[name]
-    return o.run(path, cfg), o.case_config(cfg)
 
 
 def lane_load(row: Row, path: Path, target: Target) -> LaneResult:
@@ -191,11 +159,6 @@ def sweep_detail(rep: Report) -> str:
             + (f"; first: {rep.findings[0].message}" if rep.findings else ""))
 
 
-def worst(statuses: list[str]) -> str:
-    """A lane of several runs: its first failing status; else pass if any run passed; else unsupported."""
-    return next((s for s in statuses if s in FAILING), PASS if PASS in statuses else UNSUPPORTED)
-
-
 def lane_dtype(row: Row, workdir: Path, target_spec: str, *, cuts: str | None = None, lane: str = "dtype",
                dtypes: list[str] | None = None) -> LaneResult:
     """The row's fixture with its matmul weights in each of the row's dtypes (or `dtypes`; gguf-py's quantizers),
@@ -308,113 +271,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
                           reports=reps, cases=cases)
     names = sorted({r for r in repros.values() if r})
     if names:
-        return LaneResult(row.key, "memory", KNOWN, f"{did}; only upstream's known memory bugs: {', '.join(names)}",
-                          data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
+        return known_result(row, "memory", did, names, "memory bugs", reps, cases)
     return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
-
-
-# drawn prompt-tree schedules per KV layout and host-cache setting (on, off): per bump a seeded prefix of what the
-# nightly prompt-trees lane draws; each setting its own seed (host cache MiB -> seed: a seed draws the same trees)
-PER_BUMP_TREES, NIGHTLY_TREES, CACHE_SEEDS = 6, 96, {64: 1, 0: 0}
-
-
-def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """Rounds of concurrent duplicate inserts and one client's rewind conversations (prefix_cache.py), then the
-    radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
-    of prompt trees drawn per schedule (aimed at the slots' checkpoints) with the host prompt cache on and as many
-    with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its
-    default without -np)."""
-    def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
-        return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
-                ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
-                                      kv_unified=unified)),
-                *(("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
-                  for cache, seed in CACHE_SEEDS.items())]
-    return server_lane(row, "prefix-cache", path, target_spec, runs)
-
-
-def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
-    """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout,
-    with the host prompt cache on and off (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of each)."""
-    def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
-        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
-                for cache, seed in CACHE_SEEDS.items()]
-    return server_lane(row, "prompt-trees", path, target_spec, runs)
-
-
-def server_lane(row: Row, lane: str, path: Path, target_spec: str,
-                runs: Callable[[str, bool], list[tuple[str, Any]]]) -> LaneResult:
-    """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named."""
-    if server_binary() is None:
-        return LaneResult(row.key, lane, SKIPPED, NO_SERVER)
-    server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
-    reps, cases = [], []
-    for unified in (False, True):
-        for oracle, cfg in runs(server, unified):
-            rep, case = oracle_run(oracle, path, cfg)
-            reps.append(rep)
-            cases.append(case)
-    repros = known_findings(row, reps)
-    bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
-    if bad is None:
-        detail = "llama-server, one KV cache per slot and one for all: " + "; ".join(server_parts(reps))
-        names = sorted({n for n in repros.values() if n})
-        if names:  # every finding is a committed upstream repro: known, named
-            return LaneResult(row.key, lane, KNOWN, f"{detail}; only upstream's known findings: {', '.join(names)}",
-                              data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
-    else:
-        f = next(f for f in bad.findings if repros[id(f)] is None)
-        layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
-        detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
-    return LaneResult(row.key, lane, worst([r.status for r in reps]), detail, reports=reps, cases=cases)
-
-
-def unjudged_part(scheds: list[Report]) -> str:
-    """The schedules whose server log could not be judged (a build that does not say which checkpoint it restored
-    is not passed on that count: it is said)."""
-    n = sum(1 for r in scheds for x in r.results if x.get("unjudged"))
-    why = next((x["unjudged"] for r in scheds for x in r.results if x.get("unjudged")), "")
-    return f" ({n} schedules' checkpoint logs unjudged: {why})" if n else ""
-
-
-def server_parts(reps: list[Report]) -> list[str]:
-    """What a clean server lane checked, part by part (the rounds and rewinds, the radix schedules, the noise)."""
-    rounds = [r for r in reps if r.oracle == "prefix-cache"]
-    scheds = [r for r in reps if r.oracle == "radix"]
-    parts = []
-    if rounds:
-        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
-        rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
-        parts += [f"{len(rounds[0].results)} rounds of concurrent duplicate inserts each: answers as uncached, "
-                  f"slots freed; {reused} prompt tokens from the cache",
-                  f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
-                  f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache"]
-    if scheds:
-        drawn = sum(r.extra["explored"] for r in scheds if r.config.get("tree") == "drawn")
-        parts.append(f"{sum(r.extra['explored'] for r in scheds)} radix schedules (save, restore, disconnect, "
-                     f"second turns, host cache; {drawn} on drawn prompt trees): clean, "
-                     f"{sum(x['reused'] for r in scheds for x in r.results)} prompt tokens reused (promised "
-                     f"{sum(x['promised'] for r in scheds for x in r.results)}); "
-                     f"{sum(x.get('restores', 0) for r in scheds for x in r.results)} checkpoint restores, each of "
-                     "the prompt's own tokens" + unjudged_part(scheds))
-    noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
-    if noise and noise["placement"] is not None:
-        parts.append(f"one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "
-                     f"{noise['near_tie']:.1g} not judged")
-    moved = sum(len(r.numerics) + len(r.extra.get("numerics", [])) for r in reps)
-    if moved:
-        parts.append(f"{moved} answers moved by numerics the controls name, not by the prompt cache")
-    return parts
-
-
-def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
-    """Each finding of the reports (by id) → the committed upstream repro it is (corpora/repros, matched by what
-    it is: fuzz.repro.campaign.known_repro), or None."""
-    from fuzz.repro.campaign import known_repro, known_upstream
-
-    known = known_upstream()
-    family = str(row.recipe.get("family", row.key))
-    return {id(f): known_repro(known, family, f) for rep in reps for f in rep.findings}
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
