@@ -711,11 +711,11 @@ def test_aggregate_fails_closed_on_missing_rows(ci):
 def test_mutants_job_catches_the_chosen_mutants_and_publishes(ci):
     """The mutants job gets the build by artifact, compiles nothing, runs the mutants its `mutants` input names (each
     re-created bug class failing its row's lane: caught, exit 0) and uploads its summary and junit."""
+    from targets.mutants import MUTANTS
+
     j = job(ci, "family-certify.yml", "mutants")
     assert j.ok, j.why()
     d = assert_consumer(j, ci, "out/mutants")
-    from targets.mutants import MUTANTS
-
     report = json.loads((d / "report.json").read_text())
     chosen = INPUTS["family-certify.yml"]["mutants"].split()
     assert [(x["row"], x["status"]) for x in report["results"]] == [(f"mutant:{n}", "pass") for n in MUTANTS
