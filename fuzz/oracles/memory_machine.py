@@ -166,6 +166,7 @@ class Recompute:
         last = self.replay(self.requests(log, trace=True))
         return None if isinstance(last, str) else last.data["nodes"]
 
+
 def sliding_window(path: str) -> int:
     """The model's sliding window (0: no sliding-window layer), read from the file once per version of it (a machine
     starts per program, per control run and per candidate while shortening)."""
