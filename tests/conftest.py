@@ -31,6 +31,15 @@ ELSEWHERE = {"slow": "`make test-slow`; the nightly fuzz-lane job", "scan": "the
 _deselected: dict[str, list[str]] = {}  # node id → the ELSEWHERE markers it carries
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `early` first (each part in collection order). pytest-xdist's worksteal gives each worker a
+    contiguous share of the list and an idle worker steals from the end of another's, so in the whole suite the early
+    tests run one after another in one worker: the workflow jobs' tests make their module's clone and its venv once,
+    not once per worker (loadgroup would say this with xdist_group, but does not group under pytest 9)."""
+    items[:] = [i for i in items if i.get_closest_marker("early")] + \
+        [i for i in items if not i.get_closest_marker("early")]
+
+
 def pytest_deselected(items):
     _deselected.update({i.nodeid: [m for m in ELSEWHERE if i.get_closest_marker(m)] for i in items})
 

@@ -568,9 +568,10 @@ INPUTS = {
 SHARD = {"job": "gate", "shard": 1, "of": 1, "rows": "llama"}
 
 
-# the executing tests need the real build: the pinned llama.cpp wheel and llama-server (prefix-cache lane, mutants)
+# the executing tests need the real build: the pinned llama.cpp wheel and llama-server (prefix-cache lane, mutants);
+# `early`: they run first, one after another in one pytest worker, sharing one clone and its venv (tests/conftest.py)
 def executes(test):
-    return pytest.mark.llama(pytest.mark.server(test))
+    return pytest.mark.early(pytest.mark.llama(pytest.mark.server(test)))
 
 
 def build_outputs_of(cache: Path) -> set[str]:
