@@ -255,9 +255,7 @@ def cell_order(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
     if not cfg.flash_attn or problem["check"] != "logits" or log is None or got is None \
             or not any(e[0] == "rm" for e in log):
         return None
-    no_fa = Recompute(recompute.t, recompute.fixture, {**recompute.params, "flash_attn": False}, recompute.feed,
-                         tol=recompute.tol)
-    no_fa.faithful_shifts = recompute.faithful_shifts
+    no_fa = recompute.with_params(flash_attn=False)
     try:
         if run_program(t, fixture, replace(cfg, flash_attn=False), kv_unified, no_fa, program, None)[1]:
             return None

@@ -71,6 +71,13 @@ class Recompute:
         self.tol = tol  # the run's tolerance (tolerance())
         self.faithful_shifts = False  # the model's own shift moves it within the tolerance (shift_move)
 
+    def with_params(self, **changed: Any) -> Recompute:
+        """The same recompute (tolerance, what it measured of the model's shifts) in contexts loaded with some
+        params changed; its own cache of logits."""
+        other = Recompute(self.t, self.fixture, {**self.params, **changed}, self.feed, tol=self.tol)
+        other.faithful_shifts = self.faithful_shifts
+        return other
+
     def batch_shape_move(self, n_vocab: int) -> float:
         """The model's own batch-shape numerics: one seeded sequence of 12 tokens, decoded as one batch and one token
         at a time, alone in fresh contexts: how far its last logits move (0 on every fixture's f32 weights; a real
