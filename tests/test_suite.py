@@ -53,3 +53,15 @@ def test_what_a_marker_kept_out_is_said_at_the_end(workers):
     assert r.returncode == 5, r.stdout + r.stderr  # (nothing selected ran: the one test matching -k is marked scan)
     assert "skipped: 1 test marked scan did not run here: it runs in the nightly scan job" in r.stdout, r.stdout
     assert "(test_every_row_every_oracle_every_cut)" in r.stdout and "marked slow" not in r.stdout, r.stdout
+
+
+def test_the_workflow_jobs_tests_are_collected_first():
+    """The tests that execute workflow jobs (marked `early`) come first, whatever the file order, so one worker runs
+    them one after another with one clone and one venv (tests/conftest.py); the rest keep their order after them."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-m", "llama and not slow", "tests/test_dtype.py", "tests/test_workflows.py"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = [line.split("::")[0] for line in r.stdout.splitlines() if "::" in line]
+    n = files.count("tests/test_workflows.py")
+    assert n >= 10 and files == ["tests/test_workflows.py"] * n + ["tests/test_dtype.py"] * (len(files) - n), files
