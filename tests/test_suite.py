@@ -55,13 +55,30 @@ def test_what_a_marker_kept_out_is_said_at_the_end(workers):
     assert "(test_every_row_every_oracle_every_cut)" in r.stdout and "marked slow" not in r.stdout, r.stdout
 
 
-def test_the_workflow_jobs_tests_are_collected_first():
-    """The tests that execute workflow jobs (marked `early`) come first, whatever the file order, so one worker runs
-    them one after another with one clone and one venv (tests/conftest.py); the rest keep their order after them."""
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "-m", "llama and not slow", "tests/test_dtype.py", "tests/test_workflows.py"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    files = [line.split("::")[0] for line in r.stdout.splitlines() if "::" in line]
-    n = files.count("tests/test_workflows.py")
-    assert n >= 10 and files == ["tests/test_workflows.py"] * n + ["tests/test_dtype.py"] * (len(files) - n), files
+
+
+def test_the_workflow_jobs_tests_are_ordered_first():
+    """The tests that execute workflow jobs (marked `early` by `executes`) come first, the rest after them in their
+    order, so one worker runs them one after another with one clone and one venv (tests/conftest.py)."""
+    import test_dtype
+    import test_workflows
+
+    from conftest import pytest_collection_modifyitems
+
+    class Item:  # what the hook reads of a collected test: its marks
+        def __init__(self, fn):
+            self.fn = fn
+
+        def get_closest_marker(self, name):
+            return next((m for m in getattr(self.fn, "pytestmark", []) if m.name == name), None)
+
+    def tests(module):
+        return [Item(f) for name, f in vars(module).items() if name.startswith("test_")]
+
+    jobs = [i for i in tests(test_workflows) if i.get_closest_marker("server")]
+    checks = [i for i in tests(test_workflows) if not i.get_closest_marker("server")]
+    dtype = tests(test_dtype)
+    assert len(jobs) >= 10 and len(checks) >= 5 and dtype
+    items = dtype + checks + jobs
+    pytest_collection_modifyitems(items)
+    assert items == jobs + dtype + checks
