@@ -30,27 +30,31 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 say() { echo "bootstrap: $*" >&2; }
-[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-
 mkdir -p "$cache/sdist" "$cache/wheels"
 sdist="$cache/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz"
-if [ ! -f "$sdist" ]; then
-  say "downloading llama-cpp-python $LLAMA_CPP_PYTHON sdist"
-  "${pip[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$cache/sdist"
-fi
 # read whole before anything is built from it (a second a run: not when the wheels are cached and nothing is)
 readable_sdist() {
   tar -tzf "$sdist" >/dev/null 2>&1 && return
   say "error: $sdist is not a readable sdist (a partial download?): delete it and run make bootstrap again"
   exit 2
 }
-
 wheel=$(ls "$cache"/wheels/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl 2>/dev/null | head -1 || true)
 built_with=$(cat "$cache/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON.options" 2>/dev/null || true)
+build=""; if [ -z "$wheel" ] || [ "$built_with" != "$options" ]; then build=1; fi
+# a cached sdist the build needs is checked first: a partial download is named before the venv is made
+if [ -n "$build" ] && [ -f "$sdist" ]; then readable_sdist; fi
+
+[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+if [ ! -f "$sdist" ]; then
+  say "downloading llama-cpp-python $LLAMA_CPP_PYTHON sdist"
+  "${pip[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$cache/sdist"
+  [ -z "$build" ] || readable_sdist
+fi
+
 build_pid=""
-if [ -z "$wheel" ] || [ "$built_with" != "$options" ]; then
-  readable_sdist
+if [ -n "$build" ]; then
   # one CMake build of the vendored tree gives the wheel's libraries and llama-server (targets/cmake_build.py;
   # standard library only, so the system Python runs it before the venv holds anything). It runs in a process
   # group of its own while the venv gets every other pinned package (downloads, not compiling: the two overlap);

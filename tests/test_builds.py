@@ -367,7 +367,7 @@ def test_an_sdist_is_extracted_once_and_checked_at_every_use(tmp_path, monkeypat
 def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
     """A cached sdist cut short (a download that died) is bad input, named with its fix, wherever it is read: the
     pinned build (exit 2, one line), a candidate's extraction (UserError) and make bootstrap (before anything is
-    installed or built)."""
+    installed or built, or the venv made)."""
     import sys
 
     from synth.errors import UserError
@@ -385,7 +385,7 @@ def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
     assert not list((tmp_path / "builds").glob("*.tmp")), "the half extraction is left behind"
     pinned = tmp_path / "sdist" / f"llama_cpp_python-{builds.PINNED}.tar.gz"
     pinned.write_bytes(good[: len(good) // 2])
-    repo = tmp_path / "repo"  # a checkout without a venv: bootstrap stops before it installs or builds anything
+    repo = tmp_path / "repo"  # a checkout without a venv: bootstrap stops before it makes one
     shutil.copytree(ROOT / "scripts", repo / "scripts")
     shutil.copytree(ROOT / "targets", repo / "targets", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "constraints.txt", repo)
@@ -395,3 +395,4 @@ def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
         f"bootstrap: error: {pinned} is not a readable sdist (a partial download?): delete it and run make "
         "bootstrap again"), r.stderr
+    assert not (repo / ".venv").exists()
