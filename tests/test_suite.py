@@ -55,8 +55,6 @@ def test_what_a_marker_kept_out_is_said_at_the_end(workers):
     assert "(test_every_row_every_oracle_every_cut)" in r.stdout and "marked slow" not in r.stdout, r.stdout
 
 
-
-
 def test_the_workflow_jobs_tests_are_ordered_first():
     """The tests that execute workflow jobs (marked `early` by `executes`) come first, the rest after them in their
     order, so one worker runs them one after another with one clone and one venv (tests/conftest.py)."""
