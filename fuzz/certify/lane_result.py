@@ -58,8 +58,12 @@ def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
     return {id(f): known_repro(known, family, f) for rep in reps for f in rep.findings}
 
 
-def known_result(row: Row, lane: str, did: str, names: list[str], what: str, reps: list[Report],
-                 cases: list[dict[str, Any]]) -> LaneResult:
-    """A lane whose every finding is a committed upstream repro (`names`): known, each named."""
-    return LaneResult(row.key, lane, KNOWN, f"{did}; only upstream's known {what}: {', '.join(names)}",
-                      data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
+def no_new_findings(row: Row, lane: str, did: str, what: str, reps: list[Report], cases: list[dict[str, Any]],
+                    repros: dict[int, str | None]) -> LaneResult:
+    """A lane whose every finding is a committed upstream repro (`repros`: known_findings): known, each named, if it
+    has any; else the worst status of its runs."""
+    names = sorted({n for n in repros.values() if n})
+    if names:
+        return LaneResult(row.key, lane, KNOWN, f"{did}; only upstream's known {what}: {', '.join(names)}",
+                          data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
+    return LaneResult(row.key, lane, worst([r.status for r in reps]), did, reports=reps, cases=cases)

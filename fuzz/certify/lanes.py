@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.certify.lane_result import LaneResult, known_findings, known_result, oracle_run, worst
+from fuzz.certify.lane_result import LaneResult, known_findings, no_new_findings, oracle_run
 from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
 from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
@@ -269,10 +269,7 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
         return LaneResult(row.key, "memory", f.status, f"{len(new)} findings; first: {f.message} after "
                           f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}",
                           reports=reps, cases=cases)
-    names = sorted({r for r in repros.values() if r})
-    if names:
-        return known_result(row, "memory", did, names, "memory bugs", reps, cases)
-    return LaneResult(row.key, "memory", worst([r.status for r in reps]), did, reports=reps, cases=cases)
+    return no_new_findings(row, "memory", did, "memory bugs", reps, cases, repros)
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz.certify.lane_result import LaneResult, known_findings, known_result, oracle_run, worst
+from fuzz.certify.lane_result import LaneResult, known_findings, no_new_findings, oracle_run, worst
 from fuzz.engine.contract import SKIPPED, Report
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
@@ -60,13 +60,10 @@ def server_lane(row: Row, lane: str, path: Path, target_spec: str,
     bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
     if bad is None:
         detail = "llama-server, one KV cache per slot and one for all: " + "; ".join(server_parts(reps))
-        names = sorted({n for n in repros.values() if n})
-        if names:  # every finding is a committed upstream repro: known, named
-            return known_result(row, lane, detail, names, "findings", reps, cases)
-    else:
-        f = next(f for f in bad.findings if repros[id(f)] is None)
-        layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
-        detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
+        return no_new_findings(row, lane, detail, "findings", reps, cases, repros)
+    f = next(f for f in bad.findings if repros[id(f)] is None)
+    layout = "one KV cache for all slots" if bad.config.get("kv_unified") else "one KV cache per slot"
+    detail = f"{bad.oracle} ({layout}): {len(bad.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
     return LaneResult(row.key, lane, worst([r.status for r in reps]), detail, reports=reps, cases=cases)
 
 
