@@ -71,7 +71,7 @@ fi
 
 gguf_wheel=$(ls "$cache"/wheels/gguf-"$GGUF_PY"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$gguf_wheel" ]; then
-  [ -n "$build_pid" ] || readable_sdist
+  [ -n "$build" ] || readable_sdist  # (a build needs the sdist: it was read whole above)
   say "building gguf-py $GGUF_PY from the pinned llama.cpp tree"
   tmp=$(mktemp -d)
   tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py"
