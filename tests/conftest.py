@@ -16,6 +16,12 @@ from targets import open_target, share_cores
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     share_cores()
 
+# pytest keeps each test module's assertion-rewritten bytecode in tests/__pycache__ unless bytecode writing is off
+# (PYTHONDONTWRITEBYTECODE): then every pytest process, each xdist worker of each lane, rewrites every test module
+# again. The suite's processes write bytecode whatever the environment says; the programs they start keep its
+# setting (bootstrap compiles the checkout for them).
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

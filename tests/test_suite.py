@@ -35,6 +35,12 @@ def test_make_test_runs_the_quick_lane_then_the_rest_on_every_core():
         assert eval(quick_expr, {}, names) + eval(rest_expr, {}, names) == default, names
 
 
+def test_the_suite_keeps_its_rewritten_test_modules():
+    """Bytecode writing is on in the test process whatever PYTHONDONTWRITEBYTECODE says (tests/conftest.py), so pytest
+    keeps each test module's rewritten bytecode for the next worker and lane instead of rewriting every module."""
+    assert sys.dont_write_bytecode is False
+
+
 def test_the_quick_lane_refuses_to_start_llama_cpp(monkeypatch):
     """With FAMILY_CERTIFY_NO_LLAMA set (make test-quick) a llama.cpp or llama-server worker exits before it loads
     anything, naming the lane and the marker: a test that needs llama.cpp fails there instead of running."""
