@@ -783,3 +783,26 @@ def test_cli_bad_input_is_one_line(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert "--budget 0 (no time limit) needs --schedules N or --plan" in r.stderr
 
+
+
+@pytest.mark.parametrize("bundle,shown_at,runs,reproduced", [
+    ("laguna-radix-checkpoint-past-window", 3, 3, True),  # a disconnect races the server: up to three runs
+    ("laguna-radix-checkpoint-past-window", 4, 3, False),
+    ("jamba-handoff-2-full", 2, 1, False),  # an oracle whose runs race nothing: one
+])
+def test_a_replay_runs_a_racing_schedule_until_it_shows_the_finding(monkeypatch, bundle, shown_at, runs, reproduced):
+    """`fuzz replay` of a radix bundle runs its schedule until the finding shows, at most three times (a client that
+    disconnects races the server, which may finish the answer before it notices); other oracles' bundles run once."""
+    from fuzz.repro import bundle as bd
+
+    path = ROOT / "corpora" / "repros" / bundle
+    fp = json.loads((path / "bundle.json").read_text())["fingerprint"]
+    ran: list[str] = []
+
+    def run(case):
+        ran.append(case.oracle)
+        return ([fp] if len(ran) == shown_at else [{**fp, "status": "pass"}]), f"report {len(ran)}"
+
+    monkeypatch.setattr(bd, "use_recorded_build", lambda build, where: None)
+    monkeypatch.setattr(bd.Case, "run", run)
+    assert bd.replay(path) == (reproduced, fp, f"report {runs}") and len(ran) == runs

@@ -212,7 +212,7 @@ class Oracle:
     mode or KV layout selected (a bundle runs only that). shrink: config fields the shrinker halves, with floors.
     replay_of: (config, finding) → the config that runs exactly the finding (an exploring oracle's finding names
     its schedule: a bundle reproduces that, not the exploration). reduce: config → smaller configs to try, coarsest
-    first (the shrinker takes the first that keeps the fingerprint, and asks again).
+    first (the shrinker takes the first that keeps the fingerprint, and asks again). replay_runs: see below.
     """
 
     name: str
@@ -228,6 +228,9 @@ class Oracle:
     # fingerprint fields that name an upstream bug whatever the family: an oracle over llama.cpp code every family
     # shares (its memory operations) matches a committed repro by these alone (fuzz.repro.campaign.known_repro)
     known_key: tuple[str, ...] = ()
+    # runs a bundle's replay may take to show its finding before it says "not reproduced": an oracle whose runs race
+    # a server's threads (one run may take the branch the finding does not) declares more than one
+    replay_runs: int = 1
 
     def case_config(self, cfg: Any) -> dict[str, Any]:
         """The config fields a bundle replays, JSON-ready."""

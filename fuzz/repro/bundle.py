@@ -524,11 +524,15 @@ def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, An
 
 
 def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], Report]:
-    """(reproduced, recorded fingerprint, this run's report), on the llama.cpp build the bundle was made on."""
+    """(reproduced, recorded fingerprint, the last run's report), on the llama.cpp build the bundle was made on: the
+    case run until it shows the finding, at most its oracle's replay_runs times."""
     case, fp = load_case(path, target)
     use_recorded_build(read_bundle(path).get("build") or {}, path)
-    got, rep = case.run()
-    return any(matches(fp, g) for g in got), fp, rep
+    for _ in range(get_oracle(case.oracle).replay_runs):
+        got, rep = case.run()
+        if any(matches(fp, g) for g in got):
+            return True, fp, rep
+    return False, fp, rep
 
 
 def use_recorded_build(build: dict[str, Any], path: Path) -> None:
