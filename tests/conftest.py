@@ -16,10 +16,11 @@ from targets import open_target, share_cores
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     share_cores()
 
-# pytest keeps each test module's assertion-rewritten bytecode in tests/__pycache__ unless bytecode writing is off
-# (PYTHONDONTWRITEBYTECODE): then every pytest process, each xdist worker of each lane, rewrites every test module
-# again. The suite's processes write bytecode whatever the environment says; the programs they start keep its
-# setting (bootstrap compiles the checkout for them).
+# pytest keeps each test module's (and each pytest plugin's) assertion-rewritten bytecode unless bytecode writing is
+# off (PYTHONDONTWRITEBYTECODE): then every pytest process, each xdist worker of each lane, rewrites every one of
+# them again, and the programs the tests start recompile what they import that is not compiled yet. The suite and
+# every process it starts write bytecode whatever the environment says (xdist's workers start after this).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,9 +36,13 @@ def test_make_test_runs_the_quick_lane_then_the_rest_on_every_core():
 
 
 def test_the_suite_keeps_its_rewritten_test_modules():
-    """Bytecode writing is on in the test process whatever PYTHONDONTWRITEBYTECODE says (tests/conftest.py), so pytest
-    keeps each test module's rewritten bytecode for the next worker and lane instead of rewriting every module."""
+    """Bytecode writing is on in the test process and the programs it starts whatever PYTHONDONTWRITEBYTECODE says
+    (tests/conftest.py), so pytest keeps each test module's and plugin's rewritten bytecode for the next worker and
+    lane instead of rewriting every one of them."""
     assert sys.dont_write_bytecode is False
+    r = subprocess.run([sys.executable, "-c", "import sys; print(sys.dont_write_bytecode)"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
 
 
 def test_the_quick_lane_refuses_to_start_llama_cpp(monkeypatch):
