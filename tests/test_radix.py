@@ -784,7 +784,6 @@ def test_cli_bad_input_is_one_line(tmp_path):
     assert "--budget 0 (no time limit) needs --schedules N or --plan" in r.stderr
 
 
-
 @pytest.mark.parametrize("bundle,shown_at,runs,reproduced", [
     ("laguna-radix-checkpoint-past-window", 3, 3, True),  # a disconnect races the server: up to three runs
     ("laguna-radix-checkpoint-past-window", 4, 3, False),
