@@ -59,7 +59,7 @@ if [ -n "$build" ]; then
   # standard library only, so the system Python runs it before the venv holds anything). It runs in a process
   # group of its own while the venv gets every other pinned package (downloads, not compiling: the two overlap);
   # a bootstrap that stops early stops the build with it.
-  say "building llama.cpp from source: the wheel and llama-server (first setup only; 5 to 6 minutes on 2 cores)"
+  say "building llama.cpp from source: the wheel and llama-server (first setup only; 4 to 6 minutes on 2 cores)"
   group=(); if command -v setsid >/dev/null; then group=(setsid); fi  # (macOS has no setsid: the build alone)
   PYTHONPATH="$root" ${group[@]+"${group[@]}"} "$py" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null &
   build_pid=$!

@@ -26,7 +26,7 @@ fi
 
 # the same one CMake build that bootstrap.sh runs for the wheel (targets/cmake_build.py): a machine whose wheel came
 # from elsewhere (or a llama-server built with other CMake options) builds here once, and gets both
-say "building llama-server from the pinned llama.cpp (first time only; 5 to 6 minutes on 2 cores)"
+say "building llama-server from the pinned llama.cpp (first time only; 4 to 6 minutes on 2 cores)"
 PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
 [ -x "$bin" ] || { say "no $bin after the build"; exit 1; }
 say "ready: $bin"
