@@ -1,5 +1,6 @@
 """What CI shows of a family-certify run (`run --out DIR`): summary.md, junit.xml (a testcase per row × lane),
-report.json (schemas/certify-run.schema.json), pictures, and — when a lane fails — its bundles, linked from both;
+report.json (schemas/certify-run.schema.json), pictures, and — when a lane fails — its bundles, linked from both
+(each README naming the build);
 `aggregate` fails closed on a planned lane no shard reported; `matrix --shards` covers each row once."""
 
 import json
@@ -191,3 +192,27 @@ def test_durations_refresh_from_runs_what_they_ran(tmp_path):
         bad = run_cli("family-certify", "durations", *args, "--into", str(into))
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert json.loads(into.read_text()) == data  # refused: the file as it was
+
+
+@pytest.mark.parametrize("build, says", [
+    ({"spec": "pypi:0.3.35", "llama_cpp_commit": None, "tree_sha256": "ab800e59bbfc48c6" + "0" * 48},
+     "llama.cpp commit unknown (build `pypi:0.3.35`, tree `ab800e59bbfc`), family-certify"),
+    ({"spec": "pinned", "llama_cpp_commit": "0c1e57098bba" + "0" * 28,
+      "patches": {"files": ["0001-x.patch"], "sha256": "5" * 64}},
+     f"llama.cpp 0c1e57098bba{'0' * 28} (build `pinned`, patches 0001-x.patch `555555555555`), family-certify"),
+    ({"spec": "pinned", "llama_cpp_commit": "0c1e57098bba" + "0" * 28},
+     f"llama.cpp 0c1e57098bba{'0' * 28}, family-certify"),
+])
+def test_a_bundle_readme_names_the_build_it_was_found_on(tmp_path, build, says):
+    """A build without a git commit (an sdist) is "commit unknown" with its spec and tree, a patched build names its
+    series: what `fuzz replay` rebuilds, in the words a reader of the bundle's README sees first."""
+    from fuzz.engine.contract import FINDING, Finding, make_report
+    from fuzz.repro.bundle import Shrunk, load_case, write_bundle
+
+    case, fp = load_case(ROOT / "corpora" / "repros" / "jamba-handoff-2-full")
+    finding = Finding("handoff", FINDING, "stage 1 logits differs", cuts=case.cuts, fingerprint=fp)
+    data = {"arch": "jamba", "n_layer": 3, "config": case.config, "target": case.target}
+    report = make_report("handoff", case.fixture, data, results=[{"status": FINDING}], findings=[finding])
+    report.build = {**build, "toolkit": "0.1.0"}  # as recorded by the workers of that build
+    made = write_bundle(tmp_path / "b", Shrunk(case, fp, report), original=case)
+    assert says in (made / "README.md").read_text()
