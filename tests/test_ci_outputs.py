@@ -1,7 +1,7 @@
 """What CI shows of a family-certify run (`run --out DIR`): summary.md, junit.xml (a testcase per row × lane),
 report.json (schemas/certify-run.schema.json), pictures, and — when a lane fails — its bundles, linked from both
-(each README naming the build);
-`aggregate` fails closed on a planned lane no shard reported; `matrix --shards` covers each row once."""
+(each README naming the build); `aggregate` fails closed on a planned lane no shard reported; `matrix --shards`
+covers each row once."""
 
 import json
 import xml.etree.ElementTree as ET
