@@ -199,9 +199,9 @@ def test_durations_refresh_from_runs_what_they_ran(tmp_path):
      "llama.cpp commit unknown (build `pypi:0.3.35`, tree `ab800e59bbfc`), family-certify"),
     ({"spec": "pinned", "llama_cpp_commit": "0c1e57098bba" + "0" * 28,
       "patches": {"files": ["0001-x.patch"], "sha256": "5" * 64}},
-     f"llama.cpp 0c1e57098bba{'0' * 28} (build `pinned`, patches 0001-x.patch `555555555555`), family-certify"),
+     f"llama.cpp `0c1e57098bba{'0' * 28}` (build `pinned`, patches 0001-x.patch `555555555555`), family-certify"),
     ({"spec": "pinned", "llama_cpp_commit": "0c1e57098bba" + "0" * 28},
-     f"llama.cpp 0c1e57098bba{'0' * 28}, family-certify"),
+     f"llama.cpp `0c1e57098bba{'0' * 28}`, family-certify"),
 ])
 def test_a_bundle_readme_names_the_build_it_was_found_on(tmp_path, build, says):
     """A build without a git commit (an sdist) is "commit unknown" with its spec and tree, a patched build names its
@@ -216,3 +216,21 @@ def test_a_bundle_readme_names_the_build_it_was_found_on(tmp_path, build, says):
     report.build = {**build, "toolkit": "0.1.0"}  # as recorded by the workers of that build
     made = write_bundle(tmp_path / "b", Shrunk(case, fp, report), original=case)
     assert says in (made / "README.md").read_text()
+
+
+def test_summaries_name_a_build_without_a_commit():
+    """A run's and a bump's summary name an sdist build (no git commit) by its spec and tree, not as `None`."""
+    from fuzz.certify.bump import bump_md
+
+    sdist = {"spec": "pypi:0.3.35", "llama_cpp_commit": None, "tree_sha256": "ab800e59bbfc" + "0" * 52,
+             "toolkit": "0.1.0"}
+    ok = [{"row": "a", "lane": "load", "status": "pass", "detail": "loads", "seconds": 1.0}]
+    assert "\nllama.cpp `0c1e57098bba` · family-certify 0.1.0 · manifest" in summary_md(_run(ok))
+    assert "\nllama.cpp commit unknown (build `pypi:0.3.35`, tree `ab800e59bbfc`) · family-certify 0.1.0" in \
+        summary_md({**_run(ok), "build": sdist})
+    rep = {"results": [{"row": "a", "lane": "load", "verdict": "unchanged", "base": "pass", "candidate": "pass",
+                        "detail": "loads"}], "totals": {"unchanged": 1}, "build_s": {"base": 0, "candidate": 251},
+           "wall_s": 9, "policy": "p",
+           "base": {"spec": "pinned", "llama_cpp_commit": "0c1e57098bba43ac", "toolkit": "0.1.0"}, "candidate": sdist}
+    assert "\nbase `pinned` (llama.cpp `0c1e57098bba`) → candidate `pypi:0.3.35` (llama.cpp commit unknown, tree " \
+           "`ab800e59bbfc`)\n" in bump_md(rep)

@@ -272,16 +272,14 @@ SYMBOL = {UNCHANGED: "·", BROKE: "❌ broke", FIXED: "✅ fixed", NEWLY_UNSUPPO
 def bump_md(rep: dict[str, Any]) -> str:
     """One screen: the verdict, both builds, the grid of what changed, and each change in a line."""
     from fuzz.certify.outputs import one_line
-    from fuzz.engine.contract import build_note
+    from fuzz.engine.contract import build_parts, commit_words
 
     rows = rep["results"]
     broke = [x for x in rows if x["verdict"] in FAILED]
     head = f"FAIL — {len(broke)} lanes broke or missing" if broke else "PASS — nothing broke"
 
     def name(b: dict[str, Any]) -> str:
-        commit = b.get("llama_cpp_commit")
-        return f"`{b.get('spec')}` (llama.cpp " + (f"`{commit[:12]}`" if commit else "commit unknown") \
-            + f"{build_note(b)})"
+        return f"`{b.get('spec')}` ({', '.join([f'llama.cpp {commit_words(b)}', *build_parts(b, spec=False)])})"
 
     out = [f"## family-certify bump: {head}", "", f"base {name(rep['base'])} → candidate {name(rep['candidate'])}",
            "", "Totals: " + ", ".join(f"{v} {k}" for k, v in rep["totals"].items())

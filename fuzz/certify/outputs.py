@@ -21,8 +21,8 @@ from fuzz.engine.contract import (
     STATUSES,
     UNSUPPORTED,
     build_identity,
+    build_label,
     build_name,
-    build_note,
 )
 from synth.errors import UserError, read_json
 from synth.manifest import LANES
@@ -96,7 +96,7 @@ def summary_md(run: dict[str, Any], *, links: str = "") -> str:
     b = run["build"]
     verdict = f"FAIL — {len(failed)} of {len(results)} lanes" if failed else f"PASS — {len(results)} lanes"
     out = [f"## family-certify: {verdict}", "",
-           f"llama.cpp `{str(b['llama_cpp_commit'])[:12]}`{build_note(b)} · family-certify {b['toolkit']} · manifest "
+           f"{build_label(b)} · family-certify {b['toolkit']} · manifest "
            f"`{run['manifest']['sha256'][:12]}` · target `{run['target']}` · {len(rows_order)} rows × "
            f"{len(lanes_order)} lanes · wall {run['wall_s']:.0f} s", ""]
     out.append("| row | " + " | ".join(lanes_order) + " |")

@@ -47,17 +47,34 @@ def build_name(b: dict[str, Any]) -> str:
     return str(b.get("key") or b.get("llama_cpp_commit"))
 
 
-def build_note(b: dict[str, Any], tick: str = "`") -> str:
-    """The build beyond its commit (a summary's header, a CLI line with tick ""): its spec, backend, tree hash
-    and patch series when not the pinned build."""
+def build_parts(b: dict[str, Any], tick: str = "`", spec: bool = True) -> list[str]:
+    """The build beyond its commit, when it is not the plain pinned build: its spec, backend, tree hash and patch
+    series, each a few words."""
     if b.get("spec", "pinned") == "pinned" and not b.get("patches") and b.get("backend", "cpu") == "cpu":
-        return ""
-    out = f" (build {tick}{b.get('spec')}{tick}"
-    out += f", backend {tick}{b['backend']}{tick}" if b.get("backend", "cpu") != "cpu" else ""
-    out += f", tree {tick}{b['tree_sha256'][:12]}{tick}" if b.get("tree_sha256") else ""
+        return []
     p = b.get("patches")
-    out += f", patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}" if p else ""
-    return out + ")"
+    return ([f"build {tick}{b.get('spec')}{tick}"] if spec else []) \
+        + ([f"backend {tick}{b['backend']}{tick}"] if b.get("backend", "cpu") != "cpu" else []) \
+        + ([f"tree {tick}{b['tree_sha256'][:12]}{tick}"] if b.get("tree_sha256") else []) \
+        + ([f"patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}"] if p else [])
+
+
+def build_note(b: dict[str, Any], tick: str = "`") -> str:
+    """The build beyond its commit in parentheses (empty for the pinned build)."""
+    parts = build_parts(b, tick)
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def commit_words(b: dict[str, Any], tick: str = "`", short: int | None = 12) -> str:
+    """The build's llama.cpp commit, or "commit unknown" (a tree without git history: an sdist's)."""
+    c = b.get("llama_cpp_commit")
+    return f"{tick}{c[:short]}{tick}" if c else "commit unknown"
+
+
+def build_label(b: dict[str, Any], tick: str = "`", short: int | None = 12) -> str:
+    """The llama.cpp a report ran, in one phrase (a summary's header, a bundle's README, a CLI line with tick ""):
+    its commit and the build beyond it."""
+    return f"llama.cpp {commit_words(b, tick, short)}{build_note(b, tick)}"
 
 
 def toolkit_version() -> str:

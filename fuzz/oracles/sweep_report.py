@@ -14,6 +14,7 @@ from fuzz.engine.contract import (
     PASS,
     TIMEOUT,
     UNSUPPORTED,
+    commit_words,
 )
 from fuzz.engine.parity import (
     describe_node,
@@ -98,7 +99,7 @@ class SweepReport:
 
 def format_report(rep: SweepReport) -> str:
     lines = [f"sweep {rep.fixture}: arch {rep.arch}, {rep.n_layer} layers {rep.kinds}, target {rep.target}, "
-             f"llama.cpp {str(rep.llama_cpp_commit)[:9]}",
+             f"llama.cpp {commit_words({'llama_cpp_commit': rep.llama_cpp_commit}, tick='', short=9)}",
              f"control (full model, embedding input): {rep.control.get('status')}"
              + (f" — {rep.control['reason']}" if rep.control.get("reason") else ""),
              f"{'cuts':<12} {'status':<11} {'phase':<9} {'pos':>4} {'stage':>5} {'layer':>6} {'max|Δ|':>9}  note"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.engine.configs import config_from
-from fuzz.engine.contract import CRASH, FINDING, Finding, Report, build_note, describe, matches
+from fuzz.engine.contract import CRASH, FINDING, Finding, Report, build_label, describe, matches
 from fuzz.engine.parity import describe_node
 from fuzz.engine.schedule import main_prompt
 from fuzz.oracles.registry import ORACLES, get_oracle
@@ -381,8 +381,7 @@ def write_bundle(out_dir: Path, sh: Shrunk, *, original: Case) -> Path:
     where = localized(sh.finding)
     (out_dir / "README.md").write_text(
         f"# {describe(fp)}\n\n{sh.finding.message}\n\n"
-        f"Target `{sh.case.target}`, llama.cpp {data['llama_cpp_commit'] or 'commit unknown'}"
-        f"{build_note(report['build'])}, family-certify "
+        f"Target `{sh.case.target}`, {build_label(report['build'], short=None)}, family-certify "
         f"{report['build']['toolkit']}. Cuts {sh.case.cuts} of the fixture in this directory (sha256 {sha[:16]}), "
         f"{sh.case.oracle} config `{json.dumps(sh.case.config, sort_keys=True)}`.\n\n"
         f"Replay (exit 1 while the finding reproduces, 0 once fixed):\n\n    fuzz replay {out_dir}\n\n"
