@@ -85,7 +85,7 @@ def run_cmd(
         d = loaded.data
         print(f"loaded {path} in {target}: arch {d['arch']}, {d['n_layer']} layers, n_embd {d['n_embd']}, "
               f"vocab {d['n_vocab']}, recurrent={d['is_recurrent']} hybrid={d['is_hybrid']}, "
-              f"{build_label(d['llama_cpp_commit'])}")
+              f"{current_build_label(d['llama_cpp_commit'])}")
         out = t.generate(toks, tokens, chunk=chunk)
         if not out.ok:
             print(f"FAIL decode: {out.failure.message}")
@@ -155,7 +155,7 @@ def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
     return {"prompt": toks, "prompt_len": len(toks) if toks else prompt_len}
 
 
-def build_label(commit: str | None) -> str:
+def current_build_label(commit: str | None) -> str:
     """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
     from fuzz.engine import contract
     from targets.builds import current_identity
@@ -203,7 +203,7 @@ def replay_cmd(
     if not ok:
         print(get_oracle(rep.oracle).format(rep))
     print(f"{'REPRODUCED' if ok else 'not reproduced'}: {describe(fp)}"
-          + (f" with target {target}" if target else "") + f" on {build_label(rep.llama_cpp_commit)}")
+          + (f" with target {target}" if target else "") + f" on {current_build_label(rep.llama_cpp_commit)}")
     return 1 if ok else 0
 
 
