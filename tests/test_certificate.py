@@ -94,7 +94,8 @@ def test_admit_answers_by_architecture_pattern_boundary_and_build(models):
                                                               "12: row jamba: cut 12 (R|A) refused: handoff (handoff) "
                                                               "at cuts [4]: finding")
     ok, line = admit(paths["jamba24p6"], cert, [10])
-    assert not ok and "its layer pattern RRRARRRRRARR" in line and "fixtures: jamba RRRRARRR" in line
+    assert not ok and "its layer pattern RRRARRRRRARR" in line and \
+        line.endswith("(the rows' fixtures at that depth: jamba RRRRARRRRRRRARRRRRRRARRR)"), line
     assert admit(paths["qwen3"], cert, [2])[1].endswith("no certificate row for architecture qwen3")
     assert admit(paths["gpt2"], cert, [1])[1].endswith("a refused family (tier 3: Legacy arch, superseded many "
                                                        "times over)")

@@ -179,11 +179,12 @@ def admit(model: Path, cert: dict[str, Any], cuts: list[int] | None, build: str 
         why = next((f["why"] for f in cert.get("refused_families", []) if f["arch"] == info.arch), None)
         return False, f"refused: {what}: " + (f"a refused family ({why})" if why else
                                                f"no certificate row for architecture {info.arch}")
-    rows = {k: r for k, r in arch["rows"].items() if r["kinds"] and pattern_at(r["recipe"], info.n_layer) == letters}
+    deep = {k: pattern_at(r["recipe"], info.n_layer) for k, r in arch["rows"].items() if r["kinds"]}
+    rows = {k: r for k, r in arch["rows"].items() if deep.get(k) == letters}
     if not rows:
-        seen = ", ".join(f"{k} {r['kinds']}" for k, r in arch["rows"].items())
+        seen = ", ".join(f"{k} {p}" for k, p in deep.items()) or "none"
         return False, (f"refused: {what}: its layer pattern {letters} is not the one any certified fixture has at "
-                       f"{info.n_layer} layers (fixtures: {seen})")
+                       f"{info.n_layer} layers (the rows' fixtures at that depth: {seen})")
     at = [(c, boundary(letters, c)) for c in cuts]
     reasons = []
     for key, r in rows.items():
