@@ -157,11 +157,24 @@ def test_the_roster_has_skippys_shape_and_only_architectures_certified_at_every_
                                     "skippy_abi": "0.1.67", "patch_queue_sha256": "ab" * 32}
     refused, m = a_run(lane("handoff", "finding", report("handoff", cut(1), cut(4, "finding"))))
     assert roster(certificate(refused, m), skippy_abi="0.1.67", patch_queue_sha256="ab" * 32)["architectures"] == []
-    with pytest.raises(UserError, match="does not say its build's skippy_abi .* give --skippy-abi"):
+    with pytest.raises(UserError, match="does not say its build's skippy_abi .a run on skippy records it.; give "
+                                        "--skippy-abi"):
         roster(cert)
+    sdist = {**cert, "build": {**cert["build"], "llama_cpp_commit": None}}  # a tree without git history
+    with pytest.raises(UserError, match="its build's llama_upstream_sha .a build from a tree without git history, "
+                                        "an sdist's, has no commit.; give --llama-upstream-sha"):
+        roster(sdist, skippy_abi="0.1.67", patch_queue_sha256="ab" * 32)
+    assert roster(sdist, "0.1.67", "ab" * 32, llama_upstream_sha="c" * 40)["native_recipe"]["llama_upstream_sha"] == \
+        "c" * 40
     (tmp_path / "certificate.json").write_text(json.dumps(cert))
     r = run_cli("family-certify", "roster", str(tmp_path), "--skippy-abi", "0.1.67", "--patch-queue-sha256", "0" * 64)
     assert r.returncode == 0 and json.loads(r.stdout)["architectures"] == ["jamba"], r.stdout + r.stderr
+    (tmp_path / "certificate.json").write_text(json.dumps(sdist))
+    r = run_cli("family-certify", "roster", str(tmp_path), "--skippy-abi", "0.1.67", "--patch-queue-sha256", "0" * 64)
+    assert r.returncode == 2 and r.stderr.strip().endswith("give --llama-upstream-sha"), r.stderr
+    r = run_cli("family-certify", "roster", str(tmp_path), "--skippy-abi", "0.1.67", "--patch-queue-sha256", "0" * 64,
+                "--llama-upstream-sha", "c" * 40)
+    assert r.returncode == 0 and json.loads(r.stdout)["native_recipe"]["llama_upstream_sha"] == "c" * 40, r.stderr
 
 
 def test_an_unsupported_stage_refuses_its_boundary_with_why_and_known_findings_are_listed():

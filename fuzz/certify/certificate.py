@@ -204,20 +204,25 @@ def admit(model: Path, cert: dict[str, Any], cuts: list[int] | None, build: str 
 ROSTER_SCHEMA = 2  # skippy's split-certified.json (mesh-llm, inference/skippy): architectures admitted by name
 
 
-def roster(cert: dict[str, Any], skippy_abi: str | None = None, patch_queue_sha256: str | None = None) \
-        -> dict[str, Any]:
+# where each field of the roster's recipe comes from when the certificate's build does not say it
+RECIPE_SOURCES = {"llama_upstream_sha": "a build from a tree without git history, an sdist's, has no commit",
+                  "skippy_abi": "a run on skippy records it", "patch_queue_sha256": "a patched build records it"}
+
+
+def roster(cert: dict[str, Any], skippy_abi: str | None = None, patch_queue_sha256: str | None = None,
+           llama_upstream_sha: str | None = None) -> dict[str, Any]:
     """The certificate in the shape of skippy's split certification roster: {schema_version, native_recipe:
     {llama_upstream_sha, skippy_abi, patch_queue_sha256}, architectures}. skippy admits by architecture alone, at
     any cut, so only an architecture whose every row is certified with no boundary refused enters it. The recipe
     comes from the certificate's build (a skippy run records skippy's ABI and llama.cpp) or from the options."""
     build = cert["build"]
     sk = build.get("skippy") or {}
-    recipe = {"llama_upstream_sha": sk.get("llama_cpp") or build.get("llama_cpp_commit"),
+    recipe = {"llama_upstream_sha": llama_upstream_sha or sk.get("llama_cpp") or build.get("llama_cpp_commit"),
               "skippy_abi": skippy_abi or sk.get("abi"),
               "patch_queue_sha256": patch_queue_sha256 or (build.get("patches") or {}).get("sha256")}
     missing = [k for k, v in recipe.items() if not v]
     if missing:
-        raise UserError(f"the certificate does not say its build's {missing[0]} (a run on skippy records the ABI); "
+        raise UserError(f"the certificate does not say its build's {missing[0]} ({RECIPE_SOURCES[missing[0]]}); "
                         f"give --{missing[0].replace('_', '-')}")
     archs = sorted(a for a, e in cert["architectures"].items()
                    if all(r["status"] == "certified" and r["boundaries"]["certified"]

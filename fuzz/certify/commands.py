@@ -534,10 +534,14 @@ def roster_cmd(
     skippy_abi: Annotated[str | None, Opt(help="skippy's ABI (default: the one a run on skippy recorded)")] = None,
     patch_queue_sha256: Annotated[str | None, Opt(help="the sha256 of skippy's patch queue (default: the patch "
                                                        "series the certificate's build applied)")] = None,
+    llama_upstream_sha: Annotated[str | None, Opt(help="the llama.cpp commit skippy's recipe pins (default: the "
+                                                       "certificate's build's)")] = None,
     out: Annotated[Path | None, Opt(help="write it here (default: print it)")] = None,
 ) -> int:
     """The certificate as skippy's split-certified.json roster: the architectures certified at every boundary."""
-    text = json.dumps(roster(read_certificate(certificate_path), skippy_abi, patch_queue_sha256), indent=2) + "\n"
+    recipe = {"skippy_abi": skippy_abi, "patch_queue_sha256": patch_queue_sha256,
+              "llama_upstream_sha": llama_upstream_sha}
+    text = json.dumps(roster(read_certificate(certificate_path), **recipe), indent=2) + "\n"
     if out is None:
         print(text, end="")
     else:
