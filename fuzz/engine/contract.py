@@ -59,12 +59,6 @@ def build_parts(b: dict[str, Any], tick: str = "`", spec: bool = True) -> list[s
         + ([f"patches {', '.join(p['files'])} {tick}{p['sha256'][:12]}{tick}"] if p else [])
 
 
-def build_note(b: dict[str, Any], tick: str = "`") -> str:
-    """The build beyond its commit in parentheses (empty for the pinned build)."""
-    parts = build_parts(b, tick)
-    return f" ({', '.join(parts)})" if parts else ""
-
-
 def commit_words(b: dict[str, Any], tick: str = "`", short: int | None = 12) -> str:
     """The build's llama.cpp commit, or "commit unknown" (a tree without git history: an sdist's)."""
     c = b.get("llama_cpp_commit")
@@ -74,7 +68,8 @@ def commit_words(b: dict[str, Any], tick: str = "`", short: int | None = 12) -> 
 def build_label(b: dict[str, Any], tick: str = "`", short: int | None = 12) -> str:
     """The llama.cpp a report ran, in one phrase (a summary's header, a bundle's README, a CLI line with tick ""):
     its commit and the build beyond it."""
-    return f"llama.cpp {commit_words(b, tick, short)}{build_note(b, tick)}"
+    parts = build_parts(b, tick)
+    return f"llama.cpp {commit_words(b, tick, short)}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def toolkit_version() -> str:

@@ -574,7 +574,7 @@ def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:
 
 # A replay runs a bundle's schedule up to three times: a disconnecting client (`x`) races the server, which may
 # finish the whole answer before it notices, and the state the slot keeps then differs (the laguna bundle's
-# finding needs the disconnect noticed within 13 tokens; on a loaded machine about one run in twenty misses it).
+# finding needs the disconnect noticed within 13 tokens, which a loaded machine sometimes does not).
 ORACLE = Oracle(name="radix", config=RadixConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config, replay_runs=3,
                 case_fields=("clients", "ops", "mode", "budget", "tokens", "trunk", "replay", "plan", "limit",
