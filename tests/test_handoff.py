@@ -2,6 +2,8 @@
 prompt offset, bit-exact; the B1 mutant is caught exactly at the attention-first stages."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -255,9 +257,10 @@ def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     """The seed's B5: the export treats every attention layer as its first one's K/V width. laguna with 1 K/V head
     on layer 0 and 2 elsewhere: every stage holding both widths in one cache fails at the first offset (logits off
     by 3.3), localized to the key cache the import restored. The stage starting at 4 holds one width per cache:
-    there the mutant moves only rounding, at t=5, where the pinned llama.cpp does too — the restored window in other
-    cells (numerics there; the portable build's AVX2 kernels sum a window in cell order) — but a mutant's exports
-    are the thing under test, so it stays a finding, with that evidence. The real llama.cpp: no finding."""
+    there the mutant's export is llama.cpp's own, and it moves only rounding, at t=5, where the pinned llama.cpp does
+    too — the restored window in other cells. Its exports are not taken on trust: imported into llama.cpp they hold
+    the same rows, llama.cpp continuing from them moves as little, and the cell-order control runs on llama.cpp — so
+    there it is the same numerics as the real llama.cpp's, not a finding. The real llama.cpp: no finding."""
     from synth.make import write_fixture
     from synth.manifest import load_manifest
 
@@ -267,12 +270,61 @@ def test_b5_an_export_that_assumes_uniform_kv_rows_is_caught(tmp_path):
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
     bad = handoff(path, cuts="period", period=4, target="mutant:b5-uniform-kv-rows", modes=("full",))
     assert [(r["cuts"], r["status"], r["offset"]) for r in bad["results"]] == [([1], "finding", 1), ([2], "finding", 1),
-                                                                              ([3], "finding", 1), ([4], "finding", 5)]
+                                                                              ([3], "finding", 1), ([4], "numerics", 5)]
     assert all(r["node"]["name"].startswith("cache_k_l") and r["reproduced"] for r in bad["results"])
     assert all(r["max_abs"] > 1 for r in bad["results"][:3]) and bad["results"][3]["max_abs"] < 1e-4
-    assert bad["results"][3]["node"]["cells"]["same"]
+    cells = bad["results"][3]["node"]["cells"]
+    assert cells["same"] and cells["control_on"] == "llama-cpp" and cells["exports_checked"]["moved"] < 1e-4
+    assert clean_or_cell_order(bad["results"][3])
     good = handoff(path, cuts="period", period=4)["results"]
     assert all(map(clean_or_cell_order, good)), good
+
+
+WORKER = f'cmd:"{sys.executable}" -m targets.llama_cpp_worker'  # the unmodified worker, as another program
+LIAR = f'cmd:"{sys.executable}" {Path(__file__).parent / "stashed_exports_worker.py"}'
+
+
+def test_a_runtime_behind_cmd_gets_the_cell_order_excuse_from_a_trusted_control(tmp_path):
+    """laguna's period cuts (sliding-window rows: the restored window sits in other cells of the ring) through the
+    unmodified worker behind cmd:, as a user certifies their own runtime: exactly the built-in target's statuses —
+    numerics, cause cell order — the control measured on the build's own llama.cpp worker and the target's exports
+    checked there (imported and exported again: the same rows; llama.cpp continuing from them within the bound).
+    Before, every target but the built-in one lost the excuse: a FINDING at every cut."""
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / "laguna.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
+    built_in = handoff(path, cuts="period", period=4, modes=("full",))["results"]
+    behind_cmd = handoff(path, cuts="period", period=4, modes=("full",), target=WORKER)["results"]
+    assert [(r["cuts"], r["status"]) for r in behind_cmd] == [(r["cuts"], r["status"]) for r in built_in]
+    assert {r["status"] for r in built_in} == {"numerics"} and all(map(clean_or_cell_order, behind_cmd))
+    for a, b in zip(built_in, behind_cmd, strict=True):
+        assert b["max_abs"] == a["max_abs"] and b["cause"]["control"] == a["cause"]["control"]
+        cells = b["node"]["cells"]
+        assert cells["control_on"] == "llama-cpp" and cells["exports_checked"]["moved"] == a["max_abs"]
+        assert "control_on" not in a["node"]["cells"]  # (the built-in target's own control is the trusted one)
+
+
+def test_exports_that_lie_do_not_excuse_themselves(tmp_path):
+    """A runtime whose exports drop the K rows but whose imports restore what it kept (tests/stashed_exports_worker.py)
+    hands off as cleanly as llama.cpp among its own processes, and its exports agree with each other — but llama.cpp
+    continuing from its hand-off export moves the uninterrupted run by whole logits: a finding at every cut, the
+    lie named."""
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    from conftest import ROOT
+
+    path = tmp_path / "laguna.gguf"
+    write_fixture(load_manifest(ROOT / "family_tiers.toml").row("laguna").spec(), path)
+    res = handoff(path, cuts="period", period=4, modes=("full",), target=LIAR)["results"]
+    assert [(r["cuts"], r["status"], r["offset"]) for r in res] == [([c], "finding", 5) for c in (1, 2, 3, 4)]
+    assert all("the target's exports do not bear out the same cells: llama-cpp continuing from the target's "
+               "hand-off export moves the uninterrupted run by" in r["reason"] and r["reproduced"] for r in res)
+    assert all(r["max_abs"] < 1e-4 for r in res)  # its own move: as small as llama.cpp's
 
 
 @pytest.mark.parametrize("family,knobs", [("jamba", {"layers": 8, "period": 4}),

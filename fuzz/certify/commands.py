@@ -368,10 +368,14 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             out: Annotated[Path | None, Opt(help="write summary.md, junit.xml and report.json here (a lane is "
                                                   "'pass' when its mutant is caught)")] = None,
             llama_cpp: LlamaCppOpt = None, patches: PatchesOpt = None, backend: BackendOpt = None,
-            jobs: JobsOpt = 1) -> int:
+            jobs: JobsOpt = 1,
+            through_cmd: Annotated[bool, Opt("--through-cmd", help="run each mutant as a program behind cmd: (as a "
+                                                                   "user's own runtime runs), not as mutant:NAME")]
+            = False) -> int:
     """The battery against every mutant: each known bug class, re-created, must make its row's lane fail (caught);
     exit 1 if any escapes. With --llama-cpp (and --backend), the mutants wrap that build; --jobs runs that many
-    mutants at a time (lines in the mutants' order)."""
+    mutants at a time (lines in the mutants' order); --through-cmd runs each as `cmd:"python -m targets.mutants
+    NAME"`: no verdict may trust a target for its kind."""
     from targets.mutants import MUTANTS
 
     m = load_manifest(manifest)
@@ -391,7 +395,8 @@ def mutants(manifest: Annotated[Path | None, Opt(help="manifest file")] = None,
             row_key, lane = CATCHERS[name]
             workdir = Path(d) / name  # (two mutants of one row write its fixture at once: a directory each)
             workdir.mkdir()
-            tasks.append((m.row(row_key), [lane], f"mutant:{name}", workdir, LaneOptions()))
+            spec = f'cmd:"{sys.executable}" -m targets.mutants {name}' if through_cmd else f"mutant:{name}"
+            tasks.append((m.row(row_key), [lane], spec, workdir, LaneOptions()))
         ready: dict[int, LaneResult] = {}
 
         def line(i: int, res: LaneResult) -> None:  # in the mutants' order, each as soon as those before it are

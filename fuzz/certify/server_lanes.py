@@ -10,6 +10,7 @@ from typing import Any
 
 from fuzz.certify.lane_result import LaneResult, known_findings, no_new_findings, oracle_run, worst
 from fuzz.engine.contract import SKIPPED, Report
+from fuzz.engine.fleet import server_spec
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
 from synth.manifest import Row
@@ -49,7 +50,7 @@ def server_lane(row: Row, lane: str, path: Path, target_spec: str,
     """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named."""
     if server_binary() is None:
         return LaneResult(row.key, lane, SKIPPED, NO_SERVER)
-    server = target_spec if target_spec.startswith(("mutant:server-", "mutant:radix-")) else "llama-server"
+    server = server_spec(target_spec)
     reps, cases = [], []
     for unified in (False, True):
         for oracle, cfg in runs(server, unified):

@@ -51,6 +51,24 @@ def load_full(t: Target, fixture: Path, **params: Any) -> Reply:
     return loaded
 
 
+_SPEAKS: dict[str, bool] = {}
+
+
+def server_spec(spec: str) -> str:
+    """The target a llama-server oracle runs for the run's target `spec`: that target itself when it speaks
+    llama-server's protocol (its hello says `target: llama-server`: the server worker, a server mutant, a program
+    behind cmd:), else the build's own llama-server (a library target — the llama.cpp worker, its mutants, a split
+    runtime — has no server of its own to certify). Decided by what the target says it is, not by its spec's kind;
+    asked once per spec."""
+    if spec == "llama-server":
+        return spec
+    if spec not in _SPEAKS:
+        with open_target(spec, timeout=60) as t:
+            hello = t.hello()
+        _SPEAKS[spec] = hello.ok and hello.data.get("target") == "llama-server"
+    return spec if _SPEAKS[spec] else "llama-server"
+
+
 def need_server(srv: Target, who: str) -> Reply:
     """A llama-server target's hello; no llama-server binary is bad input (how to build it is in NO_SERVER)."""
     hello = srv.hello()

@@ -134,6 +134,22 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.nanmax(d)) if d.size else 0.0
 
 
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    """How far logits b are from a, scale-free: the worst row's normalized mean squared error, each row taken
+    about its own mean (softmax ignores a constant offset, and kernels that round the final norm otherwise shift
+    every logit alike) — sum(((a - mean a) - (b - mean b))^2) / sum((a - mean a)^2), llama.cpp's own measure of
+    kernel agreement (test-backend-ops' NMSE) on what a sampler sees. The same for a model whose logits span 2 or
+    40; inf for other shapes."""
+    if a.shape != b.shape:
+        return float("inf")
+    x, y = np.atleast_2d(a.astype(np.float64)), np.atleast_2d(b.astype(np.float64))
+    if not x.size:
+        return 0.0
+    x, y = x - x.mean(axis=-1, keepdims=True), y - y.mean(axis=-1, keepdims=True)
+    spread, err = np.sum(x * x, axis=-1), np.sum((x - y) ** 2, axis=-1)
+    return float(np.max(np.where(spread > 0, err / np.where(spread > 0, spread, 1), np.where(err > 0, np.inf, 0))))
+
+
 def first_row_diff(a: np.ndarray, b: np.ndarray) -> int | None:
     if a.shape != b.shape:
         return 0

@@ -21,7 +21,6 @@ with attention layers must carry KV bytes for exactly its positions.
 from __future__ import annotations
 
 import base64
-import itertools
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -51,13 +50,13 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.schedule import Step, main_prompt, prompt_tokens, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets, stage_ranges
+from fuzz.oracles.handoff_order import CellOrderExcuse
 from fuzz.oracles.handoff_state import (
     CELL_META,
     HandoffConfig,
     HandoffResult,
     StageBytes,
     format_report,
-    order_verdict,
     same_cells,
     split_schedule,
     with_seq,
@@ -68,9 +67,7 @@ from synth.stage import StageInfo, Unsupported
 from targets import Failure, Target
 from targets.target import script_request
 
-TRUSTED_EXPORTS = "llama-cpp"  # the target whose state exports the cell-order cause analysis reads as truth
 BUSY_SEQ = 0  # the live sequence of a busy hand-off (the imported one is 1)
-ORDER_FILLERS = tuple(range(1, 17))  # the cell-order control's shifts: a filler sequence's tokens before the sequence
 
 
 class Neighbour(NamedTuple):
@@ -96,7 +93,7 @@ def roll_back(stages: list[Target], blobs: list[tuple[bytes, bytes]], seq: int, 
     return None
 
 
-class Handoff(CaseOracle[list[int]]):
+class Handoff(CellOrderExcuse, CaseOracle[list[int]]):
     name, unit = "handoff", "cut sets"
 
     def __init__(self, fixture: Path, cfg: HandoffConfig):
@@ -113,6 +110,7 @@ class Handoff(CaseOracle[list[int]]):
         self.scope.enter_context(self.st.workspace(self.cfg.workdir))
         k = max(len(s) for s in self.sets) + 1
         self.ref, self.src, self.dst = fleet.one(start=True), fleet.open(k, start=True), fleet.open(k, start=True)
+        self.fleet, self.trusted = fleet, []  # (the trusted workers start when an untrusted target needs them)
         # busy hand-offs export from contexts laid out as the busy one (a state carries its KV stream count)
         self.busy_src = fleet.open(k, start=True) if "busy" in self.cfg.modes else []
         loaded = load_full(self.ref, self.fixture, **self.params)
@@ -272,9 +270,7 @@ class Handoff(CaseOracle[list[int]]):
     def explain(self, cuts: list[int], seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
         """A reproduced continuation that differs: its first differing graph node in the stage; where every row
         was restored, only elsewhere in the ring, numerics as far as the same cells in another order move the
-        uninterrupted run (order_verdict) — read from the exports, so only where they are trusted: the pinned
-        llama.cpp itself (a target whose export is the thing under test, a mutant or another runtime, keeps the
-        finding, with the evidence)."""
+        uninterrupted run (`_order_excuse`)."""
         if row["mode"] == "bytes" or not row.get("reproduced"):
             return {}
         rec = self._record(seen, row)
@@ -285,21 +281,13 @@ class Handoff(CaseOracle[list[int]]):
         node = self._localize_node("full" if mode == "busy" else mode, stages[div.stage], div.stage, cuts,
                                    rec["steps"], k, k + div.step, rec["t"], rec["tokens"], rec["base"],
                                    self.dst[div.stage])
+        exports = (node or {}).pop("exports", None)
         out: dict[str, Any] = {"node": node} if node is not None else {}
         cells = (node or {}).get("cells")
         if cells and not cells["same"]:
             out["reason"] = f"{row['reason']}; {cells['detail']}"
-        if cells and cells["same"] and self.cfg.target == TRUSTED_EXPORTS:
-            control = self._order_control(stages, self.src, rec["steps"], k, rec["tokens"], cuts, rec["base"])
-            cells["order_control"] = control
-            cause = order_verdict(cells, row["max_abs"], control)
-            if cause:
-                out |= {"status": NUMERICS, "cause": cause}
-            else:
-                out["reason"] = row["reason"] + (
-                    f"; the same cells in another order move the uninterrupted run by {control:.2g}: "
-                    f"{row['max_abs']:.2g} is more than cell order" if control is not None
-                    else "; the cell-order control could not run")
+        if cells and cells["same"]:
+            out |= self._order_excuse(stages, rec, row, cuts, cells, exports, div.stage)
         return out
 
     def message(self, r: dict[str, Any]) -> str:
@@ -341,28 +329,6 @@ class Handoff(CaseOracle[list[int]]):
         P = self.cfg.prompt_len
         prompt = list(self.cfg.offsets) or list(range(1, P))
         return prompt + list(range(P, P + min(self.cfg.decode_offsets, self.cfg.tokens)))
-
-    def _order_control(self, stages, src: list[Target], steps: list[Step], k: int, tokens: list[list[int]],
-                       cuts: list[int], base: Trace) -> float | None:
-        """What the placement of a sequence's cells moves the uninterrupted run by, on the same stages, without any
-        export: the schedule again with a filler sequence of ORDER_FILLERS tokens decoded first, so its cells sit
-        that many cells later (attention meets them in other tiles and order), and once more with the filler removed
-        at the hand-off point, so the continuation goes on into the cells it freed — the same positions and rows in
-        other cells. The largest |Δlogit| over the continuation; None if a run failed."""
-        sizes = [st.n_layer for _, st in stages]
-        src = src[:len(stages)]
-        worst = 0.0
-        for m, freed in itertools.product(ORDER_FILLERS, (False, True)):
-            filler = prompt_tokens(self.cfg.seed + 31 + m, m, self.info.n_vocab)
-            first = [Step(filler, [1] * m, list(range(m)), "prefill"), *steps[:k]]
-            _, fail = run_chain(src, sizes, first, [filler, *tokens[:k]], n_pos_per_token=self.n_pos, reset=True)
-            if fail or (freed and any(not s.call("seq_rm", seq=1, p0=-1, p1=-1).ok for s in src)):
-                return None
-            chain, fail = run_chain(src, sizes, steps[k:], tokens[k:], n_pos_per_token=self.n_pos)
-            if fail:
-                return None
-            worst = max(worst, compare(Trace(base.steps[k:], 0.0), chain, steps[k:], cuts)[1])
-        return worst
 
     def _neighbour(self, ref: Target, cuts: list[int]) -> Neighbour | Failure:
         """The live sequence of busy hand-offs: its own prompt and decode steps (as sequence BUSY_SEQ), its
@@ -513,7 +479,7 @@ class Handoff(CaseOracle[list[int]]):
         handed = t.pipeline(calls)
         if len(handed) < len(calls) or not handed[-1].ok:
             return {"kind": "untraced", "detail": "the handed-off run failed"}
-        cells = None
+        cells, exports = None, None
         if mode == "full" and any(x.swa for x in inspect_file(str(path)).layers):
             # what both caches hold just before the step that differs: the same rows at the same positions
             # (wherever the cells sit) leave only the order attention sums them in
@@ -524,14 +490,16 @@ class Handoff(CaseOracle[list[int]]):
             again = t.pipeline(calls)
             restored = t.state_get(1) if len(again) == len(calls) and again[-1].ok else None
             if held is not None and held.ok and restored is not None and restored.ok:
-                cells = same_cells(held.data["blob"], restored.data["blob"], {p for st in steps[:at] for p in st.pos})
+                positions = {p for st in steps[:at] for p in st.pos}
+                cells = same_cells(held.data["blob"], restored.data["blob"], positions)
+                exports = (held.data["blob"], restored.data["blob"], positions)
         a, b = straight[-1].data["results"][-1].get("nodes"), handed[-1].data["results"][-1].get("nodes")
         if not a or not b:
             return {"kind": "untraced", "detail": "the target returned no graph nodes (protocol `trace`)"}
         found = first_differing_graph_node(a, b, unset=("inp_embd",) if s == 0 else ("inp_tokens",))
         if found is None:
             return {"kind": "none", "detail": f"all {len(b)} graph nodes of stage {s} are bit-identical at step {at}"}
-        return found | {"step": at} | ({"cells": cells} if cells else {})
+        return found | {"step": at} | ({"cells": cells, "exports": exports} if cells else {})
 
     def _empty_state(self, t: Target) -> tuple[int, int]:
         t.reset()

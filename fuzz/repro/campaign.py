@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.engine.contract import CRASH, matches
+from fuzz.engine.fleet import server_spec
 from fuzz.engine.progress import Progress
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
@@ -81,7 +82,7 @@ def case_config(oracle: str, rng: np.random.Generator, n_layer: int, target: str
                           seed=seed)
     if oracle == "radix":  # the lane's plans on the fixed tree, or prompt trees drawn per schedule (counted, aimed
         # at the slots' checkpoints, going on past a finding), with the host prompt cache on or off
-        server = target if target.startswith("mutant:radix") else "llama-server"
+        server = server_spec(target)
         if pick(False, True):
             return drawn_trees(4, tokens=4, kv_unified=pick(False, True), target=server, seed=seed,
                                cache_ram=pick(64, 0))
