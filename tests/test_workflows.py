@@ -557,7 +557,9 @@ INPUTS = {
     # the mutants job narrowed to the two no other default test catches (every other mutant is caught by its oracle's
     # own tests; the job with every mutant runs in this workflow on every push and in tests/test_mutants.py, slow)
     "family-certify.yml": {"tier": "1", "target": "llama-cpp", "shards": "4",
-                           "mutants": "token-ids-16-bit stale-output-rows"},
+                           "mutants": "token-ids-16-bit stale-output-rows",
+                           # the through-cmd job narrowed to the sliding-window row, whose hand-off the excuse decides
+                           "cmd_rows": "laguna", "cmd_jobs": "gate"},
     "nightly.yml": {"examples": "60", "rows": "llama", "campaign": "10m", "campaign_cases": "2"},
     "ci.yml": {},
     # the canary on the pinned tree as is: every step runs as committed, with nothing to compile (a real candidate
@@ -722,6 +724,22 @@ def test_mutants_job_catches_the_chosen_mutants_and_publishes(ci):
     assert [(x["row"], x["status"]) for x in report["results"]] == [(f"mutant:{n}", "pass") for n in MUTANTS
                                                                    if n in chosen]
     assert len(chosen) == 2
+    behind_cmd = json.loads((j.workspace / "out/mutants-cmd" / "report.json").read_text())
+    assert [(x["row"], x["status"]) for x in behind_cmd["results"]] == [(x["row"], x["status"])
+                                                                       for x in report["results"]]
+
+
+@executes
+def test_through_cmd_runs_the_per_bump_jobs_behind_cmd_and_passes(ci):
+    """The through-cmd job, narrowed to laguna's gate: the unmodified worker behind cmd: passes every lane the
+    built-in target passes (the hand-off's cell-order excuse from a trusted control), compiles nothing, publishes."""
+    j = job(ci, "family-certify.yml", "through-cmd")
+    assert j.ok, j.why()
+    d = assert_consumer(j, ci, "out/through-cmd")
+    report = json.loads((d / "report.json").read_text())
+    assert report["target"].startswith("cmd:") and {x["row"] for x in report["results"]} == {"laguna"}
+    lanes = {x["lane"]: x["status"] for x in report["results"]}
+    assert "handoff" in lanes and set(lanes.values()) <= {"pass", "known"}, lanes
 
 
 @executes

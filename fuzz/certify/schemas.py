@@ -110,6 +110,8 @@ REPORT = {
         "control": {"type": "object", "description": "sweep: the full model fed its own token embeddings"},
         "policy": {"type": "object", "description": "determinism: what upstream promises per comparison class"},
         "same_schedule": {"type": "array"}, "pairs": {"type": "array"}, "chains": {"type": "array"},
+        "rounding_control": {"type": ["object", "null"], "description": "determinism: how far one bf16 rounding of "
+                             "the residual moves this model's logits (NMSE): kernel pairs are judged against it"},
         "schedule": {"type": "object", "description": "prefix-cache: the prompts and rounds sent"},
         "explored": {"type": "integer", "minimum": 0, "description": "radix: schedules run"},
         "flaky": {"type": "array", "description": "radix: findings that did not reproduce (not reported)",

@@ -485,7 +485,7 @@ def report(fixture: Path, cfg: DeterminismConfig) -> Report:
     numerics = [Finding(oracle="determinism", status=NUMERICS, phase=f["class"], message=f"[{f['class']}] "
                         f"{f['message']}", cause=f["cause"], detail=f) for f in data["numerics"]]
     return make_report("determinism", fixture, data, results=cases(data), findings=findings, numerics=numerics,
-                       extra=("policy", "same_schedule", "pairs", "chains"))
+                       extra=("policy", "same_schedule", "pairs", "chains", "rounding_control"))
 
 
 def only_schedule(config: dict[str, Any], f: Finding) -> dict[str, Any]:
