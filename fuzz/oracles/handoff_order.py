@@ -73,15 +73,12 @@ class CellOrderExcuse:
             else None
 
     def _check_exports(self, stages, rec: dict[str, Any], row: dict[str, Any], cuts: list[int],
-                       exports: tuple[bytes, bytes, set[int]] | None, s: int, control: float,
-                       cells: dict[str, Any]) -> str:
+                       exports: tuple[bytes, bytes, set[int]], s: int, control: float, cells: dict[str, Any]) -> str:
         """What an untrusted target's exports claim, checked on llama.cpp (the trusted workers, stages loaded):
         stage s's two exports the cell comparison read (the uninterrupted run's and the restored one's) imported
         and exported again must hold the same rows at the same positions; and every stage's hand-off export
         imported into a fresh llama.cpp context, continued there, must move the uninterrupted run by at most
         ORDER_FACTOR × `control`. '' when both hold (cells['exports_checked'] says what was measured), else why."""
-        if exports is None:
-            return "the target's exports were not read"
         held, restored, positions = exports
         t = self.trusted[s]
         again = []
