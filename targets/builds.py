@@ -38,6 +38,7 @@ from typing import Any
 from synth.errors import UserError
 from targets.backends import check_backend, tree_problem
 from targets.cmake_build import (
+    COVERAGE_MARK,
     BuildError,
     built,
     cmake_options,
@@ -48,6 +49,7 @@ from targets.cmake_build import (
     say,
     tree_digest,
 )
+from targets.llama_cpp_worker import COVERAGE_ENV
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir
@@ -86,6 +88,8 @@ class Build:
     def env(self) -> dict[str, str]:
         """The environment a worker runs this build in."""
         out = {IDENTITY_ENV: json.dumps(self.identity, sort_keys=True)}
+        if self.identity.get("coverage"):  # (the worker then exits so that the counts are written: exit_process)
+            out[COVERAGE_ENV] = "1"
         if self.bindings is not None:
             # (the environment's own PYTHONPATH, not another active build's)
             base = _ORIGINAL["PYTHONPATH"] if "PYTHONPATH" in _ORIGINAL else os.environ.get("PYTHONPATH")
@@ -166,10 +170,11 @@ def activate(build: Build) -> Build:
     return build
 
 
-def use(spec: str | None = None, patches: str | Path | None = None, backend: str | None = None) -> Build:
+def use(spec: str | None = None, patches: str | Path | None = None, backend: str | None = None,
+        coverage: bool = False) -> Build:
     """The command line's --llama-cpp / --patches / --backend (or the environment's): resolved, built if needed,
-    activated."""
-    return activate(resolve(spec, patches, backend=backend))
+    activated. coverage: its coverage build (`family-certify coverage`)."""
+    return activate(resolve(spec, patches, backend=backend, coverage=coverage))
 
 
 # ---- sources ---------------------------------------------------------------------------------------------
@@ -383,23 +388,25 @@ _RESOLVED: dict[tuple[str, str | None, str], Build] = {}  # per process: extract
 
 
 def resolve(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True,
-            backend: str | None = None) -> Build:
+            backend: str | None = None, coverage: bool = False) -> Build:
     """The build a spec names, built now if it is not cached. Bad input (no such version or tree, a patch that does
     not apply, an API the worker cannot drive, a backend this machine cannot build or run) raises UserError before
     anything is built. A bundle's recorded build is resolved with from_env False: the environment's patch series
-    and backend must not apply to it."""
+    and backend must not apply to it. coverage: the build's coverage build (COVERAGE_SOURCES compiled with gcc's
+    --coverage: never the bare pinned install)."""
     spec, series = requested(spec, patches, from_env=from_env)
     backend = check_backend(backend or (os.environ.get(BACKEND_ENV) if from_env else None) or "cpu")
-    if spec == "pinned" and series is None and backend == "cpu":
+    if spec == "pinned" and series is None and backend == "cpu" and not coverage:
         return Build("pinned", pinned_identity())
-    memo = (spec, str(series.resolve()) if series else None, backend)  # (a tree or patch edited mid-run: not expected)
+    # (a tree or patch edited mid-run: not expected)
+    memo = (spec, str(series.resolve()) if series else None, backend, coverage)
     if memo in _RESOLVED:
         return _RESOLVED[memo]
-    _RESOLVED[memo] = b = _resolve(spec, series, backend)
+    _RESOLVED[memo] = b = _resolve(spec, series, backend, coverage)
     return b
 
 
-def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
+def _resolve(spec: str, series: Path | None, backend: str = "cpu", coverage: bool = False) -> Build:
     files = patch_series(series) if series else []
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
         work = Path(tmp)
@@ -451,21 +458,25 @@ def _resolve(spec: str, series: Path | None, backend: str = "cpu") -> Build:
         identity["tree_sha256"] = verified or tree_hash(src)  # (an unpatched sdist's: hashed by sdist_tree)
         archs = tree_architectures(src)
         identity["bindings_sha256"] = tree_hash(py) if not own_bindings else None
-        identity["options"] = list(cmake_options(backend))
+        identity["options"] = list(cmake_options(backend)) + ([COVERAGE_MARK] if coverage else [])
         if backend != "cpu":  # (a cpu build's identity and key stay what they were before backends were options)
             identity["backend"] = backend
         key = hashlib.sha256(json.dumps({k: identity[k] for k in ("tree_sha256", "bindings_sha256", "options",
                                                                   "llama_cpp_python")}, sort_keys=True)
                              .encode()).hexdigest()[:16]
         identity["key"] = key
+        # a backend (and a coverage build) builds in its own work directory: other options in the cpu one would make
+        # it configure afresh
+        work_dir = cache_dir() / "builds" / (f"work-{base}" + (f"-{backend}" if backend != "cpu" else "")
+                                             + ("-coverage" if coverage else ""))
+        if coverage:  # where its objects, notes (.gcno) and the sources they were compiled from are
+            identity["coverage"] = {"work": str(work_dir)}
         dest = cache_dir() / "builds" / key
         if cached_build(dest, identity["tree_sha256"]):
             return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", architectures=archs)
         label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "") \
-            + (f" ({backend})" if backend != "cpu" else "")
-        # a backend builds in its own work directory: other options in the cpu one would make it configure afresh
-        work_dir = cache_dir() / "builds" / (f"work-{base}" + (f"-{backend}" if backend != "cpu" else ""))
-        seconds, built_from = cmake_build(src, py, dest, label, work_dir, backend)
+            + (f" ({backend})" if backend != "cpu" else "") + (" (coverage)" if coverage else "")
+        seconds, built_from = cmake_build(src, py, dest, label, work_dir, backend, coverage)
         if built_from != identity["tree_sha256"]:  # (the tree hashed above is the tree synced and compiled)
             shutil.rmtree(dest, ignore_errors=True)
             raise UserError(f"--llama-cpp {label}: the build was compiled from another tree ({built_from[:12]}, "
@@ -489,8 +500,8 @@ def git_commit(tree: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path, backend: str = "cpu") \
-        -> tuple[float, str]:
+def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path, backend: str = "cpu",
+                coverage: bool = False) -> tuple[float, str]:
     """One CMake build of the tree (targets/cmake_build.py: synced into `work`, built incrementally there) installed
     as a worker runs it: dest/py/llama_cpp (the bindings' python files, lib/ the libraries) and dest/bin
     (llama-server, the libraries beside it for its $ORIGIN rpath). Returns the seconds it took and the digest of the
@@ -498,7 +509,7 @@ def cmake_build(src: Path, bindings: Path, dest: Path, spec: str, work: Path, ba
     t0 = time.perf_counter()
     stage = dest.with_name(dest.name + f".{os.getpid()}.tmp")
     try:
-        with built(src, work, spec, backend) as (out, built_from):
+        with built(src, work, spec, backend, coverage) as (out, built_from):
             shutil.rmtree(stage, ignore_errors=True)
             stage.mkdir(parents=True)
             copy_bindings(bindings, out, stage / "py" / "llama_cpp")

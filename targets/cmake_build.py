@@ -58,26 +58,54 @@ BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A coverage build (`family-certify coverage`) compiles llama.cpp's own sources — COVERAGE_SOURCES, the directories
+# libllama, llama-server and its common library are built from — with gcc's --coverage at -O0, so each line's count
+# is its own (at -O3 inlined and merged code leaves lines that ran marked unexecuted); ggml stays optimized (the
+# lanes' compute is ggml's, and its code is not what the coverage measures). Counts are updated atomically:
+# llama-server's HTTP threads and its main loop run the same code. Every library and executable links libgcov.
+COVERAGE_SOURCES = ("src", "tools/server", "common")
+COVERAGE_FLAGS = ("-O0", "--coverage", "-fprofile-update=atomic")
+COVERAGE_MARK = f"coverage: {' '.join(COVERAGE_FLAGS)} on {', '.join(COVERAGE_SOURCES)}"  # in options_id and identity
+LAUNCHER = "coverage-cc"  # in a coverage build's work directory: the compiler launcher that adds COVERAGE_FLAGS
+
+
 def cmake_options(backend: str = "cpu") -> tuple[str, ...]:
     """CMAKE_OPTIONS with the backend's options added (cpu: CMAKE_OPTIONS as they are)."""
     return CMAKE_OPTIONS + BACKEND_OPTIONS[backend]
 
 
-def options_id(backend: str = "cpu") -> str:
+def coverage_options(work: Path) -> tuple[str, ...]:
+    """The CMake options that make the build in `work` a coverage build: its compiler launcher (written into the work
+    directory) adds COVERAGE_FLAGS to the compilation of a file under COVERAGE_SOURCES of the synced tree."""
+    root = (work / "src").resolve()
+    cases = "|".join(f'"$root"/{d}/*' for d in COVERAGE_SOURCES)
+    launcher = work / LAUNCHER
+    launcher.write_text("#!/bin/sh\n# CMAKE_CXX_COMPILER_LAUNCHER of a coverage build (targets/cmake_build.py): "
+                        "ROOT COMPILER ARGS...\nroot=$1; shift\n"
+                        f'for a in "$@"; do case "$a" in {cases}) exec "$@" {" ".join(COVERAGE_FLAGS)};; esac; done\n'
+                        'exec "$@"\n')
+    launcher.chmod(0o755)
+    return (f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher};{root}", "-DCMAKE_SHARED_LINKER_FLAGS=--coverage",
+            "-DCMAKE_EXE_LINKER_FLAGS=--coverage")
+
+
+def options_id(backend: str = "cpu", coverage: bool = False) -> str:
     """A short name for the build's CMake options: the pinned build's outputs carry it (scripts/bootstrap.sh rebuilds
     a cached wheel or llama-server built with other options)."""
-    return hashlib.sha256(" ".join(cmake_options(backend)).encode()).hexdigest()[:12]
+    return hashlib.sha256(" ".join(cmake_options(backend) + ((COVERAGE_MARK,) if coverage else ()))
+                          .encode()).hexdigest()[:12]
 
 
 OPTIONS_MARK = "family-certify-options"  # in a build directory: options_id() of its last configure
 
 
-def forget_other_options(build: Path, backend: str = "cpu") -> bool:
+def forget_other_options(build: Path, backend: str = "cpu", coverage: bool = False) -> bool:
     """A build directory configured with other options (or before they were marked) loses its CMake cache, so the
     next configure starts from CMake's defaults: an option the old cache holds (GGML_AVX2 off, as a native
     configure leaves it) would otherwise outlive the change. True if it was forgotten."""
     mark = build / OPTIONS_MARK
-    if (build / "CMakeCache.txt").is_file() and (not mark.is_file() or mark.read_text().strip() != options_id(backend)):
+    if (build / "CMakeCache.txt").is_file() and \
+            (not mark.is_file() or mark.read_text().strip() != options_id(backend, coverage)):
         (build / "CMakeCache.txt").unlink()
         return True
     return False
@@ -168,7 +196,8 @@ def read_built_from(work: Path) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def built(src: Path, work: Path, label: str, backend: str = "cpu") -> Iterator[tuple[Path, str]]:
+def built(src: Path, work: Path, label: str, backend: str = "cpu", coverage: bool = False) \
+        -> Iterator[tuple[Path, str]]:
     """The tree built: `src` synced into work/src, configured and compiled in work/build (both kept for the next
     build of this tree); yields the directory holding the libraries and llama-server and the content digest of the
     tree they were verified to be compiled from (tree_digest), under the work directory's lock (one build at a time
@@ -190,11 +219,12 @@ def built(src: Path, work: Path, label: str, backend: str = "cpu") -> Iterator[t
         stale = set() if compiled is None else {rel for rel, h in want.items() if compiled.get(rel) != h}
         changed = sync_tree(src, work / "src", stale=stale, newer_than=stamp)
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        forget_other_options(build, backend)
+        forget_other_options(build, backend, coverage)
+        options = cmake_options(backend) + (coverage_options(work) if coverage else ())
         fresh = not (build / "CMakeCache.txt").is_file()
         say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
             + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
-        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *cmake_options(backend)]),
+        steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *options]),
                  ("compile", ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)])]
         for what, argv in steps:
             log = work / f"{what}.log"
@@ -205,7 +235,7 @@ def built(src: Path, work: Path, label: str, backend: str = "cpu") -> Iterator[t
                 raise BuildError(f"{label}: the build failed ({what}; log {log}): " + " | ".join(tail)[-600:])
             say(f"{what} done ({time.perf_counter() - t0:.0f} s)")
             if what == "configure":
-                (build / OPTIONS_MARK).write_text(options_id(backend) + "\n")
+                (build / OPTIONS_MARK).write_text(options_id(backend, coverage) + "\n")
         # what was compiled is what was asked for: the synced tree still holds exactly src's content
         got = file_digests(work / "src")
         if got != want:

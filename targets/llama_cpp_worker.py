@@ -723,6 +723,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+COVERAGE_ENV = "FAMILY_CERTIFY_COVERAGE"  # set (targets/builds.py) when the worker's build is a coverage build
 NO_LLAMA = "FAMILY_CERTIFY_NO_LLAMA"  # set: a worker exits before it loads llama.cpp or starts llama-server
 
 
@@ -755,9 +756,13 @@ def main_with(worker_cls: Any, llama: bool = True) -> None:
     finally:
         for w in made:
             w.close()
-    # done: exit now rather than tear down the interpreter, models and contexts (tens of ms per worker)
+    # done: exit now rather than tear down the interpreter, models and contexts (tens of ms per worker) — but a
+    # coverage build's counts are written by the C library's exit (libgcov's destructor in each library), which
+    # os._exit skips
     proto.flush()
     sys.stderr.flush()
+    if os.environ.get(COVERAGE_ENV):
+        ctypes.CDLL(None).exit(0)
     os._exit(0)
 
 

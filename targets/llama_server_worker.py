@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from targets.llama_cpp_worker import (
+    COVERAGE_ENV,
     DEVICE_BACKENDS,
     PINNED_LLAMA_CPP_PYTHON,
     RequestError,
@@ -504,8 +505,15 @@ class ServerWorker:
 
     def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            if os.environ.get(COVERAGE_ENV):  # a coverage build's counts are written when it exits, not when killed
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
         self.proc = None
         self.ops = {}
         if self.save_dir:

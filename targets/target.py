@@ -23,7 +23,9 @@ _idle: list[tuple[tuple[Any, ...], WorkerClient]] = []  # (key, worker), the lon
 _idle_lock = threading.Lock()
 
 
-def _close_idle() -> None:
+def close_idle() -> None:
+    """Close every idle worker and wait for it to exit (at this process's exit; a coverage run after each lane, so
+    that the lane's counts are written before they are read)."""
     with _idle_lock:
         clients = [c for _, c in _idle]
         _idle.clear()
@@ -33,7 +35,7 @@ def _close_idle() -> None:
         c.wait_closed()
 
 
-atexit.register(_close_idle)
+atexit.register(close_idle)
 
 
 def _f32(blob: bytes | str) -> np.ndarray:

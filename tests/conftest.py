@@ -174,7 +174,7 @@ def _forked(prog: str, args: list[str], cwd, timeout: float) -> subprocess.Compl
                     print(code, file=sys.stderr)
                     code = 1
                 code = int(code or 0)
-                target._close_idle()  # what the script's atexit does
+                target.close_idle()  # what the script's atexit does
             finally:
                 for f in (sys.stdout, sys.stderr):
                     try:

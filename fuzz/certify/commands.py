@@ -9,6 +9,7 @@
   family-certify bump --candidate C [ROW ...]  a llama.cpp bump or patch series: every lane on both builds and a
                                               cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
+  family-certify coverage [--job J ...]       which of llama.cpp's state code the lanes execute (a coverage build)
   family-certify admit MODEL --certificate C  may this GGUF be split at these cuts? (a run's certificate.json)
   family-certify roster CERTIFICATE            the certificate as skippy's split-certified.json
   family-certify table                        family, tier, arch, fixture size, loads, decodes (docs/benchmarks.md)
@@ -40,6 +41,7 @@ from fuzz.certify.battery import (
 )
 from fuzz.certify.bump import bump_builds, finish_bump, read_bump
 from fuzz.certify.certificate import admit, read_certificate, roster
+from fuzz.certify.coverage import coverage_command
 from fuzz.certify.lanes import LaneOptions, LaneResult, lane_load
 from fuzz.certify.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.certify.shards import DURATIONS, load_durations, measured, plan_shards, refresh_durations
@@ -572,6 +574,9 @@ def table(file: FileArg = None,
             loads = "yes" if res.data.get("loaded") else f"no: {res.detail[:60]}"
             dec = f"yes ({res.data.get('distinct')})" if res.status == "pass" else f"no: {res.detail[:60]}"
             print(f"| {r.key} | {r.name} | {r.tier} | {r.arch} | {size} | {loads} | {dec} |")
+
+
+app.command("coverage")(coverage_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.certify.corpus import CLASSES as CORPUS_CLASSES
+from fuzz.certify.coverage import COVERAGE_SCHEMA
 from fuzz.certify.outputs import RUN_SCHEMA
 from fuzz.engine.contract import REPORT_SCHEMA, STATUSES
 from fuzz.oracles.registry import ORACLES
@@ -307,6 +308,44 @@ CORPUS = {
         "caught_share": {"type": "number", "minimum": 0, "maximum": 1}, "goal": {"type": "number"},
         "wall_s": {"type": "number", "minimum": 0}, "exit_code": {"enum": [0, 1]}}}
 
+PAIR = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2,
+        "description": "[covered, total]"}
+COVERAGE = {
+    "type": "object", "required": ["schema", "kind", "command", "build", "lanes", "files", "groups", "functions",
+                                   "wall_s"],
+    "properties": {
+        "schema": {"const": COVERAGE_SCHEMA}, "kind": {"const": "family-certify-coverage"},
+        "command": {"type": "string"},
+        "build": {"type": "object", "description": "the coverage build's identity (its key, tree, options)"},
+        "lanes": {"type": "array", "description": "each row × lane that ran, with its verdict", "items": {
+            "type": "object", "required": ["row", "lane", "status", "detail", "seconds"],
+            "properties": {"row": {"type": "string"}, "lane": {"type": "string"}, "status": STATUS,
+                           "detail": {"type": "string"}, "seconds": {"type": "number"}}}},
+        "files": {"type": "array", "items": {
+            "type": "object", "required": ["file", "lines", "line_percent", "branches", "branch_percent", "functions"],
+            "properties": {"file": {"type": "string", "description": "relative to the llama.cpp tree"},
+                           "lines": PAIR, "line_percent": {"type": "number"}, "branches": PAIR,
+                           "branch_percent": {"type": "number"}, "functions": PAIR}}},
+        "groups": {"type": "array", "items": {
+            "type": "object", "required": ["name", "title", "lines", "line_percent", "functions", "unaccounted"],
+            "properties": {"name": {"type": "string"}, "title": {"type": "string"}, "lines": PAIR,
+                           "line_percent": {"type": "number"}, "functions": PAIR,
+                           "unaccounted": {"type": "integer", "minimum": 0, "description": "functions of the group "
+                                           "no lane ran and no entry of corpora/coverage.toml accounts for"}}}},
+        "functions": {"type": "array", "items": {
+            "type": "object", "required": ["file", "function", "line", "calls", "lines", "first_lane", "groups",
+                                           "account"],
+            "properties": {"file": {"type": "string"}, "function": {"type": "string", "description": "demangled"},
+                           "line": {"type": "integer"}, "calls": {"type": "integer", "minimum": 0}, "lines": PAIR,
+                           "first_lane": {**STR_OR_NULL, "description": "the first lane (in run order) that ran it"},
+                           "groups": {"type": "array", "items": {"type": "string"}},
+                           "account": {"type": ["object", "null"], "required": ["status", "why"],
+                                       "description": "a group's function no lane ran: its entry in "
+                                                      "corpora/coverage.toml (null: unaccounted, or it ran)",
+                                       "properties": {"status": {"enum": ["unreachable", "todo"]},
+                                                      "why": {"type": "string"}}}}}},
+        "wall_s": {"type": "number", "minimum": 0}}}
+
 
 def schemas() -> dict[str, dict[str, Any]]:
     """file name → schema, each self-contained."""
@@ -323,6 +362,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "campaign.schema.json": doc("campaign", "family-certify fuzz campaign state, schema 1", CAMPAIGN, {}),
         "corpus.schema.json": doc("corpus", "family-certify corpus, schema 1", CORPUS, {}),
         "certificate.schema.json": doc("certificate", "family-certify certificate, schema 1", CERTIFICATE, {}),
+        "coverage.schema.json": doc("coverage", f"family-certify coverage, schema {COVERAGE_SCHEMA}", COVERAGE, {}),
     }
 
 
@@ -337,7 +377,7 @@ def write(out: Path = DIR) -> list[Path]:
 
 def validate(data: Any, name: str) -> None:
     """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump,
-    campaign, corpus or certificate)."""
+    campaign, corpus, certificate or coverage)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

@@ -1,0 +1,351 @@
+"""`family-certify coverage`: which of llama.cpp's state code the lanes execute.
+
+The selected rows' lanes run on the build's coverage build (targets/builds.py: libllama, llama-server and common
+compiled with gcc's --coverage at -O0), one lane at a time, each lane's processes writing their counts (.gcda) under
+a directory of their own (GCOV_PREFIX): so every function's first covering lane is known, and a lane's counts never
+mix with another's. gcovr reads each lane's counts against the build's notes (.gcno) into a tracefile; the report
+merges them over the files of STATE_CODE, groups their functions (GROUPS: the KV caches, memories and the context's
+state paths; llama-server's cache and slot paths) and writes coverage.json (schemas/coverage.schema.json),
+summary.md, gcovr's HTML pages and the lanes' tracefiles. The lanes' own verdicts are reported beside (a coverage
+run is not a certification, but a lane that failed covered less than it would have: the summary says which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fuzz.cli import LlamaCppOpt, PatchesOpt
+from fuzz.engine.contract import FAILING
+from synth.errors import UserError
+
+COVERAGE_SCHEMA = 1
+# the files whose coverage is reported (paths relative to the llama.cpp tree)
+STATE_FILES = (r"src/llama-kv-cache[^/]*\.cpp", r"src/llama-kv-cells\.h", r"src/llama-memory[^/]*\.cpp",
+               r"src/llama-context\.cpp", r"src/llama-batch\.cpp", r"src/llama-graph\.cpp",
+               r"tools/server/server-context\.cpp", r"tools/server/server-common\.cpp",
+               r"tools/server/server-task\.cpp", r"tools/server/server-queue\.cpp", r"common/speculative\.cpp")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Functions whose lines one acceptance figure counts: a file pattern and a pattern of demangled function names
+    (None: every function of those files)."""
+    name: str
+    title: str
+    files: str
+    functions: str | None = None
+
+    def holds(self, file: str, function: str) -> bool:
+        return bool(re.fullmatch(self.files, file)) and \
+            (self.functions is None or re.search(self.functions, function) is not None)
+
+
+GROUPS = (
+    Group("state", "state functions (KV caches, recurrent and hybrid memories, the context's state paths)",
+          r"src/llama-(kv-cache[^/]*|memory[^/]*)\.cpp|src/llama-kv-cells\.h|src/llama-context\.cpp",
+          # of llama-context.cpp: state save/load, the memory API, decode/encode and their output handling
+          None),
+    Group("server", "server paths (slots, prompt cache, checkpoints, cache reuse, speculative decoding)",
+          r"tools/server/[^/]*\.cpp|common/speculative\.cpp", None),
+)
+
+
+ACCOUNTS = Path(__file__).resolve().parents[2] / "corpora" / "coverage.toml"
+ACCOUNT_STATUSES = ("unreachable", "todo")
+
+
+@dataclass(frozen=True)
+class Account:
+    """Why a function of the groups no lane runs stays unrun: `unreachable` from a split runtime or a server (why,
+    citing the code) or a `todo` (what would reach it)."""
+    file: str
+    match: str
+    status: str
+    why: str
+
+    def holds(self, file: str, function: str) -> bool:
+        return re.fullmatch(self.file, file) is not None and re.search(self.match, function) is not None
+
+
+def load_accounts(path: Path = ACCOUNTS) -> list[Account]:
+    """corpora/coverage.toml: each [[function]] a file pattern, a pattern of demangled names, a status and why."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"{path}: not a readable accounts file ({e}); fix it or restore it from git") from None
+    out = []
+    for i, x in enumerate(data.get("function", [])):
+        try:
+            a = Account(x["file"], x["match"], x["status"], x["why"])
+            re.compile(a.file), re.compile(a.match)
+        except (KeyError, TypeError, re.error) as e:
+            raise UserError(f"{path}: [[function]] #{i + 1}: {e!r} (each needs file, match, status and why; file and "
+                            "match are regular expressions)") from None
+        if a.status not in ACCOUNT_STATUSES:
+            raise UserError(f"{path}: [[function]] #{i + 1} ({a.match}): status {a.status!r}: use one of "
+                            f"{', '.join(ACCOUNT_STATUSES)}")
+        out.append(a)
+    return out
+
+
+def account_of(file: str, function: str, accounts: list[Account]) -> Account | None:
+    return next((a for a in accounts if a.holds(file, function)), None)
+
+
+# ---- reading gcovr's tracefiles ---------------------------------------------------------------------------
+def functions_of(trace: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(file, demangled function name) → {"line": first line, "lines": {line: count}, "count": calls, "branches":
+    [covered, total]} from a gcovr JSON tracefile; a line belongs to the function gcov attributes it to."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in trace.get("files", []):
+        name = f["file"]
+        for fn in f.get("functions", []):
+            key = (name, fn.get("demangled_name") or fn["name"])
+            got = out.setdefault(key, {"line": fn.get("lineno", 0), "lines": {}, "count": 0, "branches": [0, 0]})
+            got["count"] += int(fn.get("execution_count") or 0)
+        for ln in f.get("lines", []):
+            if ln.get("gcovr/noncode"):
+                continue
+            fn_name = ln.get("function_name")
+            if fn_name is None:
+                continue
+            key = (name, fn_name)
+            got = out.setdefault(key, {"line": ln["line_number"], "lines": {}, "count": 0, "branches": [0, 0]})
+            n = ln["line_number"]
+            got["lines"][n] = got["lines"].get(n, 0) + int(ln.get("count") or 0)
+            for b in ln.get("branches", []):
+                got["branches"][1] += 1
+                got["branches"][0] += int(b.get("count") or 0) > 0
+    return out
+
+
+def merge_functions(per_lane: list[tuple[str, dict[tuple[str, str], dict[str, Any]]]]) \
+        -> dict[tuple[str, str], dict[str, Any]]:
+    """The lanes' functions (in run order) merged: a line's count summed over lanes, a function's first covering
+    lane the first lane that ran it."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for lane, fns in per_lane:
+        for key, fn in fns.items():
+            got = out.setdefault(key, {"line": fn["line"], "lines": {}, "count": 0, "first_lane": None,
+                                       "branch_lines": {}})
+            for n, c in fn["lines"].items():
+                got["lines"][n] = got["lines"].get(n, 0) + c
+            got["count"] += fn["count"]
+            if got["first_lane"] is None and (fn["count"] > 0 or any(fn["lines"].values())):
+                got["first_lane"] = lane
+            got["branch_lines"][lane] = fn["branches"]
+    for fn in out.values():  # a branch outcome is covered if any lane took it: gcovr's merged tracefile has that
+        fn.pop("branch_lines")
+    return out
+
+
+def figures(lines: dict[int, int]) -> tuple[int, int]:
+    return sum(1 for c in lines.values() if c > 0), len(lines)
+
+
+def percent(covered: int, total: int) -> float:
+    return round(100.0 * covered / total, 1) if total else 0.0
+
+
+def report(fns: dict[tuple[str, str], dict[str, Any]], merged: dict[str, Any], lanes: list[dict[str, Any]],
+           build: dict[str, Any], command: str, wall_s: float, accounts: list[Account] | None = None) \
+        -> dict[str, Any]:
+    """The coverage report: per file (lines, branches, functions, from gcovr's merged tracefile), per group (the
+    lines of its functions, how many of its unrun functions no account explains) and per function (covered, its
+    lines, the first lane that ran it; unrun: its account)."""
+    accounts = load_accounts() if accounts is None else accounts
+    files = []
+    for f in sorted(merged.get("files", []), key=lambda f: f["file"]):
+        lines = [ln for ln in f.get("lines", []) if not ln.get("gcovr/noncode")]
+        by_line: dict[int, int] = {}
+        branches = [0, 0]
+        for ln in lines:
+            by_line[ln["line_number"]] = by_line.get(ln["line_number"], 0) + int(ln.get("count") or 0)
+            for b in ln.get("branches", []):
+                branches[1] += 1
+                branches[0] += int(b.get("count") or 0) > 0
+        mine = [fn for (file, _), fn in fns.items() if file == f["file"]]
+        lc, lt = figures(by_line)
+        files.append({"file": f["file"], "lines": [lc, lt], "line_percent": percent(lc, lt),
+                      "branches": branches, "branch_percent": percent(*branches),
+                      "functions": [sum(1 for fn in mine if fn["count"] > 0), len(mine)]})
+    groups = []
+    for g in GROUPS:
+        held = [(k, fn) for k, fn in fns.items() if g.holds(*k)]
+        covered = sum(sum(1 for c in fn["lines"].values() if c > 0) for _, fn in held)
+        total = sum(len(fn["lines"]) for _, fn in held)
+        unrun = [k for k, fn in held if fn["count"] == 0]
+        groups.append({"name": g.name, "title": g.title, "lines": [covered, total],
+                       "line_percent": percent(covered, total),
+                       "functions": [len(held) - len(unrun), len(held)],
+                       "unaccounted": sum(1 for k in unrun if account_of(*k, accounts) is None)})
+    functions = []
+    for (file, name), fn in sorted(fns.items(), key=lambda kv: (kv[0][0], kv[1]["line"], kv[0][1])):
+        lc, lt = figures(fn["lines"])
+        mine = [g.name for g in GROUPS if g.holds(file, name)]
+        acc = account_of(file, name, accounts) if mine and fn["count"] == 0 else None
+        functions.append({"file": file, "function": name, "line": fn["line"], "calls": fn["count"],
+                          "lines": [lc, lt], "first_lane": fn["first_lane"], "groups": mine,
+                          "account": {"status": acc.status, "why": acc.why} if acc else None})
+    return {"schema": COVERAGE_SCHEMA, "kind": "family-certify-coverage", "command": command, "build": build,
+            "lanes": lanes, "files": files, "groups": groups, "functions": functions, "wall_s": round(wall_s, 1)}
+
+
+def totals_line(rep: dict[str, Any]) -> str:
+    g = {x["name"]: x for x in rep["groups"]}
+    return (f"coverage: state functions {g['state']['line_percent']}% of lines, "
+            f"server paths {g['server']['line_percent']}%")
+
+
+def summary_md(rep: dict[str, Any]) -> str:
+    out = ["# Coverage of llama.cpp's state code", "",
+           f"`{rep['command']}` on build {rep['build'].get('key') or rep['build'].get('spec')}; "
+           f"{len(rep['lanes'])} row × lane runs in {rep['wall_s']:.0f} s.", "",
+           "| group | lines | % | functions run | not run, unaccounted |", "|---|---:|---:|---:|---:|"]
+    for g in rep["groups"]:
+        out.append(f"| {g['title']} | {g['lines'][0]} / {g['lines'][1]} | {g['line_percent']} | "
+                   f"{g['functions'][0]} / {g['functions'][1]} | {g['unaccounted']} |")
+    out += ["", "| file | lines | % | branches | % | functions run |", "|---|---:|---:|---:|---:|---:|"]
+    for f in rep["files"]:
+        out.append(f"| `{f['file']}` | {f['lines'][0]} / {f['lines'][1]} | {f['line_percent']} | "
+                   f"{f['branches'][0]} / {f['branches'][1]} | {f['branch_percent']} | "
+                   f"{f['functions'][0]} / {f['functions'][1]} |")
+    failed = [x for x in rep["lanes"] if x["status"] in FAILING]
+    if failed:
+        out += ["", "Lanes that failed (they may have stopped before covering what they would have):", ""]
+        out += [f"- {x['row']}/{x['lane']}: {x['status']} — {x['detail']}" for x in failed]
+    first = Counter(fn["first_lane"] for fn in rep["functions"] if fn["first_lane"] and fn["groups"])
+    out += ["", "Functions of the groups first covered by each lane: "
+            + ", ".join(f"{lane} {n}" for lane, n in first.most_common()), "", totals_line(rep), ""]
+    return "\n".join(out)
+
+
+# ---- running the lanes on the coverage build -----------------------------------------------------------------
+def notes_beside(counts: Path) -> int:
+    """Copy each count file's notes (.gcno, in the build directory the count file's path under the prefix names)
+    beside it, where gcov looks; the number of count files."""
+    n = 0
+    for gcda in counts.rglob("*.gcda"):
+        gcno = Path("/") / gcda.relative_to(counts).with_suffix(".gcno")
+        if gcno.is_file():
+            shutil.copyfile(gcno, gcda.with_suffix(".gcno"))
+            n += 1
+    return n
+
+
+def gcovr(args: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "gcovr", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"gcovr failed ({' '.join(args[:3])} ...): "
+                        + (r.stderr.strip().splitlines() or ["no output"])[-1])
+
+
+def lane_tracefile(counts: Path, root: Path, into: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, Any]:
+    """gcovr's JSON tracefile of one lane's counts (of `files`, patterns of paths relative to the tree's root)."""
+    notes_beside(counts)
+    args = ["--root", str(root), "--json", str(into), "-j", str(os.cpu_count() or 2),
+            "--gcov-ignore-parse-errors=negative_hits.warn_once_per_file", "--merge-mode-functions=separate"]
+    for pat in files:
+        args += ["--filter", re.escape(str(root) + "/") + pat]
+    gcovr([*args, str(counts)])
+    return json.loads(into.read_text())
+
+
+def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path, command: str, jobs: int,
+                 build: Any) -> dict[str, Any]:
+    """Each lane of the plan in turn over its rows, on the (active) coverage build; the report, written into out."""
+    from fuzz.certify.battery import run_battery
+    from targets.target import close_idle
+
+    work = Path(build.identity["coverage"]["work"])
+    root = (work / "src").resolve()
+    t0 = time.perf_counter()
+    order: list[str] = []
+    for _, ls in plan:
+        order += [x for x in ls if x not in order]
+    shutil.rmtree(out / "counts", ignore_errors=True)
+    (out / "lanes").mkdir(parents=True, exist_ok=True)
+    per_lane, results = [], []
+    for lane in order:
+        counts = out / "counts" / lane
+        counts.mkdir(parents=True)
+        sub = [(row, [lane]) for row, ls in plan if lane in ls]
+        saved = {k: os.environ.get(k) for k in ("GCOV_PREFIX", "GCOV_PREFIX_STRIP")}
+        os.environ["GCOV_PREFIX"], os.environ["GCOV_PREFIX_STRIP"] = str(counts.resolve()), "0"
+        try:
+            run = run_battery(sub, "llama-cpp", None, manifest=manifest, command=command, jobs=jobs)
+            close_idle()  # (a worker writes its counts when it exits: all of this lane's, before they are read)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        results += [{k: x[k] for k in ("row", "lane", "status", "detail", "seconds")} for x in run["results"]]
+        trace = lane_tracefile(counts, root, out / "lanes" / f"{lane}.json")
+        per_lane.append((lane, functions_of(trace)))
+    traces = sorted((out / "lanes").glob("*.json"))
+    args = ["--root", str(root), "--json", str(out / "tracefile.json"), "--merge-mode-functions=separate"]
+    for t in traces:
+        args += ["--add-tracefile", str(t)]
+    (out / "html").mkdir(exist_ok=True)
+    gcovr([*args, "--html-details", str(out / "html" / "index.html"), "--html-title", "llama.cpp state code"])
+    merged = json.loads((out / "tracefile.json").read_text())
+    rep = report(merge_functions(per_lane), merged, results, build.identity, command, time.perf_counter() - t0)
+    (out / "coverage.json").write_text(json.dumps(rep, indent=1) + "\n")
+    (out / "summary.md").write_text(summary_md(rep))
+    shutil.rmtree(out / "counts", ignore_errors=True)
+    return rep
+
+
+def coverage_command(
+    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier, tier 1 if "
+                                                         "no row or tier is given)")] = None,
+    tier: Annotated[int | None, typer.Option(help="only this tier")] = None,
+    lane: Annotated[list[str] | None, typer.Option(help="only these lanes (repeatable)")] = None,
+    job: Annotated[list[str] | None, typer.Option("--job", help="only the lanes of this CI job (gate, memory, "
+                                                                "server, nightly; repeatable)")] = None,
+    manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
+    out: Annotated[Path, typer.Option(help="write coverage.json, summary.md, html/ and the lanes' tracefiles "
+                                           "here")] = Path("coverage-out"),
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    jobs: Annotated[int, typer.Option(help="rows run at a time")] = 1,
+) -> int:
+    """Run the selected lanes on the build's coverage build (built once, cached like every build) and report which
+    of llama.cpp's state code they execute: per file, per function (with the lane that first ran it) and per group,
+    ending with one totals line."""
+    from fuzz.certify.battery import check_jobs, lane_plan, nothing_planned
+    from synth.manifest import load_manifest
+    from targets.builds import use
+
+    m = load_manifest(manifest)
+    plan = lane_plan(m, 1 if tier is None and not rows else tier, rows, lane, jobs=job)
+    if not plan:
+        return nothing_planned(job)
+    check_jobs(jobs)
+    build = use(llama_cpp, patches, coverage=True)
+    if build.seconds:
+        print(f"built {build.spec} (coverage) in {build.seconds:.0f} s (cached for later runs)")
+    rep = run_coverage(plan, out, manifest=m.path, command="family-certify coverage " + " ".join(sys.argv[2:]),
+                       jobs=jobs, build=build)
+    for g in rep["groups"]:
+        print(f"{g['name']}: {g['lines'][0]} of {g['lines'][1]} lines ({g['line_percent']}%), "
+              f"{g['functions'][0]} of {g['functions'][1]} functions run, {g['unaccounted']} of those not run "
+              f"unaccounted for (corpora/coverage.toml) — {g['title']}")
+    print(totals_line(rep))
+    return 0

@@ -1,0 +1,134 @@
+"""`family-certify coverage` (fuzz/certify/coverage.py) and the coverage build (targets/cmake_build.py): only
+llama.cpp's own sources are instrumented, at -O0; a process's counts land under its GCOV_PREFIX; gcovr reads them
+into per-function figures with the lane that first ran each function. The coverage of the pinned build itself
+(minutes of building) is the slow test at the end."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fuzz.certify import coverage as cov
+from fuzz.certify.schemas import validate
+from targets.cmake_build import COVERAGE_FLAGS, built, options_id
+
+from conftest import ROOT, run_cli
+
+CMAKE = pytest.mark.skipif(not shutil.which("cmake"), reason="skipped: cmake is not installed")
+
+
+def tiny_cxx_tree(root: Path) -> Path:
+    """A C++ project laid out as llama.cpp is: the library from src/ and ggml/, llama-server from tools/server/."""
+    files = {"CMakeLists.txt": "cmake_minimum_required(VERSION 3.14)\nproject(tiny CXX)\n"
+                               "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                               "set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                               "add_library(llama SHARED src/state.cpp ggml/kernel.cpp)\n"
+                               "add_executable(llama-server tools/server/main.cpp)\n"
+                               "target_link_libraries(llama-server llama)\n",
+             "src/state.cpp": "int kernel(int);\nint state(int x) {\n  if (x > 2)\n    return kernel(x);\n"
+                              "  return -x;\n}\nint unused(int x) {\n  return x * 3;\n}\n",
+             "ggml/kernel.cpp": "int kernel(int x) { return x + 1; }\n",
+             "tools/server/main.cpp": "#include <cstdio>\nint state(int);\n"
+                                      "int main() { std::printf(\"%d\\n\", state(5)); return 0; }\n"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@CMAKE
+def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_land_under_the_prefix(tmp_path):
+    tree = tiny_cxx_tree(tmp_path / "tree")
+    work = tmp_path / "work"
+    with built(tree, work, "tiny", coverage=True) as (out, _):
+        server = out / "llama-server"
+        notes = sorted(p.name for p in (work / "build").rglob("*.gcno"))
+        root = str((work / "src").resolve())
+        launch = [str(work / "coverage-cc"), root, "echo", "-O3", "-c"]
+        flags = {rel: subprocess.run([*launch, f"{root}/{rel}"], capture_output=True, text=True).stdout.split()
+                 for rel in ("src/state.cpp", "tools/server/main.cpp", "common/arg.cpp", "ggml/kernel.cpp")}
+        counts = tmp_path / "counts" / "some-lane"
+        r = subprocess.run([str(server)], capture_output=True, text=True, check=True,
+                           env={**os.environ, "GCOV_PREFIX": str(counts), "GCOV_PREFIX_STRIP": "0"})
+    assert r.stdout.strip() == "6"
+    assert notes == ["main.cpp.gcno", "state.cpp.gcno"]  # ggml's kernel is not instrumented
+    # the launcher adds the flags (after the build's own: -O0 wins) to llama.cpp's sources only
+    assert {rel: f[2:] for rel, f in flags.items()} == {
+        "src/state.cpp": [f"{root}/src/state.cpp", *COVERAGE_FLAGS],
+        "tools/server/main.cpp": [f"{root}/tools/server/main.cpp", *COVERAGE_FLAGS],
+        "common/arg.cpp": [f"{root}/common/arg.cpp", *COVERAGE_FLAGS], "ggml/kernel.cpp": [f"{root}/ggml/kernel.cpp"]}
+    assert sorted(p.name for p in counts.rglob("*.gcda")) == ["main.cpp.gcda", "state.cpp.gcda"]
+    assert not list((work / "build").rglob("*.gcda"))  # nothing left in the build directory itself
+    assert (work / "build" / "family-certify-options").read_text().strip() == options_id(coverage=True) != options_id()
+
+    trace = cov.lane_tracefile(counts, (work / "src").resolve(), tmp_path / "lane.json", files=(r"src/.*",))
+    fns = cov.functions_of(trace)
+    assert fns[("src/state.cpp", "state(int)")]["count"] == 1
+    assert fns[("src/state.cpp", "state(int)")]["lines"] == {2: 1, 3: 1, 4: 1, 5: 0}
+    assert fns[("src/state.cpp", "unused(int)")]["count"] == 0
+    assert fns[("src/state.cpp", "state(int)")]["branches"] == [1, 2]
+
+
+def trace(*funcs: tuple[str, str, dict[int, int]]) -> dict:
+    """A gcovr JSON tracefile of these (file, function, {line: count}) functions."""
+    files: dict[str, dict] = {}
+    for file, name, lines in funcs:
+        f = files.setdefault(file, {"file": file, "lines": [], "functions": []})
+        f["functions"].append({"demangled_name": name, "lineno": min(lines),
+                               "execution_count": max(lines.values())})
+        f["lines"] += [{"line_number": n, "function_name": name, "count": c, "branches": []}
+                       for n, c in lines.items()]
+    return {"files": list(files.values())}
+
+
+def test_a_functions_first_lane_is_the_first_lane_in_run_order_that_ran_it_and_counts_add_up():
+    kv, srv = "src/llama-kv-cache.cpp", "tools/server/server-context.cpp"
+    sweep = trace((kv, "llama_kv_cache::seq_rm(int, int, int)", {10: 0, 11: 0}),
+                  (kv, "llama_kv_cache::find_slot(ubatch)", {20: 3, 21: 3, 22: 0}))
+    memory = trace((kv, "llama_kv_cache::seq_rm(int, int, int)", {10: 2, 11: 0}),
+                   (kv, "llama_kv_cache::find_slot(ubatch)", {20: 1, 21: 1, 22: 1}),
+                   (srv, "server_slot::reset()", {5: 0}))
+    fns = cov.merge_functions([("sweep", cov.functions_of(sweep)), ("memory", cov.functions_of(memory))])
+    assert fns[(kv, "llama_kv_cache::find_slot(ubatch)")]["first_lane"] == "sweep"
+    assert fns[(kv, "llama_kv_cache::seq_rm(int, int, int)")]["first_lane"] == "memory"
+    assert fns[(kv, "llama_kv_cache::seq_rm(int, int, int)")]["lines"] == {10: 2, 11: 0}
+    assert fns[(srv, "server_slot::reset()")]["first_lane"] is None
+    merged = trace((kv, "llama_kv_cache::seq_rm(int, int, int)", {10: 2, 11: 0}),
+                   (kv, "llama_kv_cache::find_slot(ubatch)", {20: 4, 21: 4, 22: 1}),
+                   (srv, "server_slot::reset()", {5: 0}))
+    accounts = [cov.Account(r"tools/server/.*", r"^server_slot::", "todo", "a reason")]
+    rep = cov.report(fns, merged, [], {"key": "k"}, "family-certify coverage", 1.0, accounts)
+    groups = {g["name"]: g for g in rep["groups"]}
+    assert groups["state"]["lines"] == [4, 5] and groups["state"]["line_percent"] == 80.0
+    assert groups["server"]["lines"] == [0, 1] and groups["server"]["functions"] == [0, 1]
+    assert groups["server"]["unaccounted"] == 0 and groups["state"]["unaccounted"] == 0
+    unrun = {f["function"]: f["account"] for f in rep["functions"] if not f["calls"]}
+    assert unrun == {"server_slot::reset()": {"status": "todo", "why": "a reason"}}
+    assert cov.totals_line(rep) == "coverage: state functions 80.0% of lines, server paths 0.0%"
+    assert {f["file"]: f["lines"] for f in rep["files"]} == {kv: [4, 5], srv: [0, 1]}
+    assert "| `src/llama-kv-cache.cpp` | 4 / 5 | 80.0 |" in cov.summary_md(rep)
+    validate(rep, "coverage")
+
+
+def test_coverage_refuses_a_lane_that_does_not_exist_before_building_anything():
+    r = run_cli("family-certify", "coverage", "--lane", "nope")
+    assert r.returncode == 2 and "--lane 'nope'" in r.stderr and "build:" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_the_per_bump_jobs_coverage_of_the_pinned_build(tmp_path):
+    out = tmp_path / "cov"
+    r = run_cli("family-certify", "coverage", "--job", "gate", "--job", "memory", "--job", "server",
+                "--out", str(out), "--jobs", "2", timeout=3600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("coverage: state functions ") and "server paths" in last
+    rep = json.loads((out / "coverage.json").read_text())
+    files = {f["file"] for f in rep["files"]}
+    assert {"src/llama-kv-cache.cpp", "src/llama-context.cpp", "src/llama-memory-recurrent.cpp",
+            "tools/server/server-context.cpp"} <= files
+    assert (out / "html" / "index.html").is_file() and (ROOT / "schemas" / "coverage.schema.json").is_file()
