@@ -351,7 +351,7 @@ def worker_needs() -> tuple[set[str], set[str]]:
     """The llama.cpp functions the worker and its mutants call through the bindings, and the fields of
     llama_model_params / llama_context_params they set: read from their code."""
     here = Path(__file__).parent
-    text = "".join((here / f).read_text() for f in ("llama_cpp_worker.py", "mutants.py", "kvstate.py"))
+    text = "".join((here / f).read_text() for f in ("llama_cpp_worker.py", "mutants.py", "kvstate.py", "state_io.py"))
     funcs = set(re.findall(r"\bL\.(llama_\w+)\s*\(", text))
     fields = set(re.findall(r"\b(?:cp|mp)\.(\w+)\s*=", text))
     return funcs, fields

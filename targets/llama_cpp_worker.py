@@ -22,7 +22,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from targets import native
+from targets import native, state_io
 from targets.client import ENGINE_PID, FRAMES
 
 PROTOCOL_VERSION = 1
@@ -190,7 +190,7 @@ class LlamaWorker:
         return {"protocol": PROTOCOL_VERSION, "target": "llama-cpp",
                 "llama_cpp_python": self.L.__version__, "llama_cpp_commit": build_commit(),
                 "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON and not os.environ.get("FAMILY_CERTIFY_BUILD"),
-                "helpers": self.native.kind, "backend": self.backend,
+                "helpers": self.native.kind, "backend": self.backend, "state_via": list(state_io.VIAS),
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
@@ -470,30 +470,20 @@ class LlamaWorker:
         return resp
 
     def op_state_get(self, req: dict) -> dict:
-        L, ctx = self.L, self._need_ctx()
-        seq, flags = int(req.get("seq", 0)), _state_flags(req)
-        size = L.llama_state_seq_get_size_ext(ctx, seq, flags)
-        buf = (ctypes.c_uint8 * max(size, 1))()
-        got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
-        data = bytes(buf)[:got]
-        resp: dict[str, Any] = {"size": got}
+        try:
+            data = state_io.state_get(self.L, self._need_ctx(), req)
+        except state_io.StateError as e:
+            raise RequestError(e.code, f"{e}: {self._last_error('no state')}") from None
         if req.get("path"):
             Path(req["path"]).write_bytes(data)
-            resp["path"] = req["path"]
-        else:
-            resp["data"] = data
-        return resp
+            return {"size": len(data), "path": req["path"]}
+        return {"size": len(data), "data": data}
 
     def op_state_set(self, req: dict) -> dict:
-        L, ctx = self.L, self._need_ctx()
-        data = Path(req["path"]).read_bytes() if req.get("path") else base64.b64decode(req.get("data", ""))
-        seq, flags = int(req.get("seq", 0)), _state_flags(req)
-        buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
-        got = L.llama_state_seq_set_data_ext(ctx, buf, len(data), seq, flags)
-        if got == 0 and data:
-            raise RequestError("state_failed", "llama_state_seq_set_data_ext read 0 bytes: "
-                               + self._last_error("state rejected"))
-        return {"read": int(got)}
+        try:
+            return state_io.state_set(self.L, self._need_ctx(), req, state_io.blob_of(req))
+        except state_io.StateError as e:
+            raise RequestError(e.code, f"{e}: {self._last_error('state rejected')}") from None
 
     def op_tokenize(self, req: dict) -> dict:
         """The model's own tokenizer (llama_tokenize): no BOS/EOS added, special-token text not parsed."""
@@ -640,10 +630,6 @@ def _seq_sets(v: Any, n: int) -> list[list[int]]:
     if any(not ss or len(set(ss)) != len(ss) for ss in out):
         raise RequestError("bad_request", "decode: a token's sequence ids must be one or more distinct ids")
     return out
-
-
-def _state_flags(req: dict) -> int:
-    return 1 if req.get("partial") else 0  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
 def serve(stdin, stdout, make_worker: Any = LlamaWorker, frames: bool = False) -> None:

@@ -211,6 +211,12 @@ class Mutant(FreshAtUnload, LlamaWorker):
     """The llama.cpp worker with a bug re-created."""
 
 
+def sequence_blob(req: dict) -> bool:
+    """A state request moving one sequence's whole state in llama.cpp's in-memory layout (targets/kvstate.py): what
+    the export and import mutants rewrite (a file or whole-context state has another layout)."""
+    return req.get("via", "memory") == "memory" and not req.get("partial")
+
+
 class ServerMutant(FreshAtUnload, ServerWorker):
     """The llama-server worker with a bug re-created."""
 
@@ -218,7 +224,7 @@ class ServerMutant(FreshAtUnload, ServerWorker):
 class B5UniformKvRows(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
-        if not req.get("partial") and "data" in out:
+        if sequence_blob(req) and "data" in out:
             out["data"] = uniform_kv_rows(out["data"])
         return out
 
@@ -236,7 +242,7 @@ class SwaWindowFiltersBaseExport(Mutant):
 
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
-        if self.window and not req.get("partial") and "data" in out:
+        if self.window and sequence_blob(req) and "data" in out:
             blob = out["data"]
             if kv_cells(blob, 2) is not None:  # (an iSWA export: the base cache, then the window's)
                 out["data"] = keep_cells(blob, 0, lambda p, top: top - p < self.window)
@@ -261,7 +267,7 @@ class B4KidxNotExported(Mutant):
 
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
-        if self.has_indexer and not req.get("partial") and "data" in out:
+        if self.has_indexer and sequence_blob(req) and "data" in out:
             out["data"] = zero_indexer_rows(out["data"])
         return out
 
@@ -277,7 +283,7 @@ class B1FirstLayerProbe(Mutant):
 
     def op_state_set(self, req: dict) -> dict:
         out = super().op_state_set(req)
-        if not req.get("partial") and not self.probe_recurrent and self.n_recurrent:
+        if sequence_blob(req) and not self.probe_recurrent and self.n_recurrent:
             seq = int(req.get("seq", 0))
             part = self.op_state_get({"seq": seq, "partial": True})
             zeroed = zero_recurrent_data(part["data"], self.n_recurrent)
@@ -424,7 +430,7 @@ class RollbackZeroed(Mutant):
 
 class ImportClearsContext(Mutant):
     def op_state_set(self, req: dict) -> dict:
-        if not req.get("partial"):
+        if sequence_blob(req):
             self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
         return super().op_state_set(req)
 

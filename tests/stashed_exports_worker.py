@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from targets.kvstate import HEADER, cache_layers  # noqa: E402
-from targets.mutants import Mutant, main_with  # noqa: E402
+from targets.mutants import Mutant, main_with, sequence_blob  # noqa: E402
 
 
 def zero_k_rows(full: bytes) -> bytes:
@@ -34,7 +34,7 @@ KEPT = Path(os.environ.get("STASHED_EXPORTS_DIR") or Path(tempfile.gettempdir())
 class StashedExports(Mutant):
     def op_state_get(self, req: dict) -> dict:
         out = super().op_state_get(req)
-        if not req.get("partial") and "data" in out:
+        if sequence_blob(req) and "data" in out:
             sent = zero_k_rows(out["data"])
             KEPT.mkdir(parents=True, exist_ok=True)
             (KEPT / hashlib.sha256(sent).hexdigest()).write_bytes(out["data"])

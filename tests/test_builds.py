@@ -319,10 +319,13 @@ def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp
 
 def test_resolve_is_memoized_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(builds, "_resolve", lambda spec, series, backend: calls.append(spec) or builds.Build(spec, {}))
+    monkeypatch.setattr(builds, "_resolve", lambda spec, series, backend, coverage:
+                        calls.append((spec, coverage)) or builds.Build(spec, {}))
     monkeypatch.setattr(builds, "_RESOLVED", {})
     a, b = builds.resolve("pypi:0.0.1"), builds.resolve("pypi:0.0.1")
-    assert a is b and calls == ["pypi:0.0.1"]
+    c, d = builds.resolve("pypi:0.0.1", coverage=True), builds.resolve("pypi:0.0.1", coverage=True)
+    assert a is b and c is d and a is not c  # (its coverage build is another build)
+    assert calls == [("pypi:0.0.1", False), ("pypi:0.0.1", True)]
 
 
 def fake_sdist(cache: Path, version: str, text: str) -> Path:

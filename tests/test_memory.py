@@ -138,6 +138,24 @@ def test_drawing_is_seeded_and_covers_every_operation():
     assert all(0 <= t < 64 for op in decodes for _, toks in op["parts"] for t in toks)
 
 
+def test_state_moves_are_drawn_among_the_ways_the_target_offers():
+    """A target that says it moves state through files and whole contexts (hello's state_via) gets copies through a
+    file and whole-context reloads (their ids kept) drawn; one that says nothing gets only the default moves."""
+    every = Memory(n_vocab=64, recurrent=False, swa=0, can_shift=True, n_rs_seq=0,
+                   vias=("memory", "file", "context", "context-file"))
+    ops = [op for seed in range(3) for op in draw(every, True, seed)]
+    assert {op.get("via") for op in ops if op["op"] == "copy_state"} == {"memory", "file"}
+    reloads = [op for op in ops if op["op"] == "reload"]
+    assert {op.get("via", "sequences") for op in reloads} == {"sequences", "context", "context-file"}
+    assert all(op["perm"] == [0, 1, 2] for op in reloads if "via" in op)
+    plain = [op for seed in range(3) for op in draw(KV, True, seed)]
+    assert not any("via" in op for op in plain)
+    with pytest.raises(UserError, match="via 'file': reload moves state via sequences, context, context-file"):
+        check_program([{"op": "reload", "perm": [0, 1, 2], "via": "file"}], 3)
+    with pytest.raises(UserError, match="keeps every id"):
+        check_program([{"op": "reload", "perm": [1, 0, 2], "via": "context"}], 3)
+
+
 def test_drawing_keeps_to_the_apis_preconditions():
     # a fork across a per-sequence cache's streams copies whole sequences only (llama.cpp asserts otherwise)
     assert all(op["p0"] == op["p1"] == -1 for op in draw(KV, False, 1) if op["op"] == "cp")
@@ -260,9 +278,30 @@ def test_every_finding_on_clean_llama_cpp_is_a_known_upstream_one(fixtures):
 
 
 @pytest.mark.llama
+def test_state_moved_through_files_and_whole_contexts_continues_as_recomputed(fixtures):
+    """A sequence copied through a state file (its tokens given back as saved) and the whole context reloaded in
+    memory and through a session file: on clean llama.cpp every sequence continues as its recompute, in both
+    layouts, and the counts name each way."""
+    program = [{"op": "decode", "parts": [[0, [3, 1, 4, 1]], [2, [5, 9]]]},
+               {"op": "copy_state", "src": 0, "dst": 1, "via": "file"},
+               {"op": "reload", "perm": [0, 1, 2], "via": "context"},
+               {"op": "decode", "parts": [[1, [2, 6]], [2, [5]]]},
+               {"op": "reload", "perm": [0, 1, 2], "via": "context-file"},
+               {"op": "decode", "parts": [[0, [7]], [1, [8]], [2, [3]]]}]
+    for family in ("llama", "mamba2"):
+        rep = report(fixtures(family, layers=2), MemoryConfig(program=program))
+        assert rep.status == PASS, (family, [f.message for f in rep.findings])
+        for r in rep.results:
+            assert r["ops"] == {"decode": 3, "copy_state via file": 1, "reload via context": 1,
+                                "reload via context-file": 1}, r["ops"]
+
+
+@pytest.mark.llama
 @pytest.mark.parametrize("mutant,op", [("seq-rm-leaves-one-cell", "rm"), ("seq-keep-keeps-neighbour", "keep")])
 def test_mutants_are_caught_and_shortened(fixtures, mutant, op):
-    rep = report(fixtures("llama", layers=2), MemoryConfig(programs=8, target=f"mutant:{mutant}",
+    # (12 programs: the state copies and reloads also draw how they move state, so the 8 that once drew a keep
+    # beside a neighbour's cells draw other programs now)
+    rep = report(fixtures("llama", layers=2), MemoryConfig(programs=12, target=f"mutant:{mutant}",
                                                            kv_unified=(True,)))
     mine = [f for f in rep.findings if f.detail["op"] == op]
     assert mine and all(f.cause is None and f.reproduced for f in mine)  # no control explains it away
@@ -342,13 +381,22 @@ def test_the_workers_memory_operations(fixtures):
 
 
 @pytest.mark.llama
-def test_the_hypothesis_engine_shrinks_a_mutant_to_its_two_operations(fixtures):
-    """The same rules as a Hypothesis RuleBasedStateMachine: it finds the off-by-one removal and shrinks it to a
-    decode and the removal; on a clean recurrent model every example passes."""
-    rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
+def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
+    """The same rules as a Hypothesis RuleBasedStateMachine: in one unified cache it finds the off-by-one removal and
+    shrinks it to four operations ending in the removal (a shared prefix, its copy, a shift onto position 1 and the
+    removal from there: Hypothesis's shrinker stops there; the seeded engine's shortening reaches the two-operation
+    form, test_mutants_are_caught_and_shortened). With one cache per sequence the first failure Hypothesis meets is
+    upstream's own: a keep leaves the other streams' cells (explained by the layout control). On a clean recurrent
+    model every example passes."""
+    rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(True,),
                                                            target="mutant:seq-rm-leaves-one-cell"))
     (f,) = rep.findings
-    assert [op["op"] for op in f.detail["program"]] == ["decode", "rm"] and f.where == "pos" and f.cause is None
+    assert [op["op"] for op in f.detail["program"]] == ["coupled", "copy_state", "add", "rm"]
+    assert f.where == "pos" and f.cause is None
+    per_seq = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
+                                                               target="mutant:seq-rm-leaves-one-cell"))
+    (g,) = per_seq.findings
+    assert [op["op"] for op in g.detail["program"]] == ["decode", "keep"] and g.cause["kind"] == "layout"
     clean = report(fixtures("mamba2", layers=2), MemoryConfig(engine="hypothesis", programs=20, kv_unified=(True,)))
     assert clean.status == PASS and clean.results[0]["examples"] >= 20 and clean.results[0]["checks"] > 50
 

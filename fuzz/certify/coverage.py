@@ -52,14 +52,31 @@ class Group:
             (self.functions is None or re.search(self.functions, function) is not None)
 
 
+# the context's state paths: state save and load (whole context and per sequence, memory and file), the memory API,
+# decode and encode with their output handling, and the host/file readers and writers state goes through
+CONTEXT_STATE = (r"^llama_context::(state_|memory_|decode|encode|process_ubatch|output_|extract_layer_inputs|"
+                 r"get_(logits|embeddings))|^llama_io_(write|read)_|^llama_(state_|memory_|get_state_size|"
+                 r"copy_state_data|set_state_data|load_session_file|save_session_file|decode|encode|get_logits|"
+                 r"get_embeddings)")
+# llama-server's slots (their prompt, checkpoints, speculative drafts), the prompt cache in host memory, the token
+# sequences the cache matches prefixes of, the scheduling loop that decodes slots' batches, slot save/restore/erase,
+# and common's speculative decoding (drafts, their contexts' state)
+SERVER_STATE = (r"^server_slot::|^server_batch::|^server_context_impl::(get_available_slot|get_free_slots|"
+                r"try_clear_idle_slots|launch_slot|create_checkpoint|process_single_task|update_slots|pre_decode|"
+                r"decode|post_decode|process_token|n_ctx_slot|handle_sleeping_state)|^server_routes::handle_slots_|"
+                r"^server_prompt_cache::|^server_tokens::|server_tokens_state_|^common_speculative")
 GROUPS = (
     Group("state", "state functions (KV caches, recurrent and hybrid memories, the context's state paths)",
-          r"src/llama-(kv-cache[^/]*|memory[^/]*)\.cpp|src/llama-kv-cells\.h|src/llama-context\.cpp",
-          # of llama-context.cpp: state save/load, the memory API, decode/encode and their output handling
-          None),
+          r"src/llama-(kv-cache[^/]*|memory[^/]*)\.cpp|src/llama-kv-cells\.h", None),
+    Group("state", "", r"src/llama-context\.cpp", CONTEXT_STATE),
     Group("server", "server paths (slots, prompt cache, checkpoints, cache reuse, speculative decoding)",
-          r"tools/server/[^/]*\.cpp|common/speculative\.cpp", None),
+          r"tools/server/server-(context|task|common)\.cpp|common/speculative\.cpp", SERVER_STATE),
 )
+GROUP_NAMES = tuple(dict.fromkeys(g.name for g in GROUPS))
+
+
+def in_group(name: str, file: str, function: str) -> bool:
+    return any(g.name == name and g.holds(file, function) for g in GROUPS)
 
 
 ACCOUNTS = Path(__file__).resolve().parents[2] / "corpora" / "coverage.toml"
@@ -153,7 +170,7 @@ def merge_functions(per_lane: list[tuple[str, dict[tuple[str, str], dict[str, An
     return out
 
 
-def figures(lines: dict[int, int]) -> tuple[int, int]:
+def figures(lines: dict[Any, int]) -> tuple[int, int]:
     return sum(1 for c in lines.values() if c > 0), len(lines)
 
 
@@ -168,6 +185,16 @@ def report(fns: dict[tuple[str, str], dict[str, Any]], merged: dict[str, Any], l
     lines of its functions, how many of its unrun functions no account explains) and per function (covered, its
     lines, the first lane that ran it; unrun: its account)."""
     accounts = load_accounts() if accounts is None else accounts
+    ran: dict[tuple[str, int], int] = {}  # every source line's count over every function holding it
+    for (file, _), fn in fns.items():
+        for n, c in fn["lines"].items():
+            ran[(file, n)] = ran.get((file, n), 0) + c
+
+    def unrun(key: tuple[str, str]) -> bool:
+        """Not run: not called, and none of its lines run (a template instantiation whose lines another one ran is
+        not code no lane reaches)."""
+        fn = fns[key]
+        return fn["count"] == 0 and not any(ran[(key[0], n)] for n in fn["lines"])
     files = []
     for f in sorted(merged.get("files", []), key=lambda f: f["file"]):
         lines = [ln for ln in f.get("lines", []) if not ln.get("gcovr/noncode")]
@@ -184,20 +211,25 @@ def report(fns: dict[tuple[str, str], dict[str, Any]], merged: dict[str, Any], l
                       "branches": branches, "branch_percent": percent(*branches),
                       "functions": [sum(1 for fn in mine if fn["count"] > 0), len(mine)]})
     groups = []
-    for g in GROUPS:
-        held = [(k, fn) for k, fn in fns.items() if g.holds(*k)]
-        covered = sum(sum(1 for c in fn["lines"].values() if c > 0) for _, fn in held)
-        total = sum(len(fn["lines"]) for _, fn in held)
-        unrun = [k for k, fn in held if fn["count"] == 0]
+    for name in GROUP_NAMES:
+        g = next(x for x in GROUPS if x.name == name)
+        held = [(k, fn) for k, fn in fns.items() if in_group(name, *k)]
+        # a source line once, run if any function holding it ran it (a template's line: any instantiation)
+        lines: dict[tuple[str, int], int] = {}
+        for (file, _), fn in held:
+            for n, c in fn["lines"].items():
+                lines[(file, n)] = lines.get((file, n), 0) + c
+        covered, total = figures(lines)
+        idle = [k for k, _ in held if unrun(k)]
         groups.append({"name": g.name, "title": g.title, "lines": [covered, total],
                        "line_percent": percent(covered, total),
-                       "functions": [len(held) - len(unrun), len(held)],
-                       "unaccounted": sum(1 for k in unrun if account_of(*k, accounts) is None)})
+                       "functions": [len(held) - len(idle), len(held)],
+                       "unaccounted": sum(1 for k in idle if account_of(*k, accounts) is None)})
     functions = []
     for (file, name), fn in sorted(fns.items(), key=lambda kv: (kv[0][0], kv[1]["line"], kv[0][1])):
         lc, lt = figures(fn["lines"])
-        mine = [g.name for g in GROUPS if g.holds(file, name)]
-        acc = account_of(file, name, accounts) if mine and fn["count"] == 0 else None
+        mine = [g for g in GROUP_NAMES if in_group(g, file, name)]
+        acc = account_of(file, name, accounts) if mine and unrun((file, name)) else None
         functions.append({"file": file, "function": name, "line": fn["line"], "calls": fn["count"],
                           "lines": [lc, lt], "first_lane": fn["first_lane"], "groups": mine,
                           "account": {"status": acc.status, "why": acc.why} if acc else None})
@@ -257,7 +289,9 @@ def gcovr(args: list[str]) -> None:
 def lane_tracefile(counts: Path, root: Path, into: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, Any]:
     """gcovr's JSON tracefile of one lane's counts (of `files`, patterns of paths relative to the tree's root)."""
     notes_beside(counts)
-    args = ["--root", str(root), "--json", str(into), "-j", str(os.cpu_count() or 2),
+    # (one gcov at a time: gcov writes its .gcov files into the directory it runs in, and two runs over objects of
+    # one build collide on a header's)
+    args = ["--root", str(root), "--json", str(into), "-j", "1",
             "--gcov-ignore-parse-errors=negative_hits.warn_once_per_file", "--merge-mode-functions=separate"]
     for pat in files:
         args += ["--filter", re.escape(str(root) + "/") + pat]
@@ -298,18 +332,37 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
         results += [{k: x[k] for k in ("row", "lane", "status", "detail", "seconds")} for x in run["results"]]
         trace = lane_tracefile(counts, root, out / "lanes" / f"{lane}.json")
         per_lane.append((lane, functions_of(trace)))
-    traces = sorted((out / "lanes").glob("*.json"))
+    shutil.rmtree(out / "counts", ignore_errors=True)
+    return write_report(out, root, per_lane, results, build.identity, command, time.perf_counter() - t0)
+
+
+def write_report(out: Path, root: Path, per_lane: list[tuple[str, dict[tuple[str, str], dict[str, Any]]]],
+                 results: list[dict[str, Any]], build: dict[str, Any], command: str, wall_s: float) -> dict[str, Any]:
+    """The lanes' tracefiles (out/lanes) merged by gcovr (tracefile.json, html/) and the report written."""
     args = ["--root", str(root), "--json", str(out / "tracefile.json"), "--merge-mode-functions=separate"]
-    for t in traces:
-        args += ["--add-tracefile", str(t)]
+    for lane, _ in per_lane:
+        args += ["--add-tracefile", str(out / "lanes" / f"{lane}.json")]
     (out / "html").mkdir(exist_ok=True)
     gcovr([*args, "--html-details", str(out / "html" / "index.html"), "--html-title", "llama.cpp state code"])
     merged = json.loads((out / "tracefile.json").read_text())
-    rep = report(merge_functions(per_lane), merged, results, build.identity, command, time.perf_counter() - t0)
+    rep = report(merge_functions(per_lane), merged, results, build, command, wall_s)
     (out / "coverage.json").write_text(json.dumps(rep, indent=1) + "\n")
     (out / "summary.md").write_text(summary_md(rep))
-    shutil.rmtree(out / "counts", ignore_errors=True)
     return rep
+
+
+def reread(out: Path) -> dict[str, Any]:
+    """The report of a coverage run in `out` made again from its lanes' tracefiles (after corpora/coverage.toml or
+    the groups changed), without running anything."""
+    try:
+        old = json.loads((out / "coverage.json").read_text())
+        order = list(dict.fromkeys(x["lane"] for x in old["lanes"]))
+        per_lane = [(lane, functions_of(json.loads((out / "lanes" / f"{lane}.json").read_text()))) for lane in order]
+        root = Path(old["build"]["coverage"]["work"]) / "src"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--reread: {out} holds no complete coverage run ({e}); run `family-certify coverage --out "
+                        f"{out}` first") from None
+    return write_report(out, root.resolve(), per_lane, old["lanes"], old["build"], old["command"], old["wall_s"])
 
 
 def coverage_command(
@@ -325,6 +378,9 @@ def coverage_command(
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
     jobs: Annotated[int, typer.Option(help="rows run at a time")] = 1,
+    again: Annotated[bool, typer.Option("--reread", help="run nothing: make the report in --out again from its "
+                                                         "lanes' tracefiles (after editing corpora/coverage.toml)")]
+    = False,
 ) -> int:
     """Run the selected lanes on the build's coverage build (built once, cached like every build) and report which
     of llama.cpp's state code they execute: per file, per function (with the lane that first ran it) and per group,
@@ -333,6 +389,10 @@ def coverage_command(
     from synth.manifest import load_manifest
     from targets.builds import use
 
+    if again:
+        rep = reread(out)
+        print_totals(rep)
+        return 0
     m = load_manifest(manifest)
     plan = lane_plan(m, 1 if tier is None and not rows else tier, rows, lane, jobs=job)
     if not plan:
@@ -343,9 +403,13 @@ def coverage_command(
         print(f"built {build.spec} (coverage) in {build.seconds:.0f} s (cached for later runs)")
     rep = run_coverage(plan, out, manifest=m.path, command="family-certify coverage " + " ".join(sys.argv[2:]),
                        jobs=jobs, build=build)
+    print_totals(rep)
+    return 0
+
+
+def print_totals(rep: dict[str, Any]) -> None:
     for g in rep["groups"]:
         print(f"{g['name']}: {g['lines'][0]} of {g['lines'][1]} lines ({g['line_percent']}%), "
               f"{g['functions'][0]} of {g['functions'][1]} functions run, {g['unaccounted']} of those not run "
               f"unaccounted for (corpora/coverage.toml) — {g['title']}")
     print(totals_line(rep))
-    return 0

@@ -65,14 +65,15 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, ids, run_program
-from fuzz.oracles.memory_model import Memory, MemoryConfig, check_program, format_step, step_class
+from fuzz.oracles.memory_model import Memory, MemoryConfig, check_program, format_step, op_name, step_class
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import Unsupported
 from targets import Target
 
 # what a finding failed, its `where`: logits, pos (the positions a sequence reports), refusal (an operation refused,
-# or accepted, against the API), crash (the target aborted or hung)
+# or accepted, against the API), tokens (a state file gave back other tokens than were saved with it), crash (the
+# target aborted or hung)
 MINIMIZE_RUNS = 150  # programs tried while shortening one finding (each from a fresh context; recomputes cached)
 
 
@@ -409,7 +410,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 done, problem, mach = run_program(t, fixture, cfg, kvu, recompute, given, rng)
                 commit = mach.commit
                 row = {"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
-                       "max_abs_dlogit": mach.worst, "ops": dict(Counter(op["op"] for op in done)),
+                       "max_abs_dlogit": mach.worst, "ops": dict(Counter(op_name(op) for op in done)),
                        "refused": dict(mach.refused), "status": PASS}
                 if problem:
                     again = run_program(t, fixture, cfg, kvu, recompute, done, None)[1]
@@ -448,7 +449,7 @@ def memory_finding(f: dict[str, Any]) -> Finding:
                              **{k: f[k] for k in ("got", "want", "max_abs_dlogit", "failure") if k in f}})
     # (a coupled decode is a decode: the check that failed is the same, one token in several sequences or not)
     out.fingerprint = {**fingerprint(out, ""), "op": "decode" if f["op"] == "coupled" else f["op"],
-                       "ops": sorted({op["op"] for op in f["steps"]}), "memory": f.get("memory")}
+                       "ops": sorted({op_name(op) for op in f["steps"]}), "memory": f.get("memory")}
     if f.get("cause") and f["cause"].get("op"):
         out.fingerprint["cause_op"] = f["cause"]["op"]
     if f.get("cause") and f["cause"].get("then"):

@@ -200,6 +200,7 @@ class Machine:
         self.model = Model(cfg.n_seq)
         self.model.faithful_shifts = recompute.faithful_shifts
         self.mem: Memory | None = None
+        self.vias: tuple[str, ...] | None = None  # how the target moves state (hello's state_via)
         self.checks = 0
         self.refused: Counter[str] = Counter()
         self.worst = 0.0
@@ -224,10 +225,14 @@ class Machine:
                             f"{r.failure.message if r.failure else r.data}")
         d = r.data
         self.commit = d.get("llama_cpp_commit")
+        if self.vias is None:  # (the target's: asked once)
+            hello = self.t.hello()
+            self.vias = tuple(hello.data.get("state_via") or ("memory",)) if hello.ok else ("memory",)
         self.mem = Memory(n_vocab=d["n_vocab"], recurrent=bool(d["is_recurrent"] or d["is_hybrid"]),
                           swa=sliding_window(str(self.fixture)),
                           can_shift=bool(d.get("can_shift")), n_rs_seq=int(d.get("n_rs_seq") or 0),
-                          kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv")
+                          kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv",
+                          vias=self.vias)
 
     def problem(self, check: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"check": check, "message": message, **extra}
@@ -280,11 +285,17 @@ class Machine:
                 else:
                     (m.add if kind == "add" else m.div)(op["seq"], op["p0"], op["p1"], *args.values())
             elif kind == "copy_state":
-                blob = self._export(op["src"])
-                r = self._import(op["dst"], blob)
+                via = op.get("via", "memory")
+                tokens = m.tokens(op["src"])
+                blob = self._export(op["src"], via, tokens)
+                r = self._import(op["dst"], blob, via)
                 if not r.ok:
                     return self.problem("refusal", f"importing sequence {op['src']}'s state as {op['dst']} "
-                                        f"failed: {r.failure.message if r.failure else r.data}")
+                                        f"(via {via}) failed: {r.failure.message if r.failure else r.data}")
+                if via == "file" and r.data.get("tokens") != tokens:
+                    back = len(r.data.get("tokens") or [])
+                    return self.problem("tokens", f"sequence {op['src']}'s state file gave back {back} tokens, not "
+                                        f"the {len(tokens)} saved with it")
                 m.copy(op["src"], op["dst"])
             elif kind == "refused_import":
                 raw = self._export(op["src"])
@@ -295,6 +306,15 @@ class Machine:
                 self.refused["import"] += 1
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)  # as a runtime does: the failed id is dropped
                 m.clear(op["dst"])
+            elif kind == "reload" and op.get("via", "sequences") != "sequences":
+                via = op["via"]
+                blob = self._export(0, via, [])
+                self.start()
+                r = self._import(0, blob, via)
+                if not r.ok:
+                    return self.problem("refusal", f"the whole context's state (via {via}) into a fresh context "
+                                        f"failed: {r.failure.message if r.failure else r.data}")
+                m.apply(op, shared=self.kv_unified)
             elif kind == "reload":
                 blobs = {s: self._export(s) for s in m.live()}
                 self.start()
@@ -388,11 +408,12 @@ class Machine:
         self.model.reported = r.data["pos"]
         return r.data["pos"]
 
-    def _import(self, s: int, blob: bytes) -> Reply:
-        return self.call("state_set", seq=s, data=base64.b64encode(blob).decode())
+    def _import(self, s: int, blob: bytes, via: str = "memory") -> Reply:
+        return self.call("state_set", seq=s, data=base64.b64encode(blob).decode(),
+                         **({"via": via} if via != "memory" else {}))
 
-    def _export(self, s: int) -> bytes:
-        r = self.call("state_get", seq=s)
+    def _export(self, s: int, via: str = "memory", tokens: list[int] | None = None) -> bytes:
+        r = self.call("state_get", seq=s, **({"via": via, "tokens": tokens or []} if via != "memory" else {}))
         if not r.ok:
             raise Crashed(self.problem("refusal", f"exporting sequence {s} failed: "
                                        f"{r.failure.message if r.failure else r.data}"))

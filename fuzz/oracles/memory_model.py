@@ -159,6 +159,10 @@ class Model:
         self.shares = {s: set() for s in self.cells}
         self.reported = {}
 
+    def tokens(self, s: int) -> list[int]:
+        """The ids a sequence's decodes gave it, in order (what a runtime saves beside its state in a file)."""
+        return [int(t) for e in self.log[s] if e[0] == "d" for _, t in e[1]]
+
     def history(self, s: int) -> str:
         """What a sequence holds, as one comparable key: its cells' positions and its log."""
         return json.dumps([sorted(self.cells[s]), self.log[s]])
@@ -185,8 +189,10 @@ class Model:
             self.copy(op["src"], op["dst"])
         elif k == "refused_import":
             self.clear(op["dst"])
-        elif k == "reload":
+        elif k == "reload" and op.get("via", "sequences") == "sequences":
             self.permute(op["perm"])
+        elif k == "reload":  # the whole context's state: every sequence, its cells and what they share, as it was
+            self.reported = {}
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,14 @@ class Memory:
     n_rs_seq: int  # the rollback snapshots the context took
 
     kind: str = "kv"  # kv | recurrent | hybrid
+    vias: tuple[str, ...] = ("memory",)  # how the target moves state (hello's state_via; targets/PROTOCOL.md)
+
+    def state_vias(self, whole: bool) -> list[str]:
+        """The ways a copy (one sequence) or a reload (`whole`: every sequence) may move state: per sequence in memory
+        or through a file; a reload also the whole context at once, in memory or through a session file."""
+        if whole:
+            return ["sequences", *(v for v in ("context", "context-file") if v in self.vias)]
+        return [v for v in ("memory", "file") if v in self.vias] or ["memory"]
 
     @property
     def name(self) -> str:
@@ -376,9 +390,16 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
         return {"op": "add", "seq": s, "p0": p0, "p1": -1, "delta": draw.int(-min(p0, 8), 9)}
     if kind == "div":
         return {"op": "div", "seq": s, "p0": draw.int(lo, hi + 1), "p1": -1, "d": draw.int(2, 4)}
-    if kind == "reload":
-        return {"op": "reload", "perm": draw.perm(n)}
-    return {"op": kind, "src": s, "dst": draw.pick(other)}
+    if kind == "reload":  # every sequence under a drawn id, or the whole context at once (ids kept)
+        perm, vias = draw.perm(n), mem.state_vias(whole=True)
+        via = draw.pick(vias) if len(vias) > 1 else "sequences"
+        return {"op": "reload", "perm": perm} if via == "sequences" else \
+            {"op": "reload", "perm": list(range(n)), "via": via}
+    op = {"op": kind, "src": s, "dst": draw.pick(other)}
+    vias = mem.state_vias(whole=False)
+    if kind == "copy_state" and len(vias) > 1:
+        op["via"] = draw.pick(vias)
+    return op
 
 
 BURST = 0.3  # how often an operation that leaves work for the next decode is followed by another of its kind
@@ -438,7 +459,21 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
             list(op.get("seqs", ()))
         if any(not isinstance(x, int) or not -1 <= x < n_seq for x in ids):
             raise UserError(f"program step {i}: a sequence id outside 0..{n_seq - 1}")
+        vias = {"copy_state": ("memory", "file"), "reload": ("sequences", "context", "context-file")}.get(op["op"], ())
+        if "via" in op and op["via"] not in vias:
+            raise UserError(f"program step {i}: via {op['via']!r}: {op['op']} moves state via "
+                            + (", ".join(vias) if vias else "nothing (no via)"))
+        if op["op"] == "reload" and op.get("via", "sequences") != "sequences" and op["perm"] != sorted(op["perm"]):
+            raise UserError(f"program step {i}: a whole-context reload keeps every id (perm {op['perm']} is not "
+                            "the identity)")
     return program
+
+
+def op_name(op: dict[str, Any]) -> str:
+    """An operation's kind as counted and fingerprinted: a state move through another way than the default names it
+    (copy_state via file, reload via context)."""
+    via = op.get("via")
+    return op["op"] + (f" via {via}" if via and via not in ("memory", "sequences") else "")
 
 
 def format_step(op: dict[str, Any]) -> str:
@@ -456,5 +491,7 @@ def format_step(op: dict[str, Any]) -> str:
     if k == "keep":
         return f"seq_keep s{op['seq']}"
     if k == "reload":
-        return f"reload into a fresh context as {op['perm']}"
-    return f"{k} s{op['src']}→s{op['dst']}"
+        via = op.get("via", "sequences")
+        return f"reload into a fresh context as {op['perm']}" if via == "sequences" else \
+            f"reload the whole context into a fresh one (via {via})"
+    return f"{k} s{op['src']}→s{op['dst']}" + (f" (via {op['via']})" if op.get("via", "memory") != "memory" else "")
