@@ -50,6 +50,7 @@ def make(
     kv_lora_rank: Annotated[int | None, Opt(help=KNOB["kv_lora_rank"].help)] = None,
     indexer: Annotated[bool | None, Opt("--indexer/--no-indexer", help=KNOB["indexer"].help)] = None,
     indexer_top_k: Annotated[int | None, Opt(help=KNOB["indexer_top_k"].help)] = None,
+    sliding_window: Annotated[int | None, Opt(help=KNOB["sliding_window"].help)] = None,
     dtype: Annotated[str | None, Opt(help=KNOB["dtype"].help)] = None,
     seed: Annotated[int, Opt(help="weight seed")] = 0,
     as_json: Annotated[bool, Opt("--json", help="print the resolved spec and file facts as JSON")] = False,
@@ -60,7 +61,8 @@ def make(
                   embd=embd, heads=heads, head_dim=head_dim, ff=ff, vocab=vocab, experts=experts,
                   experts_used=experts_used, shared_experts=shared_experts, leading_dense=leading_dense,
                   q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank,
-                  indexer=indexer, indexer_top_k=indexer_top_k, dtype=dtype, seed=seed)
+                  indexer=indexer, indexer_top_k=indexer_top_k, sliding_window=sliding_window, dtype=dtype,
+                  seed=seed)
     if row is not None:
         if family is not None or knobs.given():
             raise UserError("--row takes its family and knobs from the manifest; give --row alone (with -o/--seed)")

@@ -92,7 +92,9 @@ def source_swa_layers(g: GGUFFile, n: int) -> list[bool] | None:
     if isinstance(value, list) and len(value) == n:
         return [bool(v) for v in value]
     fam = family_for_arch(g.arch)
-    if fam is None or fam.swa_pattern is None:
+    if fam is not None and fam.swa_pattern is None:
+        return fam.swa_layers(g, n)
+    if fam is None:
         return None
     period, dense_first = fam.swa_pattern
     period = int(value) if value is not None else period

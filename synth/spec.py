@@ -52,6 +52,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("kv_lora_rank", "MLA: latent KV rank", "kv_lora_rank"),
     Knob("indexer", "DSA indexer tensors", "indexer"),
     Knob("indexer_top_k", "DSA indexer top-k", "indexer_top_k"),
+    Knob("sliding_window", "sliding-window attention width in tokens (0: no window)", "sliding_window"),
     Knob("dtype", "weight type of the matmul tensors: f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, "
                   "iq4_nl; q2_k … q6_k, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs with --embd 256"),
 )
@@ -81,6 +82,7 @@ class Knobs:
     kv_lora_rank: int | None = None
     indexer: bool | None = None
     indexer_top_k: int | None = None
+    sliding_window: int | None = None
     dtype: str | None = None  # weight type of the matmul tensors (synth/dtype.py); default f32
     seed: int = 0
 
@@ -112,6 +114,7 @@ class ModelSpec:
     kv_lora_rank: int = 0  # MLA latent KV width
     indexer: bool = False
     indexer_top_k: int = 0
+    sliding_window: int = 0  # tokens; 0: no sliding-window attention
     seed: int = 0
     extra: dict[str, int] = field(default_factory=dict)  # family-specific dims (SSM state, ranks, ...)
     dtype: str = "f32"  # weight type of the matmul tensors (synth/dtype.py)
@@ -131,6 +134,8 @@ class ModelSpec:
         d["n_head_kv"] = list(self.n_head_kv)
         if d["dtype"] == "f32":
             del d["dtype"]  # f32 fixtures keep the bytes they had before dtypes existed
+        if not d["sliding_window"]:
+            del d["sliding_window"]  # and fixtures without a window the bytes they had before the knob
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod

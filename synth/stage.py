@@ -146,6 +146,9 @@ def plan_stage(g: GGUFFile, info: ModelInfo, a: int, b: int) -> StageInfo:
     if is_swa is not None and not any(is_swa[i] for i in layers):
         # llama.cpp sets up an iSWA cache whenever a window is set and asserts it has an SWA layer
         append_pad([i for i in range(n) if is_swa[i]], "no sliding-window layer")
+    missing = fam.stage_missing(g, layers) if fam is not None else None
+    if missing:
+        append_pad(*missing)
     if fam is not None and fam.layer_phase and a % fam.layer_phase:
         k = a % fam.layer_phase  # the k layers before a have the phases the stage's first k slots need
         st.layers[:0] = list(range(a - k, a))
@@ -310,9 +313,11 @@ def _stage_metadata(g: GGUFFile, kv: dict[str, KV], st: StageInfo) -> dict[str, 
         out[lead_key] = KV(k, VT.UINT32)
 
     # glm-dsa: a "shared" indexer layer reuses the top-k of the previous full layer (a sideband); llama.cpp
-    # asserts that a stage's layer 0 is full
+    # asserts that a stage's layer 0 is full. A sliding-window layer without an indexer (dots3note) takes no top-k.
     types = out.get(f"{arch}.attention.indexer.types")
-    if types is not None and isinstance(types.value, list) and types.value and not types.value[0]:
+    is_swa = source_swa_layers(g, n) if int(g.get("attention.sliding_window", 0) or 0) > 0 else None
+    swa_first = bool(is_swa and is_swa[src[0]])
+    if types is not None and isinstance(types.value, list) and types.value and not types.value[0] and not swa_first:
         raise Unsupported(f"stage starts on layer {src[0]}, a shared indexer layer: its top-k comes from an earlier "
                           "full layer (a sideband llama.cpp cannot take as stage input)")
 

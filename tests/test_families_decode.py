@@ -18,7 +18,9 @@ def configs(name: str) -> list[dict]:
         if fam.per_layer_kv:
             cfgs.append({"kv_heads": (2, 0, 1, 0, 4, 0)})
         return cfgs
-    return [{}, {"layers": 2}, {"layers": 6, "seed": 1}]
+    # (dots3note's 2-layer weights of seed 0 are a fixed point of greedy decoding: token 2 begets token 2)
+    two = {"layers": 2, "seed": 1} if name == "dots3note" else {"layers": 2}
+    return [{}, two, {"layers": 6, "seed": 1}]
 
 
 CASES = [(name, cfg) for name in FAMILIES for cfg in configs(name)]

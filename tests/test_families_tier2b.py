@@ -1,6 +1,7 @@
 """Tier-2b families (internlm2, olmo, olmo2, olmoe, mistral3, qwen2moe, exaone, exaone4, exaone-moe, cohere2,
-qwen35, smollm3, minicpm, minicpm3, plamo3, deepseek2-ocr): what their knobs change in the file, what llama.cpp
-makes of it, and one-line errors for what the archs cannot express."""
+qwen35, qwen4exp, smollm3, minicpm, minicpm3, plamo3, deepseek2-ocr, deepseek4; lfm2's sliding window, the lfm2-swa
+row): what their knobs change in the file, what llama.cpp makes of it, and one-line errors for what the archs cannot
+express."""
 
 from dataclasses import replace
 
@@ -18,7 +19,9 @@ from synth.strategies import specs
 from conftest import run_cli
 
 TIER2B = ["internlm2", "olmo", "olmo2", "olmoe", "mistral3", "qwen2moe", "exaone", "exaone4", "exaone-moe",
-          "cohere2", "qwen35", "smollm3", "minicpm", "minicpm3", "plamo3", "deepseek2-ocr"]
+          "cohere2", "qwen35", "qwen4exp", "smollm3", "minicpm", "minicpm3", "plamo3", "deepseek2-ocr",
+          "minimax-m3", "dots3note",
+          "deepseek4"]
 PROMPT = [1, 7, 3, 12, 5, 9, 2, 30]
 
 
@@ -151,6 +154,29 @@ def test_cohere2_has_tied_head_and_swa_keys(fixtures):
     assert GGUFFile(fixtures("exaone-moe")).get("attention.sliding_window") == 16
 
 
+def test_qwen4exp_writes_hyper_connections_and_qsa_on_attention_layers_only(fixtures):
+    g = GGUFFile(fixtures("qwen4exp", pattern="RARA"))
+    assert (g.get("hyper_connection.count"), g.get("hyper_connection.low_rank")) == (4, 8)
+    assert g.get("attention.compress_ratios") == [0, 4, 0, 4]  # the converter's rule: full-attention layers only
+    assert g.get("attention.indexer.top_k") == 8
+    assert "output_norm.weight" not in g.tensors and g.tensors["output_hc_norm.weight"].ne == (32, 4)
+    assert "blk.1.indexer.q_proj.weight" in g.tensors and "blk.0.indexer.q_proj.weight" not in g.tensors
+    assert g.tensors["blk.0.hc_attn_inject.weight"].ne == (128, 4)  # [hc * n_embd, hc]
+
+
+def test_lfm2_sliding_window_marks_the_attention_layers_and_a_stage_keeps_them(fixtures, tmp_path):
+    from synth.stage import slice_model
+
+    path = fixtures("lfm2", layers=6, period=3, sliding_window=8)
+    g = GGUFFile(str(path))
+    assert g.get("attention.sliding_window") == 8
+    assert [x.swa for x in inspect_file(str(path)).layers] == [False, False, True] * 2  # is_swa = !is_recr
+    assert GGUFFile(str(fixtures("lfm2", layers=6, period=3))).get("attention.sliding_window") is None
+    stage = tmp_path / "stage.gguf"
+    slice_model(str(path), str(stage), 3, 6)
+    assert GGUFFile(str(stage)).get("attention.sliding_window_pattern") == [False, False, True]
+
+
 EXAONE4_64 = {"layers": 64, "embd": 16, "heads": 2, "ff": 16}  # ~0.5 MB
 
 
@@ -181,6 +207,45 @@ def test_deepseek2_ocr_has_no_dense_variant(llama, tmp_path):
     assert not loaded.ok and "n_expert must be > 0" in loaded.failure.message
 
 
+# ---- deepseek4: the layers llama_kv_cache_dsv4 serves, and why no cut can ----------------------------------------
+
+def test_deepseek4_layout(fixtures):
+    """Window-only hash layer, then CSA / HCA alternating; indexer tensors on CSA layers only; the hash layer's
+    routing table is I32 (as the converter writes it) with distinct experts per token."""
+    g = GGUFFile(fixtures("deepseek4", layers=5))
+    assert g.get("attention.compress_ratios") == [0, 4, 128, 4, 128] and g.get("hash_layer_count") == 1
+    assert [f"blk.{i}.indexer.proj.weight" in g.tensors for i in range(5)] == [False, True, False, True, False]
+    assert g.tensors["blk.2.attn_compressor_ape.weight"].ne == (16, 128)  # HCA: one half, ratio rows
+    assert g.tensors["blk.1.attn_compressor_ape.weight"].ne == (32, 4)  # CSA: two overlapping halves
+    routes = g.tensor_data("blk.0.ffn_gate_tid2eid.weight")
+    assert routes.dtype == np.int32 and routes.shape == (64, 2)  # [n_vocab][n_expert_used]
+    assert all(len(set(r)) == 2 and 0 <= min(r) and max(r) < 4 for r in routes.tolist())
+    assert "blk.0.exp_probs_b.bias" not in g.tensors and "blk.1.exp_probs_b.bias" in g.tensors
+
+
+def test_deepseek4_refuses_every_cut(fixtures):
+    from synth.stage import embd_input_contract, stage_contract
+
+    g = GGUFFile(fixtures("deepseek4"))
+    assert stage_contract(g, 0, 4) is None
+    assert "hyper-connection streams" in stage_contract(g, 0, 2)  # its output cannot be handed on
+    assert "tid2eid" in embd_input_contract(g)  # hash routing: hidden states cannot stand in for tokens
+    assert "tid2eid" in stage_contract(g, 2, 4) and "tid2eid" in stage_contract(g, 1, 3)  # (checked first)
+
+
+@pytest.mark.llama
+def test_deepseek4_state_holds_the_compressed_caches(llama, fixtures):
+    """llama_kv_cache_dsv4's sequence state carries the compressed caches besides the raw window and the compressor
+    rings (the partial state): the difference grows as CSA blocks complete, one row every 4 tokens."""
+    assert llama.load(str(fixtures("deepseek4"))).ok
+    diffs = []
+    for prompt in (PROMPT[:3], [*PROMPT, 4, 8, 11]):
+        assert llama.generate(prompt, 1).ok
+        full, part = llama.state_get(0).data["size"], llama.state_get(0, partial=True).data["size"]
+        diffs.append(full - part)
+    assert 0 < diffs[0] < diffs[1], diffs
+
+
 # ---- variants load and decode ----------------------------------------------------------------------------------
 
 VARIANTS = [
@@ -190,10 +255,16 @@ VARIANTS = [
     ("exaone4", {"kv_heads": (4,)}), ("exaone-moe", {"leading_dense": 0, "head_dim": 16}),
     ("exaone-moe", {"leading_dense": 2, "layers": 6}), ("cohere2", {"layers": 8, "kv_heads": (1,)}),
     ("qwen35", {"head_dim": 8, "kv_heads": (2,)}), ("qwen35", {"head_dim": 12, "pattern": "ARRA"}),
+    ("qwen4exp", {"pattern": "RARA", "indexer_top_k": 4}), ("qwen4exp", {"experts": 2, "experts_used": 1}),
+    ("lfm2", {"sliding_window": 8}), ("lfm2", {"sliding_window": 4, "pattern": "ARRA"}),
     ("smollm3", {"layers": 8, "head_dim": 16}), ("minicpm", {"experts": 4}), ("minicpm", {"head_dim": 4}),
     ("minicpm3", {"q_lora_rank": 8, "kv_lora_rank": 24, "heads": 2}),
     ("plamo3", {"kv_heads": (2, 1, 4, 2), "head_dim": 16}),
     ("deepseek2-ocr", {"shared_experts": 2, "leading_dense": 0}),
+    ("deepseek4", {"layers": 2}), ("deepseek4", {"experts": 8, "experts_used": 3, "shared_experts": 2}),
+    ("deepseek4", {"heads": 2, "head_dim": 8, "indexer_top_k": 1}),
+    ("minimax-m3", {"kv_heads": (1,), "leading_dense": 0}), ("minimax-m3", {"layers": 3, "indexer_top_k": 1}),
+    ("dots3note", {"layers": 3, "seed": 1}), ("dots3note", {"layers": 9, "leading_dense": 3, "indexer_top_k": 1}),
 ]
 
 
@@ -241,6 +312,12 @@ def test_generated_tier2b_specs_load_and_decode(llama, tmp_path, spec):
     ("cohere2", {"experts": 4}, ["--experts"]),
     ("qwen35", {"experts": 4}, ["--experts"]),
     ("qwen35", {"head_dim": 5}, ["--head-dim 5"]),
+    ("qwen35", {"sliding_window": 8}, ["--sliding-window"]),
+    ("qwen4exp", {"experts": 0}, ["--experts", "MoE"]),
+    ("qwen4exp", {"indexer_top_k": 0}, ["--indexer-top-k 0"]),
+    ("qwen4exp", {"head_dim": 64}, ["--head-dim 64", "indexer key"]),
+    ("qwen4exp", {"indexer": False}, ["--indexer"]),
+    ("lfm2", {"sliding_window": -1}, ["--sliding-window -1", ">= 0"]),
     ("plamo3", {"head_dim": 7}, ["head dim 7", "--head-dim", "even"]),
     ("mistral3", {"embd": 12, "heads": 4}, ["head dim 3", "--embd 12 / --heads 4"]),
     ("minicpm3", {"heads": 32}, ["head dim 1"]),
@@ -251,6 +328,18 @@ def test_generated_tier2b_specs_load_and_decode(llama, tmp_path, spec):
     ("exaone", {"kv_heads": (2, 1, 2, 1)}, ["--kv-heads", "varies"]),
     ("plamo3", {"kv_heads": (2, 1, 2), "layers": 4}, ["--kv-heads"]),
     ("plamo3", {"kv_heads": (3,)}, ["--kv-heads 3", "divide"]),
+    ("deepseek4", {"layers": 1}, ["--layers 1", "CSA"]),
+    ("deepseek4", {"heads": 3, "head_dim": 16}, ["--heads 3", "output groups"]),
+    ("deepseek4", {"head_dim": 6}, ["--head-dim 6"]),
+    ("deepseek4", {"q_lora_rank": 0}, ["--q-lora-rank"]),
+    ("deepseek4", {"experts": 0}, ["--experts"]),
+    ("deepseek4", {"kv_heads": (2,)}, ["--kv-heads"]),
+    ("minimax-m3", {"layers": 2, "leading_dense": 2}, ["--leading-dense 2", "no MSA layer"]),
+    ("minimax-m3", {"indexer_top_k": 0}, ["--indexer-top-k 0"]),
+    ("minimax-m3", {"head_dim": 18}, ["--head-dim 18"]),
+    ("dots3note", {"layers": 1}, ["--layers 1", "sliding-window"]),
+    ("dots3note", {"indexer": False}, ["--no-indexer"]),
+    ("dots3note", {"q_lora_rank": 0}, ["--q-lora-rank"]),
 ])
 def test_unexpressible_knobs_are_one_line_errors(family, knobs, words):
     with pytest.raises(UserError) as e:
@@ -266,3 +355,60 @@ def test_cli_rejects_kv_heads_for_mha_only_family(tmp_path):
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "olmoe" in lines[0] and "--kv-heads" in lines[0], r.stderr
+
+
+# ---- minimax-m3 (llama_kv_cache_msa) and dots3note (llama_kv_cache_dsa_iswa) -------------------------------------
+
+def test_minimax_m3_puts_the_msa_indexer_on_the_moe_layers_only(fixtures):
+    g = GGUFFile(str(fixtures("minimax-m3", layers=4)))
+    assert g.get("leading_dense_block_count") == 1
+    assert g.get("attention.indexer.head_count") == g.get("attention.head_count_kv") == 2  # one per GQA group
+    assert (g.get("attention.indexer.block_size"), g.get("attention.indexer.local_blocks")) == (4, 1)
+    assert "blk.0.indexer.q_proj.weight" not in g.tensors and "blk.0.ffn_up.weight" in g.tensors
+    for i in (1, 2, 3):
+        assert g.tensors[f"blk.{i}.indexer.q_proj.weight"].ne == (32, 2 * 32)
+        assert f"blk.{i}.exp_probs_b.bias" in g.tensors and f"blk.{i}.ffn_up_shexp.weight" in g.tensors
+
+
+def test_dots3note_swa_layers_have_their_own_mla_geometry_and_no_indexer(fixtures):
+    g = GGUFFile(str(fixtures("dots3note", layers=6)))
+    full = [True, False, False, False, True, False]
+    assert g.get("attention.sliding_window_pattern") == [not f for f in full]
+    assert g.get("attention.indexer.types") == full
+    assert g.get("attention.head_count") == [4 if f else 8 for f in full]
+    assert (g.get("attention.kv_lora_rank_swa"), g.get("attention.key_length_swa")) == (8, 16)
+    assert g.get("rope.freq_base_swa") != g.get("rope.freq_base")
+    assert g.tensors["blk.0.attn_k_b.weight"].ne == (8, 16, 4) and g.tensors["blk.1.attn_k_b.weight"].ne == (16, 8, 8)
+    assert g.tensors["blk.1.attn_gate.weight"].ne == (32, 8) and g.tensors["blk.1.attn_k_norm.weight"].ne == (8,)
+    assert "blk.4.indexer.proj.weight" in g.tensors and "blk.5.indexer.proj.weight" not in g.tensors
+
+
+@pytest.mark.parametrize("family,a,b,layers", [
+    ("minimax-m3", 0, 1, [0, 1]),  # only the leading dense layer: an MSA layer is appended
+    ("minimax-m3", 0, 3, [0, 1, 2]),
+    ("dots3note", 5, 6, [5, 4]),  # only a sliding layer: a full (indexer) layer is appended
+    ("dots3note", 1, 4, [1, 2, 3, 4]),
+    ("dots3note", 3, 6, [3, 4, 5]),  # starts on a sliding layer: no top-k sideband to refuse
+])
+def test_stages_get_the_layer_kind_llama_cpp_cannot_run_without(fixtures, tmp_path, family, a, b, layers):
+    from synth.stage import slice_model
+
+    st = slice_model(str(fixtures(family, layers=6)), str(tmp_path / "s.gguf"), a, b)
+    assert st.layers == layers and st.pads == list(range(b - a, len(layers)))
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("flash_attn", [False, True])
+@pytest.mark.parametrize("family,a,b", [("minimax-m3", 0, 1), ("dots3note", 5, 6)])
+def test_padded_stages_load_and_decode(llama, fixtures, tmp_path, family, a, b, flash_attn):
+    """Unpadded, these stages crash llama.cpp: minimax-m3's dense-only stage aborts with flash attention
+    (GGML_ASSERT(buffer) on the unallocated indexer k_idxs input), dots3note's sliding-only one at load (SIGFPE in
+    build_input_k_rot over an empty indexer cache)."""
+    from synth.stage import slice_model
+
+    path = tmp_path / "s.gguf"
+    slice_model(str(fixtures(family, layers=6)), str(path), a, b)
+    assert llama.load(str(path), flash_attn=flash_attn).ok
+    out = llama.generate(PROMPT, 8)
+    assert out.ok, out.failure
+    assert np.isfinite(out.data["logits"]).all()

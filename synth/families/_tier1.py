@@ -138,13 +138,14 @@ def mla_attention(b: Builder, spec: ModelSpec, i: int) -> None:
     b.t(T.ATTN_OUT, (H * dv, E), bid=i)
 
 
-def ffn_lead_or_moe(b: Builder, spec: ModelSpec, i: int, n_ff_exp: int) -> None:
-    """Dense FFN on the leading layers, routed experts + shared expert (Fe * shared) after them."""
+def ffn_lead_or_moe(b: Builder, spec: ModelSpec, i: int, n_ff_exp: int, *, probs_bias: bool = False) -> None:
+    """Dense FFN on the leading layers, routed experts + shared expert (Fe * shared) after them; probs_bias: the
+    router's exp_probs_b bias (required by dots3note and minimax-m3)."""
     E = spec.n_embd
     if i < spec.n_leading_dense:
         blocks.ffn_dense(b, E, spec.n_ff, i)
     else:
-        blocks.ffn_moe(b, E, n_ff_exp, spec.n_expert, i)
+        blocks.ffn_moe(b, E, n_ff_exp, spec.n_expert, i, probs_bias=probs_bias)
         blocks.ffn_shared(b, E, n_ff_exp * spec.n_expert_shared, i)
 
 

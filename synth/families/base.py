@@ -62,6 +62,7 @@ class Family:
     kv_lora_rank: ClassVar[int] = 0
     indexer: ClassVar[bool] = False
     indexer_top_k: ClassVar[int] = 0
+    sliding_window: ClassVar[int] = 0
     # Stage contract: why this arch cannot take hidden states through batch.embd at all (then no stage but
     # the first can run, and the sweep's control run is unsupported), with the llama.cpp source reference.
     embd_input: ClassVar[str | None] = None
@@ -85,6 +86,17 @@ class Family:
     def embd_refusal(self, g: Any) -> str | None:
         """Why the model in GGUF g cannot take batch.embd at all (most families: the class attribute)."""
         return self.embd_input
+
+    def swa_layers(self, g: Any, n: int) -> list[bool] | None:
+        """Which of the n layers of the model in GGUF g slide, for an arch whose rule is not swa_pattern's index
+        rule (then a stage writes them as a per-layer array); None: no rule a stage can re-express."""
+        return None
+
+    def stage_missing(self, g: Any, layers: list[int]) -> tuple[list[int], str] | None:
+        """Stage contract: a layer kind llama.cpp cannot run a stage of source layers `layers` (of the model in GGUF
+        g) without, if the stage lacks it: (the model's layers of that kind, why); the slicer appends a pass-through
+        copy of one (output projections zeroed). None: nothing missing (most families)."""
+        return None
 
     def stage_refusal(self, g: Any, a: int, b: int) -> str | None:
         """Why the stage [a, b) of the model in GGUF g cannot compute the same function, or None."""
@@ -140,7 +152,8 @@ class Family:
             q_lora_rank=_given(knobs.q_lora_rank, self.q_lora_rank),
             kv_lora_rank=_given(knobs.kv_lora_rank, self.kv_lora_rank),
             indexer=bool(_given(knobs.indexer, self.indexer)),
-            indexer_top_k=_given(knobs.indexer_top_k, self.indexer_top_k), seed=knobs.seed,
+            indexer_top_k=_given(knobs.indexer_top_k, self.indexer_top_k),
+            sliding_window=_given(knobs.sliding_window, self.sliding_window), seed=knobs.seed,
             dtype=check_dtype(knobs.dtype or "f32"),
         )
         check_rows(spec.dtype, spec.n_embd)

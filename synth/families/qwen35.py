@@ -19,6 +19,28 @@ KS = gguf.Keys.SSM
 KR = gguf.Keys.Rope
 
 
+def imrope_sections(b, n_rot: int) -> None:
+    """The required IMROPE `rope.dimension_sections`: they cover n_rot/2 pairs as [t, h, w, 0] (qwen35, qwen4exp)."""
+    half = n_rot // 2
+    b.i32s(KR.DIMENSION_SECTIONS, [half - 2 * (half // 3), half // 3, half // 3, 0])
+
+
+def gated_deltanet(b, spec: ModelSpec, i: int) -> None:
+    """A Qwen3.5-style delta-net layer's tensors: fused qkv + output gate, conv, dt/A, separate beta and alpha
+    (qwen3next fuses them as ssm_ba), gated norm, out projection (qwen35, qwen4exp)."""
+    E, x = spec.n_embd, spec.extra
+    hv, key_dim, value_dim = x["n_v_heads"], x["d_state"] * x["n_k_heads"], x["d_inner"]
+    b.t(T.ATTN_QKV, (E, 2 * key_dim + value_dim), bid=i)
+    b.t(T.ATTN_GATE, (E, value_dim), bid=i)
+    b.t(T.SSM_CONV1D, (x["d_conv"], 2 * key_dim + value_dim), Init.std(0.5), bid=i)
+    b.t(T.SSM_DT, (hv,), blocks.DT_BIAS, bid=i, suffix="bias")
+    b.t(T.SSM_A, (hv,), blocks.SSM_A, bid=i, suffix=None)
+    b.t(T.SSM_BETA, (E, hv), bid=i)
+    b.t(T.SSM_ALPHA, (E, hv), bid=i)
+    b.t(T.SSM_NORM, (x["d_state"],), blocks.NORM, bid=i)
+    b.t(T.SSM_OUT, (value_dim, E), bid=i)
+
+
 class Qwen35(Family):
     name = "qwen35"
     arch = gguf.MODEL_ARCH.QWEN35
@@ -44,24 +66,14 @@ class Qwen35(Family):
     def build(self, spec: ModelSpec, b) -> None:
         E, D, x = spec.n_embd, spec.head_dim, spec.extra
         attn_keys(b, spec, kv=max(spec.n_head_kv), rope=x["n_rot"])
-        half = x["n_rot"] // 2  # IMROPE sections cover n_rot/2 pairs: [t, h, w, 0]
-        b.i32s(KR.DIMENSION_SECTIONS, [half - 2 * (half // 3), half // 3, half // 3, 0])
+        imrope_sections(b, x["n_rot"])
         gated_deltanet_keys(b, spec)
         blocks.embeddings(b, spec)
-        hv, key_dim, value_dim = x["n_v_heads"], x["d_state"] * x["n_k_heads"], x["d_inner"]
         for i in range(spec.n_layer):
             b.t(T.ATTN_NORM, (E,), blocks.NORM, bid=i)
             b.t(T.ATTN_POST_NORM, (E,), blocks.NORM, bid=i)
             if spec.is_rec(i):
-                b.t(T.ATTN_QKV, (E, 2 * key_dim + value_dim), bid=i)
-                b.t(T.ATTN_GATE, (E, value_dim), bid=i)
-                b.t(T.SSM_CONV1D, (x["d_conv"], 2 * key_dim + value_dim), Init.std(0.5), bid=i)
-                b.t(T.SSM_DT, (hv,), blocks.DT_BIAS, bid=i, suffix="bias")
-                b.t(T.SSM_A, (hv,), blocks.SSM_A, bid=i, suffix=None)
-                b.t(T.SSM_BETA, (E, hv), bid=i)
-                b.t(T.SSM_ALPHA, (E, hv), bid=i)
-                b.t(T.SSM_NORM, (x["d_state"],), blocks.NORM, bid=i)
-                b.t(T.SSM_OUT, (value_dim, E), bid=i)
+                gated_deltanet(b, spec, i)
             else:
                 blocks.attention(b, spec, i, q_width=2 * spec.n_head * D, qk_norm="head")
             blocks.ffn_dense(b, E, spec.n_ff, i)
