@@ -278,6 +278,31 @@ def test_every_finding_on_clean_llama_cpp_is_a_known_upstream_one(fixtures):
 
 
 @pytest.mark.llama
+def test_a_drawn_program_is_rerun_as_it_ran_its_refused_operations_not_counted_as_done(fixtures):
+    """A partial removal a recurrent memory without rollback snapshots refuses leaves two sequences alike, so a
+    coupled decode after it is valid. Given by hand, the program is refused (its walk counts the removal as done);
+    re-run as the machine drew it (check=False: how a finding is reproduced and shortened), it runs through."""
+    from fuzz.engine.parity import context_params
+    from fuzz.oracles.memory_machine import run_program
+    from targets import open_target
+
+    fixture = fixtures("lfm2", layers=4)
+    cfg = MemoryConfig(n_rs_seq=0)
+    program = [{"op": "coupled", "seqs": [0, 1], "tokens": [1, 2, 3]}, {"op": "rm", "seq": 0, "p0": 1, "p1": -1},
+               {"op": "coupled", "seqs": [0, 1], "tokens": [4]}]
+    t, ref = open_target("llama-cpp"), open_target("llama-cpp")
+    try:
+        recompute = Recompute(ref, fixture, context_params(n_seq=1, capture=False, n_rs_seq=0))
+        with pytest.raises(UserError, match="couples sequences whose histories differ"):
+            run_program(t, fixture, cfg, True, recompute, program, None)
+        done, problem, mach = run_program(t, fixture, cfg, True, recompute, program, None, check=False)
+        assert problem is None and len(done) == 3 and mach.refused["rm"] == 1
+    finally:
+        t.close()
+        ref.close()
+
+
+@pytest.mark.llama
 def test_state_moved_through_files_and_whole_contexts_continues_as_recomputed(fixtures):
     """A sequence copied through a state file (its tokens given back as saved) and the whole context reloaded in
     memory and through a session file: on clean llama.cpp every sequence continues as its recompute, in both
