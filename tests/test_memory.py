@@ -221,7 +221,13 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
     memory_repros = {x["repro"] for x in known if x["key"]["oracle"] == "memory"}
     assert memory_repros == {"llama-memory-seq-keep-per-stream", "llama-memory-div-lost-by-export",
                              "llama-memory-add-lost-by-export", "llama-memory-stream-copy-lost-by-export",
-                             "lfm2-memory-rollback-stale-snapshot-26695", "lfm2-memory-rollback-moves-fork"}
+                             "lfm2-memory-rollback-stale-snapshot-26695", "lfm2-memory-rollback-moves-fork",
+                             "qwen4exp-memory-qsa-shared-prefix", "qwen4exp-memory-qsa-block-tie",
+                             "minimax-m3-memory-msa-dense-unified-kv", "minimax-m3-memory-msa-dense-coupled"}
+    # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
+    # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
+    dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
+    assert dense["family_only"] and dense["key"]["cause"] == "layout"
     assert get_oracle("memory").known_key == ("status", "where", "op", "cause", "cause_op", "cause_then")
 
     class F:
@@ -235,6 +241,9 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
     assert known_repro(known, "gemma3", keep) == "llama-memory-seq-keep-per-stream"
     assert known_repro(known, "qwen35", F(where="logits", op="decode", cause="rollback")) == \
         "lfm2-memory-rollback-stale-snapshot-26695"
+    layout_logits = F(where="logits", op="decode", cause="layout", memory="kv", ops=["decode"])
+    assert known_repro(known, "minimax-m3", layout_logits) == "minimax-m3-memory-msa-dense-unified-kv"
+    assert known_repro(known, "llama", layout_logits) is None
     # the same check and operation with no cause named (a mutant's, a new bug's) is no known one
     assert known_repro(known, "llama", F(where="pos", op="keep")) is None
     deferred = {"where": "logits", "op": "decode", "cause": "deferred"}

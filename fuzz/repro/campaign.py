@@ -108,7 +108,10 @@ def known_upstream() -> list[dict[str, Any]]:
             out.append({"family": data["spec"]["family"], "key": key,
                         "layout": layout_family(key.get("phase")) or layout_of(data.get("config")),
                         "abort": abort_of(report.read_text()) if report.is_file() else None,
-                        "repro": b.parent.name})
+                        "repro": b.parent.name,
+                        # "scope": "family" — the behaviour is the arch's own (its graph's code, not a memory's
+                        # every family shares): matched in its own family even where it names a cause
+                        "family_only": data.get("scope") == "family"})
     return out
 
 
@@ -143,7 +146,8 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     configuration the repro was shrunk under: an abort by the family and the check it names — whichever oracle, cut
     or stage reached it — in the same KV layout where both name one (flash attention on or off alike); a finding of an
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
-    family where they name a cause (in the repro's own family where none does); anything else by the family, the
+    family where they name a cause (in the repro's own family where none does, or where the repro's scope is its
+    family: bundle.json "scope": "family"); anything else by the family, the
     oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
@@ -152,7 +156,8 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
         k = x["key"]
         if shared and k.get("oracle") == fp.get("oracle") and not x["abort"]:  # a bug every family shares
             # (by its cause; a finding no control explained is that repro only in the repro's own family)
-            if all(k.get(n) == fp.get(n) for n in shared) and (k.get("cause") or x["family"] == family):
+            if all(k.get(n) == fp.get(n) for n in shared) and \
+                    (x["family"] == family or (k.get("cause") and not x.get("family_only"))):
                 return x["repro"]
             continue
         if x["family"] != family or k.get("status") != fp.get("status"):
