@@ -107,6 +107,11 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     base = {} if spec.startswith("cmd:") else worker_env()
     # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload; another program may
     reuse = spec in ("llama-cpp", "llama-server") or spec.startswith("mutant:")
+    from targets.client import COVERAGE_ENV
+
+    # (a coverage build's worker writes the counts of everything it ran when it exits: kept for other oracles, one
+    # that a later program crashes would lose them all — each target gets a worker of its own)
+    reuse = reuse and not os.environ.get(COVERAGE_ENV)
     return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},
                   reuse=reuse)
 

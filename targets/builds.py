@@ -37,6 +37,7 @@ from typing import Any
 
 from synth.errors import UserError
 from targets.backends import check_backend, tree_problem
+from targets.client import COVERAGE_ENV
 from targets.cmake_build import (
     COVERAGE_MARK,
     BuildError,
@@ -49,7 +50,6 @@ from targets.cmake_build import (
     say,
     tree_digest,
 )
-from targets.llama_cpp_worker import COVERAGE_ENV
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
 from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir

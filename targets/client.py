@@ -28,6 +28,11 @@ ENGINE_PID = "FAMILY_CERTIFY_ENGINE_PID"
 # Set in every worker's environment: the engine reads frames (a reply's bytes raw after its line, not base64 in it);
 # a worker that does not know it answers in base64, which reads the same (targets/PROTOCOL.md, Frames).
 FRAMES = "FAMILY_CERTIFY_FRAMES"
+COVERAGE_ENV = "FAMILY_CERTIFY_COVERAGE"  # set (targets/builds.py) when the workers run a coverage build
+EXIT_WAIT = 5.0  # seconds a closed worker gets to exit before it is killed
+# a coverage build's worker writes its counts as it exits (every library's, merged under a lock into files other
+# exiting workers write too): killed before it is done, its counts are lost — so it gets as long as it takes
+COVERAGE_EXIT_WAIT = 120.0
 _INFORMATIVE = ("GGML_ASSERT", "GGML_ABORT", "error", "Error", "terminate", "Assertion", "fault", "abort",
                 "double free", "corruption", "unsupported")
 
@@ -135,9 +140,11 @@ class WorkerClient:
         except (OSError, ValueError):
             self._kill()
 
-    def wait_closed(self, timeout: float = 5.0) -> None:
+    def wait_closed(self, timeout: float | None = None) -> None:
         if self.proc is None:
             return
+        if timeout is None:
+            timeout = COVERAGE_EXIT_WAIT if os.environ.get(COVERAGE_ENV) else EXIT_WAIT
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from targets import native, state_io
-from targets.client import ENGINE_PID, FRAMES
+from targets.client import COVERAGE_ENV, ENGINE_PID, FRAMES
 
 PROTOCOL_VERSION = 1
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
@@ -709,7 +709,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-COVERAGE_ENV = "FAMILY_CERTIFY_COVERAGE"  # set (targets/builds.py) when the worker's build is a coverage build
 NO_LLAMA = "FAMILY_CERTIFY_NO_LLAMA"  # set: a worker exits before it loads llama.cpp or starts llama-server
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from fuzz.certify import coverage as cov
 from fuzz.certify.schemas import validate
+from synth.errors import UserError
 from targets.cmake_build import COVERAGE_FLAGS, built, options_id
 
 from conftest import ROOT, run_cli
@@ -72,6 +73,18 @@ def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_la
     assert fns[("src/state.cpp", "state(int)")]["branches"] == [1, 2]
 
 
+def test_a_coverage_builds_workers_are_not_reused_and_get_time_to_write_their_counts(monkeypatch):
+    """A worker writes the counts of everything it ran when it exits: under a coverage build each target gets a
+    worker of its own (a reused one that a later program crashes would lose every earlier oracle's counts, as a
+    whole row's memory lane once did) and a closed one is not killed after the usual 5 s."""
+    from targets import client, open_target
+
+    assert open_target("llama-cpp").key is not None
+    monkeypatch.setenv(client.COVERAGE_ENV, "1")
+    t = open_target("llama-cpp")
+    assert t.key is None and client.COVERAGE_EXIT_WAIT > client.EXIT_WAIT * 10
+
+
 def trace(*funcs: tuple[str, str, dict[int, int]]) -> dict:
     """A gcovr JSON tracefile of these (file, function, {line: count}) functions."""
     files: dict[str, dict] = {}
@@ -113,6 +126,27 @@ def test_a_functions_first_lane_is_the_first_lane_in_run_order_that_ran_it_and_c
     validate(rep, "coverage")
 
 
+def test_the_accounts_file_is_valid_and_the_coverage_page_lists_every_account_and_parameter(tmp_path):
+    """corpora/coverage.toml: every [[function]] a file and name pattern, a status and why; every [[parameter]] of
+    llama_context_params or llama-server, drawn or why not. docs/coverage.md (scripts/coverage_md.py) shows each."""
+    import tomllib
+
+    accounts = cov.load_accounts()
+    assert accounts and {a.status for a in accounts} <= set(cov.ACCOUNT_STATUSES)
+    params = tomllib.loads(cov.ACCOUNTS.read_text())["parameter"]
+    assert {p["where"] for p in params} == {"llama_context_params", "llama-server"}
+    assert {p["status"] for p in params} <= {"drawn", "todo", "unreachable"} and all(p["why"] for p in params)
+    page = (ROOT / "docs" / "coverage.md").read_text()
+    for a in accounts:
+        assert f"`{a.file}` / `{a.match}`" in page, a.match
+    for p in params:
+        assert f"| `{p['name']}` | {p['where']} | {p['status']} |" in page, p["name"]
+    bad = tmp_path / "coverage.toml"
+    bad.write_text('[[function]]\nfile = "x"\nmatch = "y"\nstatus = "maybe"\nwhy = "z"\n')
+    with pytest.raises(UserError, match="status 'maybe': use one of unreachable, todo"):
+        cov.load_accounts(bad)
+
+
 def test_coverage_refuses_a_lane_that_does_not_exist_before_building_anything():
     r = run_cli("family-certify", "coverage", "--lane", "nope")
     assert r.returncode == 2 and "--lane 'nope'" in r.stderr and "build:" not in r.stderr, r.stderr
@@ -121,9 +155,11 @@ def test_coverage_refuses_a_lane_that_does_not_exist_before_building_anything():
 @pytest.mark.slow
 @pytest.mark.server
 def test_the_per_bump_jobs_coverage_of_the_pinned_build(tmp_path):
+    """An attention, a recurrent and a hybrid row through the per-bump jobs on the coverage build: their memories'
+    files are run, the server's slot code too, the report holds to its schema and the totals line ends the log."""
     out = tmp_path / "cov"
-    r = run_cli("family-certify", "coverage", "--job", "gate", "--job", "memory", "--job", "server",
-                "--out", str(out), "--jobs", "2", timeout=3600)
+    r = run_cli("family-certify", "coverage", "qwen3", "mamba2", "falcon-h1", "--job", "gate", "--job", "memory",
+                "--job", "server", "--out", str(out), "--jobs", "2", timeout=3600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("coverage: state functions ") and "server paths" in last
@@ -131,4 +167,9 @@ def test_the_per_bump_jobs_coverage_of_the_pinned_build(tmp_path):
     files = {f["file"] for f in rep["files"]}
     assert {"src/llama-kv-cache.cpp", "src/llama-context.cpp", "src/llama-memory-recurrent.cpp",
             "tools/server/server-context.cpp"} <= files
-    assert (out / "html" / "index.html").is_file() and (ROOT / "schemas" / "coverage.schema.json").is_file()
+    assert (out / "html" / "index.html").is_file() and (out / "junit.xml").is_file()
+    validate(rep, "coverage")
+    ran = {f["file"]: f["lines"][0] for f in rep["files"]}
+    assert min(ran[f] for f in ("src/llama-kv-cache.cpp", "src/llama-memory-recurrent.cpp",
+                                "src/llama-memory-hybrid.cpp", "tools/server/server-context.cpp")) > 0
+    assert {x["lane"] for x in rep["lanes"]} >= {"parity", "memory", "prefix-cache"}

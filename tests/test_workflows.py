@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from fuzz.certify.schemas import validate
 from synth.manifest import SCAN_LANES, load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -786,6 +787,24 @@ def test_nightly_scan_runs_the_chosen_rows_and_checks_its_report(ci):
     report = json.loads((d / "report.json").read_text())
     assert {(x["row"], x["lane"]) for x in report["results"]} == {("llama", lane) for lane in SCAN_LANES}
     assert "1 passed" in j.step("check the scan's report").log, j.why()
+
+
+@pytest.mark.slow  # (the coverage build: about 6 minutes on 2 cores when the cache has none)
+@executes
+def test_nightly_coverage_measures_the_chosen_rows_per_bump_lanes(ci):
+    """The nightly coverage job, narrowed by the `rows` input to llama: the coverage build, llama's gate, memory and
+    server lanes on it, the report (schema) with the totals line last in the step's log, the summary published."""
+    j = job(ci, "nightly.yml", "coverage")
+    assert j.ok, j.why()
+    d = j.workspace / "out" / "coverage"
+    assert (d / "junit.xml").is_file() and (d / "html" / "index.html").is_file(), j.why()
+    rep = json.loads((d / "coverage.json").read_text())
+    validate(rep, "coverage")
+    assert {x["row"] for x in rep["lanes"]} == {"llama"} and {"memory", "prefix-cache"} <= {x["lane"] for x in
+                                                                                          rep["lanes"]}
+    last = j.step("coverage of the state code by the per-bump jobs").log.strip().splitlines()[-1]
+    assert last.startswith("coverage: state functions ") and "server paths" in last, last
+    assert (d / "summary.md").read_text() in j.summary
 
 
 @executes

@@ -6,8 +6,9 @@ a directory of their own (GCOV_PREFIX): so every function's first covering lane 
 mix with another's. gcovr reads each lane's counts against the build's notes (.gcno) into a tracefile; the report
 merges them over the files of STATE_CODE, groups their functions (GROUPS: the KV caches, memories and the context's
 state paths; llama-server's cache and slot paths) and writes coverage.json (schemas/coverage.schema.json),
-summary.md, gcovr's HTML pages and the lanes' tracefiles. The lanes' own verdicts are reported beside (a coverage
-run is not a certification, but a lane that failed covered less than it would have: the summary says which).
+summary.md, gcovr's HTML pages and the lanes' tracefiles. The lanes' own verdicts are reported beside (junit.xml; a
+coverage run is not a certification, but a lane that failed covered less than it would have: the summary says
+which).
 """
 
 from __future__ import annotations
@@ -232,6 +233,7 @@ def report(fns: dict[tuple[str, str], dict[str, Any]], merged: dict[str, Any], l
         acc = account_of(file, name, accounts) if mine and unrun((file, name)) else None
         functions.append({"file": file, "function": name, "line": fn["line"], "calls": fn["count"],
                           "lines": [lc, lt], "first_lane": fn["first_lane"], "groups": mine,
+                          "ran": not unrun((file, name)),
                           "account": {"status": acc.status, "why": acc.why} if acc else None})
     return {"schema": COVERAGE_SCHEMA, "kind": "family-certify-coverage", "command": command, "build": build,
             "lanes": lanes, "files": files, "groups": groups, "functions": functions, "wall_s": round(wall_s, 1)}
@@ -303,6 +305,7 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
                  build: Any) -> dict[str, Any]:
     """Each lane of the plan in turn over its rows, on the (active) coverage build; the report, written into out."""
     from fuzz.certify.battery import run_battery
+    from fuzz.certify.outputs import junit_xml
     from targets.target import close_idle
 
     work = Path(build.identity["coverage"]["work"])
@@ -314,6 +317,7 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
     shutil.rmtree(out / "counts", ignore_errors=True)
     (out / "lanes").mkdir(parents=True, exist_ok=True)
     per_lane, results = [], []
+    verdicts: dict[str, Any] = {}  # the lanes' run reports merged: junit.xml (one testcase per row x lane)
     for lane in order:
         counts = out / "counts" / lane
         counts.mkdir(parents=True)
@@ -330,9 +334,12 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
                 else:
                     os.environ[k] = v
         results += [{k: x[k] for k in ("row", "lane", "status", "detail", "seconds")} for x in run["results"]]
+        verdicts = {**run, "results": [*verdicts.get("results", []), *run["results"]]} if verdicts else run
         trace = lane_tracefile(counts, root, out / "lanes" / f"{lane}.json")
         per_lane.append((lane, functions_of(trace)))
     shutil.rmtree(out / "counts", ignore_errors=True)
+    if verdicts:
+        (out / "junit.xml").write_bytes(junit_xml(verdicts))
     return write_report(out, root, per_lane, results, build.identity, command, time.perf_counter() - t0)
 
 
@@ -366,9 +373,11 @@ def reread(out: Path) -> dict[str, Any]:
 
 
 def coverage_command(
-    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier, tier 1 if "
-                                                         "no row or tier is given)")] = None,
+    rows: Annotated[list[str] | None, typer.Argument(help="row names (default: every row of --tier, tier 1 — the "
+                                                         "rows the per-bump jobs run — if no row or tier is "
+                                                         "given)")] = None,
     tier: Annotated[int | None, typer.Option(help="only this tier")] = None,
+    every_tier: Annotated[bool, typer.Option("--every-tier", help="every row of every tier")] = False,
     lane: Annotated[list[str] | None, typer.Option(help="only these lanes (repeatable)")] = None,
     job: Annotated[list[str] | None, typer.Option("--job", help="only the lanes of this CI job (gate, memory, "
                                                                 "server, nightly; repeatable)")] = None,
@@ -394,7 +403,9 @@ def coverage_command(
         print_totals(rep)
         return 0
     m = load_manifest(manifest)
-    plan = lane_plan(m, 1 if tier is None and not rows else tier, rows, lane, jobs=job)
+    if every_tier and (tier is not None or rows):
+        raise UserError("--every-tier: give no --tier and no rows with it")
+    plan = lane_plan(m, 1 if tier is None and not rows and not every_tier else tier, rows, lane, jobs=job)
     if not plan:
         return nothing_planned(job)
     check_jobs(jobs)

@@ -334,11 +334,13 @@ COVERAGE = {
                                            "no lane ran and no entry of corpora/coverage.toml accounts for"}}}},
         "functions": {"type": "array", "items": {
             "type": "object", "required": ["file", "function", "line", "calls", "lines", "first_lane", "groups",
-                                           "account"],
+                                           "ran", "account"],
             "properties": {"file": {"type": "string"}, "function": {"type": "string", "description": "demangled"},
                            "line": {"type": "integer"}, "calls": {"type": "integer", "minimum": 0}, "lines": PAIR,
                            "first_lane": {**STR_OR_NULL, "description": "the first lane (in run order) that ran it"},
                            "groups": {"type": "array", "items": {"type": "string"}},
+                           "ran": {"type": "boolean", "description": "called, or a line of it run (a template: "
+                                                                     "by any instantiation)"},
                            "account": {"type": ["object", "null"], "required": ["status", "why"],
                                        "description": "a group's function no lane ran: its entry in "
                                                       "corpora/coverage.toml (null: unaccounted, or it ran)",
