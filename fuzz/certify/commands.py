@@ -10,6 +10,7 @@
                                               cross-build lane; a verdict per row × lane; exit 1 if anything broke
   family-certify mutants                      every re-created bug class must be caught by its row's lane
   family-certify coverage [--job J ...]       which of llama.cpp's state code the lanes execute (a coverage build)
+  family-certify mutate --coverage DIR        how many mutants of that code the lanes kill
   family-certify admit MODEL --certificate C  may this GGUF be split at these cuts? (a run's certificate.json)
   family-certify roster CERTIFICATE            the certificate as skippy's split-certified.json
   family-certify table                        family, tier, arch, fixture size, loads, decodes (docs/benchmarks.md)
@@ -43,6 +44,7 @@ from fuzz.certify.bump import bump_builds, finish_bump, read_bump
 from fuzz.certify.certificate import admit, read_certificate, roster
 from fuzz.certify.coverage import coverage_command
 from fuzz.certify.lanes import LaneOptions, LaneResult, lane_load
+from fuzz.certify.mutate import mutate_command
 from fuzz.certify.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.certify.shards import DURATIONS, load_durations, measured, plan_shards, refresh_durations
 from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt, use_build
@@ -577,6 +579,7 @@ def table(file: FileArg = None,
 
 
 app.command("coverage")(coverage_command)
+app.command("mutate")(mutate_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 from fuzz.certify.corpus import CLASSES as CORPUS_CLASSES
 from fuzz.certify.coverage import COVERAGE_SCHEMA
+from fuzz.certify.mutate import MUTATE_SCHEMA
+from fuzz.certify.mutate import STATUSES as MUTANT_STATUSES
 from fuzz.certify.outputs import RUN_SCHEMA
 from fuzz.engine.contract import REPORT_SCHEMA, STATUSES
 from fuzz.oracles.registry import ORACLES
@@ -348,6 +350,31 @@ COVERAGE = {
                                                       "why": {"type": "string"}}}}}},
         "wall_s": {"type": "number", "minimum": 0}}}
 
+MUTATE = {
+    "type": "object", "required": ["schema", "kind", "command", "coverage", "build", "seed", "sample", "generated",
+                                   "results", "wall_s", "complete"],
+    "properties": {
+        "schema": {"const": MUTATE_SCHEMA}, "kind": {"const": "family-certify-mutate"},
+        "command": {"type": "string"}, "coverage": {"type": "string", "description": "the coverage run it drew from"},
+        "build": {"type": "object", "description": "the coverage build's identity"},
+        "seed": {"type": "integer"},
+        "sample": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                   "description": "mutants drawn per group"},
+        "generated": {"type": "integer", "minimum": 0, "description": "mutants of covered, non-arid lines in all"},
+        "results": {"type": "array", "items": {
+            "type": "object", "required": ["id", "group", "file", "line", "original", "mutated", "rule", "status",
+                                           "by", "detail", "ran", "seconds"],
+            "properties": {
+                "id": {"type": "string"}, "group": {"type": "string"}, "file": {"type": "string"},
+                "line": {"type": "integer", "minimum": 1}, "original": {"type": "string"},
+                "mutated": {"type": "string"}, "rule": {"type": "string", "description": "the universalmutator rule"},
+                "status": {"enum": list(MUTANT_STATUSES)},
+                "by": {**STR_OR_NULL, "description": "row/lane that killed it"},
+                "detail": {"type": "string"}, "ran": {"type": "array", "items": {"type": "string"}},
+                "seconds": {"type": "number", "minimum": 0}}}},
+        "wall_s": {"type": "number", "minimum": 0},
+        "complete": {"type": "boolean", "description": "every drawn mutant ran (false: the budget stopped it)"}}}
+
 
 def schemas() -> dict[str, dict[str, Any]]:
     """file name → schema, each self-contained."""
@@ -365,6 +392,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "corpus.schema.json": doc("corpus", "family-certify corpus, schema 1", CORPUS, {}),
         "certificate.schema.json": doc("certificate", "family-certify certificate, schema 1", CERTIFICATE, {}),
         "coverage.schema.json": doc("coverage", f"family-certify coverage, schema {COVERAGE_SCHEMA}", COVERAGE, {}),
+        "mutate.schema.json": doc("mutate", f"family-certify mutate, schema {MUTATE_SCHEMA}", MUTATE, {}),
     }
 
 
@@ -379,7 +407,7 @@ def write(out: Path = DIR) -> list[Path]:
 
 def validate(data: Any, name: str) -> None:
     """Raise jsonschema.ValidationError unless data satisfies schemas/NAME (report, certify-run, bundle, bump,
-    campaign, corpus, certificate or coverage)."""
+    campaign, corpus, certificate, coverage or mutate)."""
     import jsonschema
 
     schema = json.loads((DIR / f"{name}.schema.json").read_text())

@@ -1,0 +1,339 @@
+"""`family-certify mutate`: how many mutants of llama.cpp's covered state code the lanes kill.
+
+Mutants come from universalmutator's C/C++ rules (its regular-expression engine: one changed line each), over the
+lines a `family-certify coverage` run saw executed in the files of its groups (coverage.GROUPS), arid lines left out
+as in Google's practice (logging, error and assert messages, statistics: ARID). A seeded sample of them, per group,
+is each written as a one-patch series and built incrementally (targets/builds.py: the build spec's tree with the
+patch, one object recompiled). A mutant whose object file is byte for byte the pristine one is equivalent (TCE,
+trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run whose lane executed
+the mutated line run on the mutant's build, one at a time, until one fails: killed (by which row/lane, the finding's
+line; a crash or hang is a kill too), else survived. A mutant that does not compile is `build-failed` and not
+counted. The score is killed ÷ (run − equivalent) per group.
+
+The state is mutate.json in --out (schemas/mutate.schema.json), written after every mutant: a run resumes where it
+stopped (the same seed and sample draw the same mutants), and `--budget` stops it in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import io
+import json
+import re
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from fuzz.certify.coverage import GROUP_NAMES, in_group
+from fuzz.engine.contract import FAILING
+from synth.errors import UserError
+
+MUTATE_SCHEMA = 1
+RULES = ("universal", "c_like", "cpp")  # universalmutator's rule files for C++ (its own, as shipped)
+# arid lines: what a mutant of changes no state — logging, error and assert messages, statistics and timing
+ARID = re.compile(r"LLAMA_LOG|GGML_LOG|\bLOG_(INF|WRN|ERR|DBG|CNT|TEE)\b|\b(SRV|SLT|QUE|RES)_(INF|WRN|ERR|DBG)\b|"
+                  r"printf\s*\(|GGML_UNUSED|std::runtime_error\s*\(|throw\b|format\s*\(|\bt_[a-z_]*_(us|ms)\b|"
+                  r"\bn_(p_)?eval\b|ggml_time_us|perf")
+STATUSES = ("killed", "survived", "equivalent", "build-failed")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One changed line of a file of the tree."""
+    id: str
+    group: str
+    file: str  # relative to the tree
+    line: int
+    original: str
+    mutated: str
+    rule: str
+
+    def patch(self, text: str) -> str:
+        """The mutant as a unified diff of `text` (the file's pristine content), git-apply-able with -p1."""
+        lines = text.splitlines(keepends=True)
+        new = [*lines[:self.line - 1], *self.mutated.splitlines(keepends=True), *lines[self.line:]]
+        return "".join(difflib.unified_diff(lines, new, f"a/{self.file}", f"b/{self.file}"))
+
+
+WORD = re.compile(r"[A-Za-z_]\w*")
+KEYWORDS = frozenset({"true", "false", "break", "continue", "return", "nullptr", "if", "while", "for"})
+
+
+def plausible(original: str, mutated: str) -> bool:
+    """A mutant that names no identifier the line did not (the number rules also rewrite digits inside names —
+    `uint32_t` into `uint1_t` — which never compiles: not worth a build) and leaves templates' brackets alone."""
+    if not set(WORD.findall(mutated)) <= set(WORD.findall(original)) | KEYWORDS:
+        return False
+    i = 0  # the changed span: an operator rule that took a template's angle bracket (vector<int>) never compiles
+    while i < min(len(original), len(mutated)) and original[i] == mutated[i]:
+        i += 1
+    return not any(original[k:k + 1] in ("<", ">") and k > 0 and (original[k - 1].isalnum() or original[k - 1] == "_")
+                   for k in (i - 1, i))
+
+
+def arid(line: str) -> bool:
+    s = line.strip()
+    return not s or s.startswith(("//", "#", "/*", "*")) or ARID.search(line) is not None
+
+
+def covered_lines(coverage_dir: Path) -> dict[tuple[str, int], list[str]]:
+    """(file, line) → the lanes whose processes executed it, in the coverage run's order (its lanes/*.json)."""
+    try:
+        rep = json.loads((coverage_dir / "coverage.json").read_text())
+        order = list(dict.fromkeys(x["lane"] for x in rep["lanes"]))
+        out: dict[tuple[str, int], list[str]] = {}
+        for lane in order:
+            trace = json.loads((coverage_dir / "lanes" / f"{lane}.json").read_text())
+            for f in trace.get("files", []):
+                for ln in f.get("lines", []):
+                    if int(ln.get("count") or 0) > 0:
+                        lanes = out.setdefault((f["file"], ln["line_number"]), [])
+                        if lane not in lanes:
+                            lanes.append(lane)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--coverage {coverage_dir}: not a complete `family-certify coverage` run ({e}); run it "
+                        "first (its --out directory)") from None
+    return out
+
+
+def line_functions(coverage_dir: Path) -> dict[tuple[str, int], str]:
+    """(file, line) → the demangled function gcov attributes it to (for the groups' function patterns)."""
+    out: dict[tuple[str, int], str] = {}
+    for trace in sorted((coverage_dir / "lanes").glob("*.json")):
+        for f in json.loads(trace.read_text()).get("files", []):
+            for ln in f.get("lines", []):
+                if ln.get("function_name"):
+                    out.setdefault((f["file"], ln["line_number"]), ln["function_name"])
+    return out
+
+
+def generate(root: Path, covered: dict[tuple[str, int], list[str]], functions: dict[tuple[str, int], str],
+             groups: tuple[str, ...] = GROUP_NAMES) -> list[Mutant]:
+    """Every mutant universalmutator's rules make of a covered, non-arid line of a group's function, in file and
+    line order (ids stable: the file, line and the mutant's own text)."""
+    from universalmutator import mutator
+
+    by_file: dict[str, set[int]] = {}
+    for (file, line) in covered:
+        by_file.setdefault(file, set()).add(line)
+    out = []
+    for file in sorted(by_file):
+        path = root / file
+        if not path.is_file():
+            continue
+        src = path.read_text(errors="replace").splitlines(keepends=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # (it prints the rules it read)
+            made = mutator.mutants_regexp(src, ruleFiles=list(RULES), ignorePatterns=[], ignoreStringOnly=True)
+        for line, mutated, rule, *_ in made:
+            if line not in by_file[file] or arid(src[line - 1]) or not plausible(src[line - 1], mutated):
+                continue
+            fn = functions.get((file, line), "")
+            group = next((g for g in groups if in_group(g, file, fn)), None)
+            if group is None:
+                continue
+            h = hashlib.sha256(f"{file}:{line}:{mutated}".encode()).hexdigest()[:10]
+            out.append(Mutant(f"{Path(file).stem}-{line}-{h}", group, file, line, src[line - 1], mutated,
+                              rule[1].split(":", 1)[-1] if isinstance(rule, tuple) else str(rule)))
+    return out
+
+
+def sample(mutants: list[Mutant], per_group: dict[str, int], seed: int) -> list[Mutant]:
+    """A seeded sample of each group's mutants (its order: the draw's), at most per_group[g] of group g."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for g, n in per_group.items():
+        mine = [m for m in mutants if m.group == g]
+        out += [mine[i] for i in rng.permutation(len(mine))[:n]]
+    return out
+
+
+# ---- running one mutant ---------------------------------------------------------------------------------------
+def object_digest(work: Path, file: str) -> str | None:
+    """sha256 of the object file the build in `work` compiled from `file` (None: not found)."""
+    hits = sorted((work / "build").rglob(f"{Path(file).name}.o"))
+    return hashlib.sha256(hits[0].read_bytes()).hexdigest() if hits else None
+
+
+def score(results: list[dict[str, Any]], group: str | None = None) -> dict[str, Any]:
+    """Counts by status and the mutation score killed ÷ (killed + survived) (equivalent and build-failed apart)."""
+    mine = [r for r in results if group is None or r["group"] == group]
+    c = Counter(r["status"] for r in mine)
+    run = c["killed"] + c["survived"]
+    return {**{s: c[s] for s in STATUSES}, "score": round(100.0 * c["killed"] / run, 1) if run else 0.0}
+
+
+def totals_line(results: list[dict[str, Any]]) -> str:
+    t = score(results)
+    return (f"mutation score: {t['killed']} of {t['killed'] + t['survived']} killed ({t['score']}%), "
+            f"{t['equivalent']} equivalent, {t['survived']} survived")
+
+
+def summary_md(rep: dict[str, Any]) -> str:
+    out = ["# Mutation score of the lanes on llama.cpp's state code", "",
+           f"`{rep['command']}`: {len(rep['results'])} mutants of {rep['generated']} generated (seed "
+           f"{rep['seed']}), {rep['wall_s']:.0f} s.", "",
+           "| group | killed | survived | equivalent | build failed | score |", "|---|---:|---:|---:|---:|---:|"]
+    for g in GROUP_NAMES:
+        t = score(rep["results"], g)
+        out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['build-failed']} | "
+                   f"{t['score']}% |")
+    surv = [r for r in rep["results"] if r["status"] == "survived"]
+    if surv:
+        out += ["", "Survivors (the lanes ran the line; no verdict saw the change):", ""]
+        out += [f"- `{r['file']}:{r['line']}` `{r['original'].strip()}` → `{r['mutated'].strip()}` "
+                f"(ran: {', '.join(r['ran'])})" for r in surv]
+    return "\n".join([*out, "", totals_line(rep["results"]), ""])
+
+
+def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, plan: list[tuple[Any, str]],
+               covered: list[str], out: Path, spec: str, manifest: Path) -> dict[str, Any]:
+    """Build the mutant, compare its object with the pristine one, run the covering rows × lanes until one fails."""
+    from fuzz.certify.battery import run_battery
+    from targets.builds import activate, resolve
+
+    t0 = time.perf_counter()
+    series = out / "patches" / m.id
+    series.mkdir(parents=True, exist_ok=True)
+    (series / f"0001-{m.id}.patch").write_text(m.patch((root / m.file).read_text(errors="replace")))
+    res = {**asdict(m), "status": "build-failed", "by": None, "detail": "", "ran": [], "seconds": 0.0}
+    try:
+        build = resolve(spec, series, from_env=False)
+    except UserError as e:
+        res["detail"] = str(e)[:300]
+        return {**res, "seconds": round(time.perf_counter() - t0, 1)}
+    try:
+        if object_digest(work, m.file) == pristine.get(m.file) is not None:
+            return {**res, "status": "equivalent", "detail": "the compiled object is the pristine one",
+                    "seconds": round(time.perf_counter() - t0, 1)}
+        activate(build)
+        res["status"] = "survived"
+        for row, lane in plan:
+            if lane not in covered:
+                continue
+            run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest, command="family-certify mutate")
+            x = run["results"][0]
+            res["ran"].append(f"{row.key}/{lane}")
+            if x["status"] in FAILING:
+                res.update(status="killed", by=f"{row.key}/{lane}", detail=f"{x['status']}: {x['detail'][:300]}")
+                break
+    finally:
+        activate(resolve("pinned" if spec == "pinned" else spec, None, from_env=False))
+        shutil.rmtree(Path(build.bindings).parent, ignore_errors=True) if build.bindings else None
+    return {**res, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def pristine_objects(spec: str, files: list[str]) -> tuple[Path, Path, dict[str, str | None]]:
+    """The build spec's tree (pinned or pypi:VERSION), its work directory built pristine (incrementally: what the
+    last mutant changed is compiled back) and each file's pristine object digest."""
+    from targets.builds import PINNED, sdist_tree
+    from targets.cmake_build import BuildError, built
+    from targets.native import cache_dir
+
+    if spec != "pinned" and not spec.startswith("pypi:"):
+        raise UserError(f"--llama-cpp {spec}: mutate builds an sdist's tree (pinned or pypi:VERSION)")
+    version = PINNED if spec == "pinned" else spec[len("pypi:"):]
+    src, _, _ = sdist_tree(version)
+    work = cache_dir() / "builds" / f"work-pypi-{version}"
+    try:
+        with built(src, work, f"{spec} (pristine, for the mutants' object comparison)"):
+            pass
+    except BuildError as e:
+        raise UserError(f"--llama-cpp {spec}: {e}") from None
+    return src, work, {f: object_digest(work, f) for f in files}
+
+
+def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: int, budget: float, command: str,
+           manifest: Path, spec: str = "pinned") -> dict[str, Any]:
+    """Draw the sample, run each mutant not already in out/mutate.json, write it after each; the report."""
+    from synth.manifest import load_manifest
+
+    t0 = time.perf_counter()
+    covered = covered_lines(coverage_dir)
+    cov_rep = json.loads((coverage_dir / "coverage.json").read_text())
+    m = load_manifest(manifest)
+    plan = [(m.row(x["row"]), x["lane"]) for x in cov_rep["lanes"] if x["status"] not in ("unsupported", "skipped")]
+    files = sorted({f for f, _ in covered})
+    root, work, pristine = pristine_objects(spec, files)
+    mutants = generate(root, covered, line_functions(coverage_dir), tuple(per_group))
+    chosen = sample(mutants, per_group, seed)
+    state = out / "mutate.json"
+    done: dict[str, dict[str, Any]] = {}
+    if state.is_file():
+        old = json.loads(state.read_text())
+        if old.get("seed") == seed and old.get("coverage") == str(coverage_dir.resolve()):
+            done = {r["id"]: r for r in old["results"]}
+    out.mkdir(parents=True, exist_ok=True)
+    rep: dict[str, Any] = {"schema": MUTATE_SCHEMA, "kind": "family-certify-mutate", "command": command,
+                           "coverage": str(coverage_dir.resolve()), "build": cov_rep["build"], "seed": seed,
+                           "sample": per_group, "generated": len(mutants), "results": [], "wall_s": 0.0,
+                           "complete": False}
+    for i, mu in enumerate(chosen):
+        if mu.id in done:
+            rep["results"].append(done[mu.id])
+            continue
+        if budget and time.perf_counter() - t0 > budget:
+            print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
+            break
+        r = run_mutant(mu, root, pristine, work, plan, covered.get((mu.file, mu.line), []), out, spec, m.path)
+        rep["results"].append(r)
+        print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
+        rep["wall_s"] = round(time.perf_counter() - t0, 1)
+        state.write_text(json.dumps(rep, indent=1) + "\n")
+    rep["complete"] = len(rep["results"]) == len(chosen)
+    rep["wall_s"] = round(time.perf_counter() - t0, 1)
+    state.write_text(json.dumps(rep, indent=1) + "\n")
+    (out / "summary.md").write_text(summary_md(rep))
+    return rep
+
+
+def mutate_command(
+    coverage: Annotated[Path, typer.Option(help="a `family-certify coverage --out` directory: the lines the lanes "
+                                                "ran, and which lanes ran each")] = Path("coverage-out"),
+    out: Annotated[Path, typer.Option(help="mutate.json (resumed from), summary.md, junit.xml, patches/")]
+    = Path("mutate-out"),
+    state: Annotated[int, typer.Option(help="mutants of the state group (KV caches, memories, the context's state "
+                                            "paths)")] = 20,
+    server: Annotated[int, typer.Option(help="mutants of the server group (slots, prompt cache, speculative)")] = 10,
+    seed: Annotated[int, typer.Option(help="the sample's seed (the same seed draws the same mutants)")] = 0,
+    budget: Annotated[float, typer.Option(help="stop after this many seconds (0: no limit); a rerun resumes")] = 0.0,
+    manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
+) -> int:
+    """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
+    line until one fails; the score per group, ending with one totals line. Exit 0: a measurement, not a verdict
+    (the survivors are the generators' to-do list, docs/mutation.md)."""
+    import sys
+
+    from fuzz.certify.outputs import junit_xml
+    from synth.manifest import load_manifest
+
+    m = load_manifest(manifest)
+    spec = "pinned"
+    try:
+        spec = json.loads((coverage / "coverage.json").read_text())["build"].get("spec") or "pinned"
+    except (OSError, ValueError, KeyError):
+        pass  # (covered_lines says what is wrong with the directory)
+    rep = mutate(coverage, out, per_group={"state": state, "server": server}, seed=seed, budget=budget,
+                 command="family-certify mutate " + " ".join(sys.argv[2:]), manifest=m.path, spec=spec)
+    results = [{"row": r["id"], "lane": r["group"], "seconds": r["seconds"],
+                "status": {"killed": "pass", "survived": "finding", "equivalent": "unsupported",
+                           "build-failed": "skipped"}[r["status"]],
+                "detail": f"{r['status']}: {r['file']}:{r['line']} {r['mutated'].strip()}"
+                          + (f" (by {r['by']}: {r['detail']})" if r["by"] else "")} for r in rep["results"]]
+    junit = {"results": results, "build": {"llama_cpp_commit": rep["build"].get("llama_cpp_commit"),
+                                          "toolkit": rep["build"].get("toolkit", ""), **rep["build"]},
+             "manifest": {"sha256": hashlib.sha256(m.path.read_bytes()).hexdigest()}, "target": "mutants"}
+    (out / "junit.xml").write_bytes(junit_xml(junit))
+    for g in GROUP_NAMES:
+        t = score(rep["results"], g)
+        print(f"{g}: {t['killed']} of {t['killed'] + t['survived']} killed ({t['score']}%), {t['equivalent']} "
+              f"equivalent, {t['survived']} survived, {t['build-failed']} did not build")
+    print(totals_line(rep["results"]))
+    return 0

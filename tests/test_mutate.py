@@ -1,0 +1,110 @@
+"""`family-certify mutate` (fuzz/certify/mutate.py): mutants of the covered, non-arid lines of the groups' functions,
+drawn by seed, each one a patch git applies; the score and its totals line. Building and running mutants of the
+pinned tree takes minutes: the end-to-end test is slow."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fuzz.certify import mutate as mu
+from fuzz.certify.schemas import validate
+
+from conftest import run_cli
+
+SOURCE = """#include "llama-kv-cache.h"
+
+// a comment
+void llama_kv_cache::seq_rm(int s, int p0, int p1) {
+    LLAMA_LOG_INFO("%s: removing\\n", __func__);
+    if (p0 < 0) {
+        p0 = 0;
+    }
+    std::vector<int32_t> ids;
+    cells.rm(s, p0 + 1, p1);
+}
+"""
+
+
+def fake_coverage(tmp_path: Path) -> tuple[Path, Path]:
+    """A tree with one file of the state group and a coverage run whose `memory` lane ran its body's lines."""
+    root = tmp_path / "tree"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "llama-kv-cache.cpp").write_text(SOURCE)
+    cov = tmp_path / "cov"
+    (cov / "lanes").mkdir(parents=True)
+    fn = "llama_kv_cache::seq_rm(int, int, int)"
+    lines = [{"line_number": n, "function_name": fn, "count": 3, "branches": []} for n in (4, 5, 6, 7, 9, 10)]
+    (cov / "lanes" / "memory.json").write_text(json.dumps({"files": [{"file": "src/llama-kv-cache.cpp",
+                                                                      "lines": lines, "functions": []}]}))
+    (cov / "coverage.json").write_text(json.dumps({"lanes": [{"row": "llama", "lane": "memory", "status": "pass"}],
+                                                   "build": {"spec": "pinned"}}))
+    return root, cov
+
+
+def test_mutants_are_drawn_from_covered_non_arid_lines_and_each_applies_as_a_patch(tmp_path):
+    root, cov = fake_coverage(tmp_path)
+    covered = mu.covered_lines(cov)
+    assert covered[("src/llama-kv-cache.cpp", 6)] == ["memory"]
+    mutants = mu.generate(root, covered, mu.line_functions(cov))
+    lines = {m.line for m in mutants}
+    assert lines == {4, 6, 7, 9, 10}  # not the log line (5): arid; the comment and the include were not run
+    assert all(m.group == "state" for m in mutants)
+    assert any("int p1, int p0)" in m.mutated for m in mutants)  # arguments swapped: that compiles
+    assert any("p0 - 1" in m.mutated or "p0 * 1" in m.mutated or "p0 / 1" in m.mutated for m in mutants)
+    assert not any(x in m.mutated for m in mutants for x in ("vector<=", "vector!=", "int32_t>="))
+    a, b = mu.sample(mutants, {"state": 4}, 7), mu.sample(mutants, {"state": 4}, 7)
+    assert [m.id for m in a] == [m.id for m in b] and len(a) == 4  # the same seed draws the same mutants
+    for m in mutants:
+        work = tmp_path / "apply" / m.id
+        (work / "src").mkdir(parents=True)
+        (work / "src" / "llama-kv-cache.cpp").write_text(SOURCE)
+        patch = work / "m.patch"
+        patch.write_text(m.patch(SOURCE))
+        r = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=work, capture_output=True, text=True)
+        assert r.returncode == 0, (m, r.stderr)
+        got = (work / "src" / "llama-kv-cache.cpp").read_text()
+        assert got != SOURCE and got.splitlines()[:m.line - 1] == SOURCE.splitlines()[:m.line - 1]
+
+
+def test_arid_and_plausible_lines():
+    assert mu.arid('    LLAMA_LOG_WARN("%s: x\\n", __func__);') and mu.arid("    // p0 = 1;") and mu.arid("")
+    assert mu.arid('        throw std::runtime_error("bad magic");') and not mu.arid("    p0 = p1 + 1;")
+    assert not mu.plausible("    uint32_t n = 0;", "    uint1_t n = 0;")  # a digit inside a name
+    assert not mu.plausible("    std::vector<int> v;", "    std::vector!=int> v;")  # a template's bracket
+    assert mu.plausible("    if (a < b) {", "    if (a <= b) {") and mu.plausible("    n = 0;", "    n = 1;")
+
+
+def test_the_score_counts_killed_over_run_and_the_totals_line():
+    r = [{"group": "state", "status": s} for s in ("killed", "killed", "killed", "survived", "equivalent",
+                                                   "build-failed")]
+    assert mu.score(r) == {"killed": 3, "survived": 1, "equivalent": 1, "build-failed": 1, "score": 75.0}
+    assert mu.totals_line(r) == "mutation score: 3 of 4 killed (75.0%), 1 equivalent, 1 survived"
+
+
+def test_mutate_refuses_a_directory_that_is_no_coverage_run(tmp_path):
+    r = run_cli("family-certify", "mutate", "--coverage", str(tmp_path), "--out", str(tmp_path / "m"))
+    assert r.returncode == 2 and "not a complete `family-certify coverage` run" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_mutants_of_the_pinned_tree_are_built_and_judged(tmp_path):
+    """A coverage run of llama's memory lane, then three of its mutants built and run on that lane: each ends
+    killed, survived, equivalent or build-failed; the report holds to its schema and resumes (a second run runs
+    nothing new)."""
+    cov = tmp_path / "cov"
+    assert run_cli("family-certify", "coverage", "llama", "--lane", "memory", "--out", str(cov),
+                   timeout=3600).returncode == 0
+    out = tmp_path / "mut"
+    r = run_cli("family-certify", "mutate", "--coverage", str(cov), "--out", str(out), "--state", "3", "--server",
+                "0", "--seed", "1", timeout=3600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads((out / "mutate.json").read_text())
+    validate(rep, "mutate")
+    assert len(rep["results"]) == 3 and rep["complete"]
+    assert r.stdout.strip().splitlines()[-1].startswith("mutation score: ")
+    again = run_cli("family-certify", "mutate", "--coverage", str(cov), "--out", str(out), "--state", "3",
+                    "--server", "0", "--seed", "1", timeout=600)
+    assert again.returncode == 0 and json.loads((out / "mutate.json").read_text())["results"] == rep["results"]
