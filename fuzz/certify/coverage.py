@@ -27,11 +27,11 @@ from typing import Annotated, Any
 
 import typer
 
+from fuzz.certify.schemas import COVERAGE_SCHEMA
 from fuzz.cli import LlamaCppOpt, PatchesOpt
 from fuzz.engine.contract import FAILING
 from synth.errors import UserError
 
-COVERAGE_SCHEMA = 1
 # the files whose coverage is reported (paths relative to the llama.cpp tree)
 STATE_FILES = (r"src/llama-kv-cache[^/]*\.cpp", r"src/llama-kv-cells\.h", r"src/llama-memory[^/]*\.cpp",
                r"src/llama-context\.cpp", r"src/llama-batch\.cpp", r"src/llama-graph\.cpp",

@@ -33,16 +33,16 @@ import numpy as np
 import typer
 
 from fuzz.certify.coverage import GROUP_NAMES, in_group
+from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
 from fuzz.engine.contract import FAILING
 from synth.errors import UserError
 
-MUTATE_SCHEMA = 1
 RULES = ("universal", "c_like", "cpp")  # universalmutator's rule files for C++ (its own, as shipped)
 # arid lines: what a mutant of changes no state — logging, error and assert messages, statistics and timing
 ARID = re.compile(r"LLAMA_LOG|GGML_LOG|\bLOG_(INF|WRN|ERR|DBG|CNT|TEE)\b|\b(SRV|SLT|QUE|RES)_(INF|WRN|ERR|DBG)\b|"
                   r"printf\s*\(|GGML_UNUSED|std::runtime_error\s*\(|throw\b|format\s*\(|\bt_[a-z_]*_(us|ms)\b|"
                   r"\bn_(p_)?eval\b|ggml_time_us|perf")
-STATUSES = ("killed", "survived", "equivalent", "build-failed")
+STATUSES = MUTANT_STATUSES
 
 
 @dataclass(frozen=True)

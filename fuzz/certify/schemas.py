@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.certify.corpus import CLASSES as CORPUS_CLASSES
-from fuzz.certify.coverage import COVERAGE_SCHEMA
-from fuzz.certify.mutate import MUTATE_SCHEMA
-from fuzz.certify.mutate import STATUSES as MUTANT_STATUSES
 from fuzz.certify.outputs import RUN_SCHEMA
 from fuzz.engine.contract import REPORT_SCHEMA, STATUSES
 from fuzz.oracles.registry import ORACLES
 from fuzz.repro.bundle import SCHEMA as BUNDLE_SCHEMA
 
 DIR = Path(__file__).resolve().parents[2] / "schemas"
+COVERAGE_SCHEMA = 1  # family-certify coverage's coverage.json (fuzz/certify/coverage.py)
+MUTATE_SCHEMA = 1  # family-certify mutate's mutate.json (fuzz/certify/mutate.py)
+MUTANT_STATUSES = ("killed", "survived", "equivalent", "build-failed")
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 INT_OR_NULL = {"type": ["integer", "null"]}
