@@ -80,6 +80,12 @@ def page(rep: dict[str, Any], machine: str, day: str) -> str:
         out += ["", f"### {a.status}: `{a.file}` / `{a.match}`", "", a.why, ""]
         out += [f"- `{fn['file']}:{fn['line']}` {cell(fn['function'])}" for fn in fns] or \
                ["- (none in this run: every function it matches ran)"]
+    todo = sorted(((sum(fn["lines"][1] for fn in by_account.get((a.status, a.why), [])), a) for a in accounts
+                   if a.status == "todo"), key=lambda x: -x[0])
+    out[out.index("## Files"):out.index("## Files")] = [
+        "## The next generators, by the lines they would reach", "",
+        "| lines | functions | to do |", "|---:|---|---|",
+        *[f"| {n} | `{a.match}` | {cell(a.why)} |" for n, a in todo if n], ""]
     out += ["", "## Parameters and flags", "",
             "Coverage cannot show a path that runs the same lines with other data: each context parameter and "
             "server flag that changes how memory, state or the cache behaves, drawn by a lane or why not.", "",
