@@ -73,7 +73,18 @@ def test_arid_and_plausible_lines():
     assert mu.arid('        throw std::runtime_error("bad magic");') and not mu.arid("    p0 = p1 + 1;")
     assert not mu.plausible("    uint32_t n = 0;", "    uint1_t n = 0;")  # a digit inside a name
     assert not mu.plausible("    std::vector<int> v;", "    std::vector!=int> v;")  # a template's bracket
+    assert not mu.plausible("for (int i = 0; i < n; ++i) {", "/*for (int i = 0; i < n; ++i) {*/")  # half a pair
+    assert not mu.plausible("if (a != b && c) {", "(1==1) && c) {") and not mu.plausible("x = y;", "x = y;\nbreak;")
+    assert not mu.plausible("for (; j < n; ++j) {", "for (; j < n; +%j) {")
+    assert mu.plausible("for (; j < n; ++j) {", "for (; j < n; +-j) {")  # compiles (and never ends: a hang)
     assert mu.plausible("    if (a < b) {", "    if (a <= b) {") and mu.plausible("    n = 0;", "    n = 1;")
+    assert mu.plausible("    x = f(y);", "    /*x = f(y);*/")
+
+
+def test_a_mutant_meets_every_covering_lane_early():
+    pairs = [("a", "load"), ("b", "load"), ("a", "memory"), ("c", "load"), ("b", "memory"), ("a", "parity")]
+    assert mu.interleaved(pairs) == [("a", "load"), ("a", "memory"), ("a", "parity"), ("b", "load"),
+                                     ("b", "memory"), ("c", "load")]
 
 
 def test_the_score_counts_killed_over_run_and_the_totals_line():

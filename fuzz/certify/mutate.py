@@ -64,14 +64,21 @@ class Mutant:
 
 
 WORD = re.compile(r"[A-Za-z_]\w*")
-KEYWORDS = frozenset({"true", "false", "break", "continue", "return", "nullptr", "if", "while", "for"})
+KEYWORDS = frozenset({"true", "false", "return", "nullptr", "if", "while", "for"})
+BAD_PAIRS = re.compile(r"[+\-*/%&|^]%|%[*/%]|[+\-]\*(?=\s*[A-Za-z_(])(?<!\(\*)")
 
 
 def plausible(original: str, mutated: str) -> bool:
-    """A mutant that names no identifier the line did not (the number rules also rewrite digits inside names —
-    `uint32_t` into `uint1_t` — which never compiles: not worth a build) and leaves templates' brackets alone."""
+    """Whether a mutant is worth a build: it names no identifier the line did not (the number rules also rewrite
+    digits inside names — `uint32_t` into `uint1_t`), keeps its brackets balanced and templates' brackets alone, and
+    puts no operator before `%`: rewrites that never compile."""
     if not set(WORD.findall(mutated)) <= set(WORD.findall(original)) | KEYWORDS:
-        return False
+        return False  # (also a `break;` or `continue;` added after the line: outside a loop it never compiles)
+    code, was = (re.sub(r"/\*.*?\*/|//.*", "", x) for x in (mutated, original))  # (brackets outside comments)
+    if any(code.count(a) - code.count(b) != was.count(a) - was.count(b) for a, b in ("()", "{}", "[]")):
+        return False  # (a rule that commented out half a bracket pair, or dropped an `if (`)
+    if BAD_PAIRS.search(mutated) and not BAD_PAIRS.search(original):
+        return False  # (an operator before `%`: `+%i` is no expression)
     i = 0  # the changed span: an operator rule that took a template's angle bracket (vector<int>) never compiles
     while i < min(len(original), len(mutated)) and original[i] == mutated[i]:
         i += 1
@@ -193,9 +200,24 @@ def summary_md(rep: dict[str, Any]) -> str:
     return "\n".join([*out, "", totals_line(rep["results"]), ""])
 
 
+def interleaved(pairs: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
+    """Row × lane pairs taken round-robin over their lanes (each lane's first row, then each lane's second, ...):
+    a mutant meets every covering lane early, not one lane's every row first."""
+    by: dict[str, list[tuple[Any, str]]] = {}
+    for pair in pairs:
+        by.setdefault(pair[1], []).append(pair)
+    out = []
+    while any(by.values()):
+        for lane in list(by):
+            if by[lane]:
+                out.append(by[lane].pop(0))
+    return out
+
+
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, plan: list[tuple[Any, str]],
-               covered: list[str], out: Path, spec: str, manifest: Path) -> dict[str, Any]:
-    """Build the mutant, compare its object with the pristine one, run the covering rows × lanes until one fails."""
+               covered: list[str], out: Path, spec: str, manifest: Path, max_runs: int = 12) -> dict[str, Any]:
+    """Build the mutant, compare its object with the pristine one, run the covering rows × lanes (interleaved by
+    lane, at most max_runs) until one fails."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -215,18 +237,20 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                     "seconds": round(time.perf_counter() - t0, 1)}
         activate(build)
         res["status"] = "survived"
-        for row, lane in plan:
-            if lane not in covered:
-                continue
+        pairs = interleaved([(row, lane) for row, lane in plan if lane in covered])
+        for row, lane in pairs[:max_runs]:
             run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest, command="family-certify mutate")
             x = run["results"][0]
             res["ran"].append(f"{row.key}/{lane}")
             if x["status"] in FAILING:
                 res.update(status="killed", by=f"{row.key}/{lane}", detail=f"{x['status']}: {x['detail'][:300]}")
                 break
+        else:
+            res["detail"] = f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
     finally:
         activate(resolve("pinned" if spec == "pinned" else spec, None, from_env=False))
-        shutil.rmtree(Path(build.bindings).parent, ignore_errors=True) if build.bindings else None
+        if build.bindings:  # (the mutant's cache entry: one build per mutant, not kept)
+            shutil.rmtree(Path(build.bindings).parent, ignore_errors=True)
     return {**res, "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -251,7 +275,7 @@ def pristine_objects(spec: str, files: list[str]) -> tuple[Path, Path, dict[str,
 
 
 def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: int, budget: float, command: str,
-           manifest: Path, spec: str = "pinned") -> dict[str, Any]:
+           manifest: Path, spec: str = "pinned", max_runs: int = 12) -> dict[str, Any]:
     """Draw the sample, run each mutant not already in out/mutate.json, write it after each; the report."""
     from synth.manifest import load_manifest
 
@@ -282,7 +306,8 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
         if budget and time.perf_counter() - t0 > budget:
             print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
             break
-        r = run_mutant(mu, root, pristine, work, plan, covered.get((mu.file, mu.line), []), out, spec, m.path)
+        r = run_mutant(mu, root, pristine, work, plan, covered.get((mu.file, mu.line), []), out, spec, m.path,
+                       max_runs)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
         rep["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -304,6 +329,8 @@ def mutate_command(
     server: Annotated[int, typer.Option(help="mutants of the server group (slots, prompt cache, speculative)")] = 10,
     seed: Annotated[int, typer.Option(help="the sample's seed (the same seed draws the same mutants)")] = 0,
     budget: Annotated[float, typer.Option(help="stop after this many seconds (0: no limit); a rerun resumes")] = 0.0,
+    max_runs: Annotated[int, typer.Option(help="row x lanes a mutant runs at most (interleaved by lane) before it "
+                                               "counts as survived")] = 12,
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
     """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
@@ -321,7 +348,8 @@ def mutate_command(
     except (OSError, ValueError, KeyError):
         pass  # (covered_lines says what is wrong with the directory)
     rep = mutate(coverage, out, per_group={"state": state, "server": server}, seed=seed, budget=budget,
-                 command="family-certify mutate " + " ".join(sys.argv[2:]), manifest=m.path, spec=spec)
+                 command="family-certify mutate " + " ".join(sys.argv[2:]), manifest=m.path, spec=spec,
+                 max_runs=max_runs)
     results = [{"row": r["id"], "lane": r["group"], "seconds": r["seconds"],
                 "status": {"killed": "pass", "survived": "finding", "equivalent": "unsupported",
                            "build-failed": "skipped"}[r["status"]],
