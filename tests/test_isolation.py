@@ -274,3 +274,12 @@ def test_a_batch_shape_excuse_is_bounded():
     assert not is_numerics({"kind": "cell position"})
     assert is_numerics({"kind": "cell position", "flip": {"kind": "rounding"}})
     assert not is_numerics({"kind": "batch"}) and not is_numerics(None)
+
+
+def test_a_crashed_batched_run_is_reported_not_a_crash_of_the_oracle():
+    """A batched run that crashed has no logits to compare (max |Δlogit| None): its finding's line names the crash.
+    (Found by `family-certify mutate`: under a mutant that made the batched decode crash, the line itself raised.)"""
+    row = {"kv_unified": True, "flash_attn": False, "seq": 2, "status": "crash", "step": 0, "max_abs_dlogit": None,
+           "reason": "llama-cpp crashed (SIGABRT) during 'decode'"}
+    line = Isolation.message(object.__new__(Isolation), row)
+    assert line.endswith("sequence 2 batched with the others: llama-cpp crashed (SIGABRT) during 'decode'"), line

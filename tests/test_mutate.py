@@ -89,8 +89,8 @@ def test_a_mutant_meets_every_covering_lane_early():
 
 def test_the_score_counts_killed_over_run_and_the_totals_line():
     r = [{"group": "state", "status": s} for s in ("killed", "killed", "killed", "survived", "equivalent",
-                                                   "build-failed")]
-    assert mu.score(r) == {"killed": 3, "survived": 1, "equivalent": 1, "build-failed": 1, "score": 75.0}
+                                                   "build-failed", "error")]
+    assert mu.score(r) == {"killed": 3, "survived": 1, "equivalent": 1, "build-failed": 1, "error": 1, "score": 75.0}
     assert mu.totals_line(r) == "mutation score: 3 of 4 killed (75.0%), 1 equivalent, 1 survived"
 
 

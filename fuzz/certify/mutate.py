@@ -8,7 +8,8 @@ patch, one object recompiled). A mutant whose object file is byte for byte the p
 trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run whose lane executed
 the mutated line run on the mutant's build, one at a time, until one fails: killed (by which row/lane, the finding's
 line; a crash or hang is a kill too), else survived. A mutant that does not compile is `build-failed` and not
-counted. The score is killed ÷ (run − equivalent) per group.
+counted; a lane that raises (the toolkit's own failure under a mutant) is `error`, listed and not counted. The score
+is killed ÷ (run − equivalent) per group.
 
 The state is mutate.json in --out (schemas/mutate.schema.json), written after every mutant: a run resumes where it
 stopped (the same seed and sample draw the same mutants), and `--budget` stops it in time.
@@ -192,6 +193,10 @@ def summary_md(rep: dict[str, Any]) -> str:
         t = score(rep["results"], g)
         out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['build-failed']} | "
                    f"{t['score']}% |")
+    errors = [r for r in rep["results"] if r["status"] == "error"]
+    if errors:
+        out += ["", "The toolkit failed under these mutants (not counted; a bug of the toolkit's to fix):", ""]
+        out += [f"- `{r['file']}:{r['line']}` on {r['by']}: {r['detail']}" for r in errors]
     surv = [r for r in rep["results"] if r["status"] == "survived"]
     if surv:
         out += ["", "Survivors (the lanes ran the line; no verdict saw the change):", ""]
@@ -239,7 +244,12 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
         res["status"] = "survived"
         pairs = interleaved([(row, lane) for row, lane in plan if lane in covered])
         for row, lane in pairs[:max_runs]:
-            run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest, command="family-certify mutate")
+            try:
+                run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest,
+                                  command="family-certify mutate")
+            except Exception as e:  # noqa: BLE001 — the toolkit's own failure under a mutant: listed, not counted
+                res.update(status="error", by=f"{row.key}/{lane}", detail=f"the lane raised {type(e).__name__}: {e}")
+                break
             x = run["results"][0]
             res["ran"].append(f"{row.key}/{lane}")
             if x["status"] in FAILING:
@@ -352,7 +362,7 @@ def mutate_command(
                  max_runs=max_runs)
     results = [{"row": r["id"], "lane": r["group"], "seconds": r["seconds"],
                 "status": {"killed": "pass", "survived": "finding", "equivalent": "unsupported",
-                           "build-failed": "skipped"}[r["status"]],
+                           "build-failed": "skipped", "error": "crash"}[r["status"]],
                 "detail": f"{r['status']}: {r['file']}:{r['line']} {r['mutated'].strip()}"
                           + (f" (by {r['by']}: {r['detail']})" if r["by"] else "")} for r in rep["results"]]
     junit = {"results": results, "build": {"llama_cpp_commit": rep["build"].get("llama_cpp_commit"),

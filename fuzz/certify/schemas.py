@@ -22,7 +22,7 @@ from fuzz.repro.bundle import SCHEMA as BUNDLE_SCHEMA
 DIR = Path(__file__).resolve().parents[2] / "schemas"
 COVERAGE_SCHEMA = 1  # family-certify coverage's coverage.json (fuzz/certify/coverage.py)
 MUTATE_SCHEMA = 1  # family-certify mutate's mutate.json (fuzz/certify/mutate.py)
-MUTANT_STATUSES = ("killed", "survived", "equivalent", "build-failed")
+MUTANT_STATUSES = ("killed", "survived", "equivalent", "build-failed", "error")
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 INT_OR_NULL = {"type": ["integer", "null"]}

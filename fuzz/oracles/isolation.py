@@ -135,6 +135,8 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
     def message(self, f: dict[str, Any]) -> str:
         if f["seq"] is None:
             return f"{layout_of(f)}: {f['reason']}"
+        if f["max_abs_dlogit"] is None:  # (the batched run crashed: nothing to compare)
+            return f"{layout_of(f)}: sequence {f['seq']} batched with the others: {f['reason']}"
         return (f"{layout_of(f)}: sequence {f['seq']} changes when batched (step {f['step']}, max "
                 f"|Δlogit| {f['max_abs_dlogit']:.3g})" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
 
