@@ -28,7 +28,6 @@ from typing import Annotated, Any
 import typer
 
 from fuzz.certify.schemas import COVERAGE_SCHEMA
-from fuzz.cli import LlamaCppOpt, PatchesOpt
 from fuzz.engine.contract import FAILING
 from synth.errors import UserError
 
@@ -384,8 +383,11 @@ def coverage_command(
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
     out: Annotated[Path, typer.Option(help="write coverage.json, summary.md, html/ and the lanes' tracefiles "
                                            "here")] = Path("coverage-out"),
-    llama_cpp: LlamaCppOpt = None,
-    patches: PatchesOpt = None,
+    llama_cpp: Annotated[str | None, typer.Option("--llama-cpp", help="the build whose coverage build runs: pinned "
+                                                                   "(default), pypi:VERSION or a source tree's path "
+                                                                   "[env: FAMILY_CERTIFY_LLAMA_CPP]")] = None,
+    patches: Annotated[Path | None, typer.Option(help="a patch series applied onto that tree "
+                                                      "[env: FAMILY_CERTIFY_PATCHES]")] = None,
     jobs: Annotated[int, typer.Option(help="rows run at a time")] = 1,
     again: Annotated[bool, typer.Option("--reread", help="run nothing: make the report in --out again from its "
                                                          "lanes' tracefiles (after editing corpora/coverage.toml)")]

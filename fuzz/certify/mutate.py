@@ -300,10 +300,12 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
     chosen = sample(mutants, per_group, seed)
     state = out / "mutate.json"
     done: dict[str, dict[str, Any]] = {}
+    before = 0.0  # the seconds of the runs this one resumes
     if state.is_file():
         old = json.loads(state.read_text())
         if old.get("seed") == seed and old.get("coverage") == str(coverage_dir.resolve()):
             done = {r["id"]: r for r in old["results"]}
+            before = float(old.get("wall_s") or 0.0)
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"schema": MUTATE_SCHEMA, "kind": "family-certify-mutate", "command": command,
                            "coverage": str(coverage_dir.resolve()), "build": cov_rep["build"], "seed": seed,
@@ -320,10 +322,10 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
                        max_runs)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
-        rep["wall_s"] = round(time.perf_counter() - t0, 1)
+        rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
         state.write_text(json.dumps(rep, indent=1) + "\n")
     rep["complete"] = len(rep["results"]) == len(chosen)
-    rep["wall_s"] = round(time.perf_counter() - t0, 1)
+    rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
     state.write_text(json.dumps(rep, indent=1) + "\n")
     (out / "summary.md").write_text(summary_md(rep))
     return rep
