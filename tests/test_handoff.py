@@ -164,8 +164,12 @@ def test_the_cell_order_excuse_is_bounded_by_its_control():
     assert order_verdict(None, 1e-6, 1e-3) is None
 
 
-SWA_ROWS = {"laguna": 4, "gemma2": 8, "gemma3": 8, "gemma3n": 8, "gemma4-a4b": 8, "gemma4-e4b": 8, "exaone-moe": 16,
-            "cohere2": 16}  # every manifest row with sliding-window layers, and its window
+ISWA_ROWS = {"laguna": 4, "gemma2": 8, "gemma3": 8, "gemma3n": 8, "gemma4-a4b": 8, "gemma4-e4b": 8, "exaone-moe": 16,
+             "cohere2": 16}  # the rows whose memory is llama_kv_cache_iswa (a full-attention cache, then the window's)
+# every manifest row with sliding-window layers, and its window: the iSWA rows and those whose sliding window lives in
+# another memory (deepseek4: llama_kv_cache_dsv4, dots3note: llama_kv_cache_dsa_iswa, lfm2-swa:
+# llama_memory_hybrid_iswa), whose exports the window mutant below does not re-create (it rewrites the iSWA layout)
+SWA_ROWS = {**ISWA_ROWS, "deepseek4": 8, "dots3note": 4, "lfm2-swa": 8}
 
 
 def test_every_sliding_window_row_is_listed(tmp_path):
@@ -185,7 +189,7 @@ def test_every_sliding_window_row_is_listed(tmp_path):
     assert swa == SWA_ROWS
 
 
-@pytest.mark.parametrize("row", sorted(SWA_ROWS))
+@pytest.mark.parametrize("row", sorted(ISWA_ROWS))
 def test_an_export_that_masks_the_base_cache_by_the_window_is_caught_on_every_sliding_window_row(tmp_path, row):
     """mutant:swa-window-filters-base-export: the full-attention cache exported with the model's window, as a
     December 2026 build did (a hand-off keeps only the last n_swa positions of the global layers; the blob imports
@@ -200,7 +204,7 @@ def test_an_export_that_masks_the_base_cache_by_the_window_is_caught_on_every_sl
     path = tmp_path / f"{row}.gguf"
     write_fixture(load_manifest(ROOT / "family_tiers.toml").row(row).spec(), path)
     def run(target: str) -> dict:
-        (res,) = Handoff(path, HandoffConfig(cuts="none", prompt_len=SWA_ROWS[row] + 4, tokens=3, modes=("full",),
+        (res,) = Handoff(path, HandoffConfig(cuts="none", prompt_len=ISWA_ROWS[row] + 4, tokens=3, modes=("full",),
                                              target=target)).run()["results"]
         return res
 
