@@ -101,17 +101,15 @@ def worker_env() -> dict[str, str]:
 
 def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
                 env: dict[str, str] | None = None) -> Target:
-    from targets.client import DEFAULT_TIMEOUT
+    from targets.client import COVERAGE_ENV, DEFAULT_TIMEOUT
     from targets.target import Target
 
     base = {} if spec.startswith("cmd:") else worker_env()
-    # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload; another program may
-    reuse = spec in ("llama-cpp", "llama-server") or spec.startswith("mutant:")
-    from targets.client import COVERAGE_ENV
-
-    # (a coverage build's worker writes the counts of everything it ran when it exits: kept for other oracles, one
-    # that a later program crashes would lose them all — each target gets a worker of its own)
-    reuse = reuse and not os.environ.get(COVERAGE_ENV)
+    # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload, so an idle one
+    # serves the next target; another program may keep state, so it gets a worker of its own. So does every target
+    # under a coverage build: its worker writes the counts of everything it ran when it exits, and a reused one that
+    # a later program crashed would lose every earlier oracle's
+    reuse = (spec in ("llama-cpp", "llama-server") or spec.startswith("mutant:")) and not os.environ.get(COVERAGE_ENV)
     return Target(spec, worker_argv(spec), timeout=timeout or DEFAULT_TIMEOUT, env={**base, **(env or {})},
                   reuse=reuse)
 
