@@ -23,13 +23,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from families_md import cell  # noqa: E402  (scripts/: a table cell as the families page writes one)
+
 from fuzz.certify.coverage import ACCOUNTS, load_accounts  # noqa: E402
 
 PAGE = ROOT / "docs" / "coverage.md"
-
-
-def cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
 def page(rep: dict[str, Any], machine: str, day: str) -> str:

@@ -157,16 +157,12 @@ def merge_functions(per_lane: list[tuple[str, dict[tuple[str, str], dict[str, An
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for lane, fns in per_lane:
         for key, fn in fns.items():
-            got = out.setdefault(key, {"line": fn["line"], "lines": {}, "count": 0, "first_lane": None,
-                                       "branch_lines": {}})
+            got = out.setdefault(key, {"line": fn["line"], "lines": {}, "count": 0, "first_lane": None})
             for n, c in fn["lines"].items():
                 got["lines"][n] = got["lines"].get(n, 0) + c
             got["count"] += fn["count"]
             if got["first_lane"] is None and (fn["count"] > 0 or any(fn["lines"].values())):
                 got["first_lane"] = lane
-            got["branch_lines"][lane] = fn["branches"]
-    for fn in out.values():  # a branch outcome is covered if any lane took it: gcovr's merged tracefile has that
-        fn.pop("branch_lines")
     return out
 
 
@@ -215,11 +211,7 @@ def report(fns: dict[tuple[str, str], dict[str, Any]], merged: dict[str, Any], l
         g = next(x for x in GROUPS if x.name == name)
         held = [(k, fn) for k, fn in fns.items() if in_group(name, *k)]
         # a source line once, run if any function holding it ran it (a template's line: any instantiation)
-        lines: dict[tuple[str, int], int] = {}
-        for (file, _), fn in held:
-            for n, c in fn["lines"].items():
-                lines[(file, n)] = lines.get((file, n), 0) + c
-        covered, total = figures(lines)
+        covered, total = figures({(file, n): ran[(file, n)] for (file, _), fn in held for n in fn["lines"]})
         idle = [k for k, _ in held if unrun(k)]
         groups.append({"name": g.name, "title": g.title, "lines": [covered, total],
                        "line_percent": percent(covered, total),
