@@ -158,7 +158,7 @@ def test_a_stage_between_two_cuts_loses_its_layers_when_the_cut_moves(fixtures, 
     got, rep = case.run()
     sh = shrink(case, got[0], rep, tmp_path)
     assert "moved cut 5 to 3 → cuts [1, 3]" in sh.log, sh.log
-    from fuzz.repro.bundle import spec_of
+    from synth.make import spec_of
 
     assert (spec_of(sh.case.fixture).pattern, sh.case.cuts) == ("RRAR", [1, 3]), sh.log
 

@@ -1,4 +1,5 @@
-"""Turning a command-line FIXTURE argument (a .gguf path or a family name) into a file."""
+"""Turning command-line arguments into what the oracles take: a FIXTURE (a .gguf path, a manifest row or a family
+name) into a file, token ids, lists of integers and flash-attention settings."""
 
 from __future__ import annotations
 
@@ -44,3 +45,27 @@ def parse_tokens(text: str) -> list[int]:
     if not toks:
         raise UserError("--prompt is empty; give token ids, e.g. '1,7,3,12'")
     return toks
+
+
+def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
+    """--prompt (token ids) and --prompt-len as an oracle config's fields: a given prompt sets the length."""
+    toks = tuple(parse_tokens(prompt)) if prompt is not None else ()
+    return {"prompt": toks, "prompt_len": len(toks) if toks else prompt_len}
+
+
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UserError(f"{flag} {text!r}: expected positive integers, e.g. 1,2")
+    return vals
+
+
+def flash_attn_list(text: str) -> tuple[bool, ...]:
+    """--flash-attn off,on → (False, True)."""
+    fa = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not fa or set(fa) - {"off", "on"}:
+        raise UserError(f"--flash-attn {text!r}: use off, on or off,on")
+    return tuple(x == "on" for x in fa)

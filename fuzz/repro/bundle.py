@@ -34,8 +34,8 @@ from synth.errors import UserError, read_json
 from synth.families import get_family
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
-from synth.make import write_fixture
-from synth.spec import KNOBS, SPEC_KEY, Knobs, ModelSpec
+from synth.make import spec_of, write_fixture
+from synth.spec import KNOBS, Knobs, ModelSpec
 
 BUNDLE = "bundle.json"
 SCHEMA = 2  # 1: fingerprints in each oracle's own status words (read and migrated)
@@ -76,11 +76,6 @@ class Shrunk:
     @property
     def finding(self) -> Finding:
         return next(f for f in self.report.findings if f.fingerprint == self.fingerprint)
-
-
-def spec_of(path: Path) -> ModelSpec | None:
-    text = GGUFFile(path).kv.get(SPEC_KEY)
-    return ModelSpec.from_json(text) if isinstance(text, str) else None
 
 
 def shrink(case: Case, fp: dict[str, Any], report: Report, workdir: Path, *, max_runs: int = 40,
