@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from fuzz.engine.contract import describe
-from fuzz.engine.fixtures import fixture_path, parse_tokens
+from fuzz.engine.fixtures import fixture_path, flash_attn_list, int_list, parse_tokens, prompt_fields
 from fuzz.engine.schedule import PHASES
 from fuzz.oracles import determinism as det
 from fuzz.oracles import isolation as iso
@@ -20,6 +20,7 @@ from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.memory_model import MemoryConfig, pressure_config
 from fuzz.oracles.registry import get_oracle
+from fuzz.oracles.server_options import ServerOptionsConfig
 from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.repro import bundle as bd
 from synth.cliutil import new_app, run
@@ -149,12 +150,6 @@ def sweep_cmd(
     return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
-def prompt_fields(prompt: str | None, prompt_len: int) -> dict[str, object]:
-    """--prompt (token ids) and --prompt-len as an oracle config's fields: a given prompt sets the length."""
-    toks = tuple(parse_tokens(prompt)) if prompt is not None else ()
-    return {"prompt": toks, "prompt_len": len(toks) if toks else prompt_len}
-
-
 def current_build_label(commit: str | None) -> str:
     """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
     from fuzz.engine import contract
@@ -211,24 +206,6 @@ def write_report(report: Path | None, data: dict) -> None:
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(data, indent=2))
-
-
-def int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2") from None
-    if not vals or any(v < 1 for v in vals):
-        raise UserError(f"{flag} {text!r}: expected positive integers, e.g. 1,2")
-    return vals
-
-
-def flash_attn_list(text: str) -> tuple[bool, ...]:
-    """--flash-attn off,on → (False, True)."""
-    fa = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not fa or set(fa) - {"off", "on"}:
-        raise UserError(f"--flash-attn {text!r}: use off, on or off,on")
-    return tuple(x == "on" for x in fa)
 
 
 @app.command("handoff")
@@ -420,6 +397,32 @@ def prefix_cache_cmd(
     cfg = pc.PrefixCacheConfig(slots=slots, rounds=rounds, tokens=tokens, n_ctx=n_ctx, target=target,
                                kv_unified=kv_unified, timeout=timeout, seed=seed)
     return run_oracle("prefix-cache", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
+
+
+@app.command("server-options")
+def server_options_cmd(
+    fixture: FixtureArg,
+    schedules: Annotated[int, Opt(help="option sets drawn, each on a fresh server")] = 8,
+    schedule: Annotated[int, Opt(help="run only this drawn schedule (a finding names it)")] = -1,
+    tokens: Annotated[int, Opt(help="greedy tokens per request")] = 12,
+    n_ctx: Annotated[int, Opt(help="server context (all slots)")] = 1024,
+    target: Annotated[str, Opt(help="llama-server, or a program speaking its protocol (cmd:...)")] = "llama-server",
+    kv_unified: KvUnifiedOpt = False,
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    backend: BackendOpt = None,
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
+) -> int:
+    """llama-server under options drawn per schedule (speculative decoding, n_cmpl, checkpoints, idle slots,
+    --swa-full): every answer equals the uncached reference; every slot idle after each round."""
+    if schedules < 1 or n_ctx < 256:
+        raise UserError("--schedules must be at least 1 and --n-ctx at least 256 (three slots of a second turn)")
+    cfg = ServerOptionsConfig(schedules=schedules, schedule=schedule, tokens=tokens, n_ctx=n_ctx, target=target,
+                              kv_unified=kv_unified, timeout=timeout, seed=seed)
+    return run_oracle("server-options", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
 @app.command("radix")

@@ -99,17 +99,29 @@ class Operation:
 
 def completion_body(r: dict, *, stream: bool) -> dict:
     """A /completion request: greedy, ignoring EOS, tokens and top-k logprobs returned; a stream is pinned to the
-    request's slot (id_slot), a plain request lets the server choose."""
+    request's slot (id_slot), a plain request lets the server choose, and may ask for several completions of its
+    prompt (n_cmpl: the server's child slots take the parent's state)."""
     body = {"prompt": [int(t) for t in r["prompt"]], "n_predict": int(r.get("n_predict", 8)),
             "cache_prompt": bool(r.get("cache_prompt", True)), "n_probs": int(r.get("n_probs", 2)),
             "temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True, "return_tokens": True, "stream": stream}
-    return {**body, "id_slot": int(r.get("slot", -1))} if stream else body
+    if stream:
+        return {**body, "id_slot": int(r.get("slot", -1))}
+    return {**body, "n_cmpl": int(r["n_cmpl"])} if int(r.get("n_cmpl", 1)) > 1 else body
 
 
 def top_of(data: dict) -> list[list[list[float]]]:
     """Per generated token: [[id, logprob], ...] of the top candidates (a response or one streamed chunk)."""
     return [[[int(c["id"]), float(c["logprob"])] for c in step.get("top_logprobs", [])]
             for step in data.get("completion_probabilities", [])]
+
+
+def answer_of(data: dict) -> dict:
+    """One completion of a /completion response: tokens, top, cache_n, id_slot; under speculative decoding the
+    draft tokens it verified and accepted (draft_n, draft_n_accepted)."""
+    timings = data.get("timings", {})
+    return {"tokens": [int(t) for t in data.get("tokens", [])], "top": top_of(data),
+            "cache_n": int(timings.get("cache_n", 0)), "id_slot": int(data.get("id_slot", -1)),
+            **{k: int(timings[k]) for k in ("draft_n", "draft_n_accepted") if k in timings}}
 
 
 PORT_TRIES = 5  # starts of one load whose port another server took first
@@ -136,6 +148,13 @@ def known_flags(binary: str) -> set[str]:
     """The flags this llama-server binary's --help names."""
     said = binary_says(binary, "--help")
     return set() if isinstance(said, str) else set(re.findall(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)", said[0]))
+
+
+def spec_types(binary: str) -> list[str]:
+    """The speculative decoding types this llama-server binary's --help lists for --spec-type (none: it has none)."""
+    said = binary_says(binary, "--help")
+    m = None if isinstance(said, str) else re.search(r"--spec-type\s+([\w,-]+)", said[0])
+    return [t for t in m.group(1).split(",") if t != "none"] if m else []
 
 
 def fast_start_args(binary: str) -> tuple[str, ...]:
@@ -225,7 +244,9 @@ class ServerWorker:
     def op_hello(self, _req: dict) -> dict:
         binary = server_binary()
         return {"protocol": 1, "target": "llama-server", "binary": str(binary) if binary else None,
-                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON, "llama_cpp_commit": build_commit()}
+                "llama_cpp_python": PINNED_LLAMA_CPP_PYTHON, "llama_cpp_commit": build_commit(),
+                **({"flags": sorted(known_flags(str(binary))), "spec_types": spec_types(str(binary))}
+                   if binary else {})}
 
     def op_load(self, req: dict) -> dict:
         self._stop()
@@ -437,8 +458,10 @@ class ServerWorker:
             return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"}
         except (OSError, ValueError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
-        return {"tokens": [int(t) for t in data.get("tokens", [])], "top": top_of(data),
-                "cache_n": int(data.get("timings", {}).get("cache_n", 0)), "id_slot": int(data.get("id_slot", -1))}
+        if isinstance(data, list):  # several completions (n_cmpl): the first, the others beside it
+            first, *more = [answer_of(d) for d in data] or [{"tokens": [], "top": [], "cache_n": 0, "id_slot": -1}]
+            return {**first, "more": more}
+        return answer_of(data)
 
     def _url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

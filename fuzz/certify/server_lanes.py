@@ -1,9 +1,11 @@
 """The llama-server lanes: per bump the prefix-cache lane (concurrent duplicate inserts, rewind conversations, the
-radix engine's plans and a seeded prefix of the drawn prompt trees), nightly the prompt-trees lane (the drawn trees in
-depth); each in both KV layouts llama-server has, judged together, upstream's known findings named."""
+radix engine's plans, a seeded prefix of the drawn prompt trees and of the drawn server options), nightly the
+prompt-trees lane (the drawn trees and options in depth); each in both KV layouts llama-server has, judged together,
+upstream's known findings named."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,12 +15,17 @@ from fuzz.engine.contract import SKIPPED, Report
 from fuzz.engine.fleet import server_spec
 from fuzz.oracles.prefix_cache import PrefixCacheConfig
 from fuzz.oracles.radix import LANE_PLANS, RadixConfig, drawn_trees
+from fuzz.oracles.server_options import ServerOptionsConfig
 from synth.manifest import Row
 from targets.llama_server_worker import NO_SERVER, server_binary
 
 # drawn prompt-tree schedules per KV layout and host-cache setting (on, off): per bump a seeded prefix of what the
 # nightly prompt-trees lane draws; each setting its own seed (host cache MiB -> seed: a seed draws the same trees)
 PER_BUMP_TREES, NIGHTLY_TREES, CACHE_SEEDS = 6, 96, {64: 1, 0: 0}
+# drawn server-option schedules (speculative decoding, n_cmpl, checkpoint flags; server_options.py), per bump a seeded
+# prefix of the nightly's. One KV cache per slot only: in the one-for-all layout where a sequence sits moves its
+# answer, and the prefix-cache oracle measures and judges that; the options are judged where placement cannot move it
+PER_BUMP_OPTIONS, NIGHTLY_OPTIONS = 6, 48
 
 
 def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
@@ -26,13 +33,14 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
     of prompt trees drawn per schedule (aimed at the slots' checkpoints) with the host prompt cache on and as many
     with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its
-    default without -np)."""
+    default without -np); and PER_BUMP_OPTIONS schedules of drawn server options (server_options.py)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
         return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                 ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
                                       kv_unified=unified)),
                 *(("radix", drawn_trees(PER_BUMP_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
-                  for cache, seed in CACHE_SEEDS.items())]
+                  for cache, seed in CACHE_SEEDS.items()),
+                *options(row, PER_BUMP_OPTIONS, server, unified)]
     return server_lane(row, "prefix-cache", path, target_spec, runs)
 
 
@@ -40,9 +48,17 @@ def lane_prompt_trees(row: Row, path: Path, target_spec: str) -> LaneResult:
     """The nightly depth of the server's drawn surface: NIGHTLY_TREES schedules of drawn prompt trees per KV layout,
     with the host prompt cache on and off (the per-bump prefix-cache lane runs the first PER_BUMP_TREES of each)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
-        return [("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
-                for cache, seed in CACHE_SEEDS.items()]
+        return [*(("radix", drawn_trees(NIGHTLY_TREES, target=server, kv_unified=unified, cache_ram=cache, seed=seed))
+                  for cache, seed in CACHE_SEEDS.items()),
+                *options(row, NIGHTLY_OPTIONS, server, unified)]
     return server_lane(row, "prompt-trees", path, target_spec, runs)
+
+
+def options(row: Row, schedules: int, server: str, unified: bool) -> list[tuple[str, Any]]:
+    """A lane's run of the drawn server options: `schedules` of them, in the one-cache-per-slot layout only, seeded
+    by the row (the battery's rows draw different options; a row draws the same ones every run)."""
+    seed = zlib.crc32(row.key.encode()) % 100_000
+    return [] if unified else [("server-options", ServerOptionsConfig(schedules=schedules, target=server, seed=seed))]
 
 
 def server_lane(row: Row, lane: str, path: Path, target_spec: str,
@@ -96,6 +112,11 @@ def server_parts(reps: list[Report]) -> list[str]:
                      f"{sum(x['promised'] for r in scheds for x in r.results)}); "
                      f"{sum(x.get('restores', 0) for r in scheds for x in r.results)} checkpoint restores, each of "
                      "the prompt's own tokens" + unjudged_part(scheds))
+    drawn = [x for r in reps if r.oracle == "server-options" for x in r.results]
+    if drawn:
+        parts.append(f"{len(drawn)} drawn server-option schedules (speculative decoding, n_cmpl, checkpoint flags; "
+                     f"{sum(x.get('draft_n_accepted', 0) for x in drawn)} of {sum(x.get('draft_n', 0) for x in drawn)} "
+                     "draft tokens accepted): answers as uncached, slots freed")
     noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
     if noise and noise["placement"] is not None:
         parts.append(f"one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "

@@ -4,11 +4,22 @@ lanes, repro bundles, `fuzz replay` and the shrinker look oracles up here and no
 from __future__ import annotations
 
 from fuzz.engine.contract import Oracle
-from fuzz.oracles import determinism, handoff, isolation, memory, prefix_cache, radix, skippy, sweep, wire
+from fuzz.oracles import (
+    determinism,
+    handoff,
+    isolation,
+    memory,
+    prefix_cache,
+    radix,
+    server_options,
+    skippy,
+    sweep,
+    wire,
+)
 from synth.errors import UserError
 
 ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE for m in (sweep, handoff, determinism, isolation, memory,
-                                                                prefix_cache, radix, wire, skippy)}
+                                                                prefix_cache, radix, server_options, wire, skippy)}
 
 
 def get_oracle(name: str) -> Oracle:

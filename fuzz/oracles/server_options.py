@@ -1,0 +1,361 @@
+"""`fuzz server-options`: llama-server under options drawn per schedule — the flags and request fields that change
+how it keeps, copies and rolls back state, beyond the prompt cache the prefix-cache and radix oracles draw.
+
+Per schedule a seeded draw of: speculative decoding (a draft model — the fixture itself, whose drafts the target
+accepts, or the same family written with other weights, whose drafts it often rejects, so the slot rolls its memory
+back, through a checkpoint where the memory cannot drop a suffix — and n-gram drafts of every kind the build offers,
+sized to hit on the schedule's repeating prompt), several completions of one prompt (`n_cmpl`: child slots copy the
+parent's state), the slots' context checkpoints and their spacing, the host prompt cache on or off, idle slots kept
+or not, a full-size sliding-window cache, one to three slots. Then two rounds of concurrent requests: fresh prompts
+(one random, one repeating a short motif, one branching off the first), then second turns carrying the first
+answers, and the repeating prompt again. Every answer, every child completion too, must equal the uncached reference
+(each prompt alone on a one-slot server with the cache off and no options): token-exact wherever the reference's
+top-2 margin is clear. After each round every slot must be idle. A schedule with a finding is observed once more
+before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz.engine.case_oracle import CaseOracle
+from fuzz.engine.contract import FAILING, FINDING, NUMERICS, PASS, Oracle, Report
+from fuzz.engine.fleet import Fleet, fixture_header, need_server
+from fuzz.oracles.prefix_cache import (
+    NEAR_TIE,
+    NOISE_FACTOR,
+    UNCACHED_TRIES,
+    ServerCrash,
+    busy_slots,
+    cold_answers,
+    compare,
+    load_server,
+    moved,
+    parted,
+    placement_noise,
+)
+from synth.inspect import inspect_file
+from synth.make import spec_of, write_fixture
+from targets import Failure
+
+# the speculative decoding a fixture can serve: a draft model or n-grams (EAGLE3, DFlash, DSpark and MTP need draft
+# heads or next-token layers no fixture has: docs/coverage.md)
+SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+DRAFTS = ("{self}", "{other}")  # the draft model: the fixture itself, or its family with other weights
+BATCHING_RUNS = 2  # runs of three prompts at once that measure what batching moves an answer (batching_noise)
+# the causes explain() gives (numerics), by KV layout
+PLACEMENT, BATCHED = "shared KV cache, not the options", "batched with other slots, not the options"
+ROUNDS = (("random", "repeat", "branch"), ("random+", "repeat", "branch+"))  # + : the first turn and its answer, more
+
+
+@dataclass
+class ServerOptionsConfig:
+    schedules: int = 4  # drawn option sets, each on a fresh server
+    schedule: int = -1  # only this drawn schedule (a bundle's replay); -1: 0 .. schedules-1
+    tokens: int = 12  # greedy tokens per request
+    n_ctx: int = 1024
+    kv_unified: bool = False  # one KV cache shared by the slots (--kv-unified)
+    seed: int = 0
+    target: str = "llama-server"
+    timeout: float = 120.0
+
+
+@dataclass
+class Draw:
+    """One schedule's options and fresh prompts. `args` hold DRAFTS placeholders for the draft models' paths."""
+    index: int
+    slots: int
+    cache_ram: int
+    args: list[str]
+    n_cmpl: dict[str, int]  # a request's name → completions asked (absent: 1)
+    prompts: dict[str, list[int]]  # the first round's prompts; a second turn is made from the answers
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def spec_args(rng: np.random.Generator, offered: list[str]) -> list[str]:
+    """Speculative decoding among the types the build offers: a draft model in half the schedules, an n-gram kind in
+    the others and beside a draft model in half of those, with sizes small enough to draft on short prompts
+    (upstream's n-gram defaults look 12 to 24 tokens back)."""
+    kinds = [k for k in SPEC_TYPES if k in offered]
+    grams = [k for k in kinds if k.startswith("ngram-")]
+    draft = "draft-simple" in kinds and (not grams or rng.random() < 0.5)  # a draft model in half the schedules
+    names = (["draft-simple"] if draft else []) + \
+        ([grams[int(rng.integers(0, len(grams)))]] if grams and (not draft or rng.random() < 0.5) else [])
+    if not names:
+        return []
+    args = ["--spec-type", ",".join(names)]
+    if "draft-simple" in names:
+        n_max = int(rng.integers(1, 7))
+        args += ["-md", DRAFTS[int(rng.integers(0, 2))], "--spec-draft-n-max", str(n_max),
+                 "--spec-draft-n-min", str(int(rng.integers(0, min(2, n_max) + 1))),
+                 "--spec-draft-p-min", ("0.0", "0.3")[int(rng.integers(0, 2))]]
+        if rng.random() < 0.5:
+            args.append("--no-spec-draft-backend-sampling")
+    for kind in ("simple", "map-k", "map-k4v"):
+        if f"ngram-{kind}" in names:
+            args += [f"--spec-ngram-{kind}-size-n", str(int(rng.integers(1, 4))),
+                     f"--spec-ngram-{kind}-size-m", str(int(rng.integers(2, 7))),
+                     f"--spec-ngram-{kind}-min-hits", str(int(rng.integers(1, 3)))]
+    if "ngram-mod" in names:
+        lo = int(rng.integers(1, 3))
+        args += ["--spec-ngram-mod-n-match", str(int(rng.integers(2, 5))), "--spec-ngram-mod-n-min", str(lo),
+                 "--spec-ngram-mod-n-max", str(int(rng.integers(lo + 1, 9)))]
+    return args
+
+
+def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str] | None) -> Draw:
+    """The index-th schedule of a seed: the same options and prompts for the same build offer, whatever ran before.
+    flags: the flags the build's --help names (None: take the pinned build's as given)."""
+    rng = np.random.Generator(np.random.PCG64([seed, index]))
+
+    def toks(n: int) -> list[int]:
+        return [int(x) for x in rng.integers(0, n_vocab, n)]
+
+    slots = int(rng.integers(1, 4))
+    args = spec_args(rng, offered)
+    args += ["-ctxcp", str((0, 1, 3, 32)[int(rng.integers(0, 4))]),
+             "-cms", str((0, 4, 8192)[int(rng.integers(0, 3))])]
+    if rng.random() < 0.3:
+        args.append("--no-cache-idle-slots")
+    if rng.random() < 0.3:
+        args.append("--swa-full")
+    if flags is not None:  # a build without a flag is not drawn it (its value goes with it)
+        args = [a for i, a in enumerate(args) if a in flags or (i and args[i - 1] in flags and not a.startswith("-"))]
+    motif = toks(int(rng.integers(2, 6)))
+    random = toks(int(rng.integers(8, 31)))
+    repeat = (motif * 16)[:int(rng.integers(16, 29))] + toks(2)
+    branch = random[:int(rng.integers(2, len(random)))] + toks(int(rng.integers(4, 9)))
+    n_cmpl = {name: int(rng.integers(2, slots + 1)) for name in ("random", "repeat", "branch+")
+              if slots > 1 and rng.random() < 0.4}
+    return Draw(index, slots, (0, 64)[int(rng.integers(0, 2))], args, n_cmpl,
+                {"random": random, "repeat": repeat, "branch": branch, "motif": motif})
+
+
+class ServerOptions(CaseOracle[Draw]):
+    name, unit, sections = "server-options", "schedules", ("drafts", "noise")
+
+    def __init__(self, fixture: Path, cfg: ServerOptionsConfig):
+        super().__init__(fixture, cfg)
+        self.info = inspect_file(str(self.fixture))
+        self.cold: dict[tuple[int, ...], dict[str, Any]] = {}  # a prompt → its uncached reference answer
+        self.near_tie = NEAR_TIE
+        self.noise: dict[str, Any] = {}  # what batching (and in one KV cache, placement) moves answers: not judged
+
+    def open(self, fleet: Fleet) -> None:
+        self.ref, self.srv = fleet.one(start=True), fleet.one(start=True)
+        hello = need_server(self.srv, self.name).data
+        self.commit = hello.get("llama_cpp_commit")
+        self.offered = hello.get("spec_types", list(SPEC_TYPES))
+        self.flags = set(hello["flags"]) if "flags" in hello else None
+        self.drafts = {"{self}": str(self.fixture), "{other}": self.other_weights()}
+        load_server(self.ref, self.fixture, slots=1, cache_ram=0, n_ctx=self.cfg.n_ctx)
+        first = draw(self.info.n_vocab, self.cfg.seed, 0, self.offered, self.flags).prompts
+        prompts = {k: first[k] for k in ROUNDS[0]}
+        cold = cold_answers(self.ref, self.fixture, prompts, self.cfg.tokens)
+        self.noise = {"batching": self.batching_noise(prompts, cold)}  # measured, not judged
+        if self.cfg.kv_unified:  # where a sequence sits in the one cache moves its answer too
+            self.noise.update(placement_noise(self.srv, self.fixture, prompts, cold, self.cfg.tokens,
+                                              self.info.n_vocab, self.cfg.seed, self.cfg.n_ctx))
+        self.near_tie = max(NEAR_TIE, self.noise.get("near_tie", NEAR_TIE), NOISE_FACTOR * self.noise["batching"])
+        self.noise["near_tie"] = self.near_tie
+
+    def batching_noise(self, prompts: dict[str, list[int]], cold: dict[str, Any]) -> float:
+        """What decoding beside other slots' tokens moves an answer: the first draw's three prompts at once on two
+        slots, the cache off, BATCHING_RUNS times; the largest |Δ logprob| of a top candidate against each one alone
+        (picks are judged where the reference's margin clears NOISE_FACTOR × this). (Two slots: kimi-linear's
+        llama-server aborts loading with three, corpora/repros/kimi-linear-radix-server-crash.)"""
+        try:
+            load_server(self.srv, self.fixture, slots=2, cache_ram=0, n_ctx=self.cfg.n_ctx,
+                        kv_unified=self.cfg.kv_unified)
+        except ServerCrash:  # (the schedules that load the same way report it as a finding)
+            return 0.0
+        worst = 0.0
+        for _ in range(BATCHING_RUNS):
+            reqs = [{"prompt": p, "n_predict": self.cfg.tokens, "cache_prompt": False} for p in prompts.values()]
+            r = self.srv.call("complete", requests=reqs, concurrent=True)
+            if r.ok:
+                worst = max([worst] + [moved(cold[k], got) for k, got in zip(prompts, r.data["results"], strict=True)
+                                       if "tokens" in got])
+        return worst
+
+    def other_weights(self) -> str:
+        """The fixture's family written with the next seed (same vocabulary, other weights: a draft the target
+        disagrees with); the fixture itself when synth did not write it (a real model)."""
+        spec = spec_of(self.fixture)
+        if spec is None:
+            return str(self.fixture)
+        out = Path(self.scope.enter_context(tempfile.TemporaryDirectory(prefix="server-options-"))) / "draft.gguf"
+        write_fixture(replace(spec, seed=spec.seed + 1), out)
+        return str(out)
+
+    def cases(self) -> list[Draw]:
+        cfg = self.cfg
+        picks = [cfg.schedule] if cfg.schedule >= 0 else range(cfg.schedules)
+        return [draw(self.info.n_vocab, cfg.seed, k, self.offered, self.flags) for k in picks]
+
+    def identity(self, d: Draw) -> dict[str, Any]:
+        return {"step": d.index, "options": " ".join(d.args), "slots": d.slots, "cache_ram": d.cache_ram}
+
+    def observe(self, d: Draw) -> dict[str, Any] | Failure:
+        cfg = self.cfg
+        try:
+            load_server(self.srv, self.fixture, slots=d.slots, cache_ram=d.cache_ram, n_ctx=cfg.n_ctx,
+                        kv_unified=cfg.kv_unified, args=[self.drafts.get(a, a) for a in d.args])
+        except ServerCrash as e:
+            return Failure("crash", f"llama-server aborted loading with {' '.join(d.args)}: {e}", "load", e.params)
+        seen = self.rounds(d)
+        if isinstance(seen, Failure):
+            return seen
+        sent = seen["sent"]
+        missing = {k: p for k, p in sent.items() if tuple(p) not in self.cold}
+        if missing:  # (a schedule observed again sends what it sent before)
+            for k, ref in cold_answers(self.ref, self.fixture, missing, cfg.tokens).items():
+                self.cold[tuple(missing[k])] = ref
+        return {**seen, "cold": {k: self.cold[tuple(p)] for k, p in sent.items()}}
+
+    def rounds(self, d: Draw, sent: dict[str, list[int]] | None = None) -> dict[str, Any] | Failure:
+        """The schedule's rounds on the loaded server: each round's requests at once, a second turn carrying the
+        first's answer; or, given what a run `sent`, those prompts again with the prompt cache off (a control)."""
+        again = sent is not None
+        sent = dict(sent or {})
+        got: dict[str, dict[str, Any]] = {}
+        busy: list[list[int]] = []
+        for names in ROUNDS:
+            reqs = []
+            for name in names:
+                key = name if name not in got else f"{name}.again"
+                base = name.rstrip("+")
+                if not again:
+                    sent[key] = d.prompts[base] if name == base else \
+                        sent[base] + got[base].get("tokens", []) + d.prompts["motif"]
+                n = d.n_cmpl.get(name, 1)
+                # (the control asks each completion as a request of its own: no child copies a parent's state)
+                reqs += [(key, {"prompt": sent[key], "n_predict": self.cfg.tokens, "cache_prompt": not again,
+                                "n_cmpl": 1 if again else n}) for _ in range(n if again else 1)]
+            r = self.srv.call("complete", requests=[q for _, q in reqs], concurrent=True)
+            if not r.ok:
+                return r.failure
+            for (key, _), answer in zip(reqs, r.data["results"], strict=True):
+                if key in got:  # (a control's further completion of the same prompt)
+                    got[key].setdefault("more", []).append(answer)
+                else:
+                    got[key] = answer
+            busy.append(busy_slots(self.srv))
+        return {"sent": sent, "got": got, "busy": busy}
+
+    def explain(self, d: Draw, seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """A different answer the same rounds give with no options at all — the prompt cache off, each completion a
+        request of its own, every request computed afresh, up to UNCACHED_TRIES runs — is not the options' doing:
+        what the request was batched with (and, in one KV cache for all slots, where its sequence sat) moved it, as
+        the prefix-cache oracle explains its rounds; so is one that leaves the reference at or after a step where
+        those answers already leave it."""
+        wrong = row.get("diverged") or []
+        if not wrong or any("tokens" not in w for w in wrong):
+            return {}
+        control: dict[str, list[list[int]]] = {}
+        for _ in range(UNCACHED_TRIES):
+            load_server(self.srv, self.fixture, slots=d.slots, cache_ram=0, n_ctx=self.cfg.n_ctx,
+                        kv_unified=self.cfg.kv_unified)
+            plain = self.rounds(d, seen["sent"])
+            if isinstance(plain, Failure):
+                return {}
+            for name, g in plain["got"].items():
+                control.setdefault(name, []).extend(a["tokens"] for a in (g, *g.get("more", [])) if "tokens" in a)
+            if all(w["tokens"] in control.get(w["name"], []) for w in wrong):
+                break
+
+        def moved(w: dict[str, Any]) -> bool:
+            ref = seen["cold"][w["name"]]
+            k = parted(ref, {"tokens": w["tokens"]})
+            steps = [j for j in (parted(ref, {"tokens": a}) for a in control.get(w["name"], [])) if j is not None]
+            return w["tokens"] in control.get(w["name"], []) or (k is not None and bool(steps) and min(steps) <= k)
+        if not all(moved(w) for w in wrong):
+            return {}
+        where = "where a sequence sits in the one KV cache and what it is batched with decide its tokens" \
+            if self.cfg.kv_unified else "what a request is batched with (the other slots' tokens) decides its tokens"
+        return {"status": NUMERICS, "cause": {
+            "kind": PLACEMENT if self.cfg.kv_unified else BATCHED,
+            "detail": f"the same rounds with no options, the prompt cache off and each completion a request of its "
+                      f"own (every request computed afresh, up to {UNCACHED_TRIES} runs) leave the reference there "
+                      f"too: {where}"}}
+
+    def judge(self, d: Draw, seen: dict[str, Any]) -> list[dict[str, Any]]:
+        problems: list[str] = []
+        wrong: list[dict[str, Any]] = []  # the answers that left the reference (what explain() controls)
+        for name, got in seen["got"].items():
+            for c, answer in enumerate([got, *got.get("more", [])]):
+                who = name + (f" (completion {c + 1} of {1 + len(got['more'])})" if got.get("more") else "")
+                ref = seen["cold"][name]
+                why = answer["error"] if "error" in answer else compare(ref, answer, self.near_tie)
+                if why:
+                    problems.append(f"{who}: {why}{margin_at(ref, answer)}")
+                    wrong.append({"name": name, "completion": c, **({"tokens": answer["tokens"]}
+                                                                   if "tokens" in answer else {})})
+        problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
+        answers = [a for g in seen["got"].values() for a in (g, *g.get("more", []))]
+        row = {**self.identity(d), "n_cmpl": d.n_cmpl,
+               "draft_n": sum(a.get("draft_n", 0) for a in answers),
+               "draft_n_accepted": sum(a.get("draft_n_accepted", 0) for a in answers),
+               "cache_n": sum(a.get("cache_n", 0) for a in answers),
+               "status": FINDING if problems else PASS}
+        return [{**row, "reason": "; ".join(problems), "diverged": wrong} if problems else row]
+
+    def message(self, row: dict[str, Any]) -> str:
+        return f"schedule {row['step']} ({row['options']}, {row['slots']} slots): {row.get('reason')}"
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=self.commit),
+                "config": dict(cfg.__dict__),
+                "noise": self.noise,
+                "drafts": {"self": self.drafts["{self}"],
+                           "other": "the fixture itself (not written by synth: no other weights of its family)"
+                           if self.drafts["{other}"] == str(self.fixture) else "its family, seed + 1"}}
+
+
+def margin_at(ref: dict[str, Any], got: dict[str, Any]) -> str:
+    """The reference's top-2 margin where got leaves it ("" where it does not, or lists no two candidates)."""
+    k = parted(ref, got)
+    top = ref["top"][k] if k is not None and k < len(ref["top"]) else []
+    return f" (the reference's margin there {top[0][1] - top[1][1]:.2g})" if len(top) >= 2 else ""
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lines = [f"server-options {rep['fixture']}: arch {rep['arch']}, "
+             f"{'one KV cache for all slots' if rep['config']['kv_unified'] else 'one KV cache per slot'}"]
+    for r in rep["results"]:
+        drafted = f"{r.get('draft_n_accepted', 0)}/{r.get('draft_n', 0)} drafts accepted"
+        lines.append(f"  schedule {r['step']} [{r['status']}] {r['slots']} slots, host cache {r['cache_ram']} MiB, "
+                     f"{r['options']}: {drafted}, {r.get('cache_n', 0)} prompt tokens from the cache"
+                     + (f"; {r['reason']}" if r.get("reason") else ""))
+    noise = rep.get("noise") or {}
+    if noise:
+        lines.append(f"  batching moves answers by {noise['batching']:.2g}"
+                     + (f", placement in the one KV cache by {noise['placement']:.2g}"
+                        if noise.get("placement") is not None else "")
+                     + f": picks at margins below {noise['near_tie']:.2g} not judged")
+    bad = sum(r["status"] in FAILING for r in rep["results"])
+    lines.append(f"{'FINDING' if bad else 'PASS'}: {bad} of {len(rep['results'])} schedules")
+    return "\n".join(lines)
+
+
+def report(fixture: Path, cfg: ServerOptionsConfig) -> Report:
+    return ServerOptions(fixture, cfg).report()
+
+
+def replay_of(cfg: dict[str, Any], finding: Any) -> dict[str, Any]:
+    """A finding names its schedule (step): the bundle runs that draw alone."""
+    return {**cfg, "schedule": int(finding.step)} if finding.step is not None else cfg
+
+
+ORACLE = Oracle(name="server-options", config=ServerOptionsConfig, run=report,
+                format=lambda rep: format_report(rep.native), replay_of=replay_of, shrink=(("tokens", 2),),
+                case_fields=("schedules", "schedule", "tokens", "n_ctx", "kv_unified", "seed"))
+

@@ -1,0 +1,120 @@
+"""fuzz server-options: llama-server under drawn options (speculative decoding, n_cmpl, checkpoint flags) answers as
+uncached. The draws and the judge are pure; the runs need the pinned llama-server."""
+
+import pytest
+
+from fuzz.engine.contract import FINDING, PASS
+from fuzz.oracles.server_options import (
+    DRAFTS,
+    SPEC_TYPES,
+    ServerOptions,
+    ServerOptionsConfig,
+    draw,
+    format_report,
+    spec_args,
+)
+from targets.llama_server_worker import server_binary
+
+from conftest import run_cli
+
+
+def test_a_draw_is_its_seed_and_index_and_asks_only_what_a_server_can_take():
+    draws = [draw(64, 0, k, list(SPEC_TYPES), None) for k in range(40)]
+    assert draws[7] == draw(64, 0, 7, list(SPEC_TYPES), None) and draws[7] != draw(64, 1, 7, list(SPEC_TYPES), None)
+    for d in draws:
+        assert 1 <= d.slots <= 3 and d.cache_ram in (0, 64)
+        assert all(2 <= n <= d.slots for n in d.n_cmpl.values()), d  # the server refuses n_cmpl above its slots
+        kinds = d.args[d.args.index("--spec-type") + 1].split(",")
+        assert set(kinds) <= set(SPEC_TYPES) and 1 <= len(kinds) <= 2
+        assert ("-md" in d.args) == ("draft-simple" in kinds)
+        if "-md" in d.args:
+            assert d.args[d.args.index("-md") + 1] in DRAFTS
+        assert d.prompts["repeat"][:2 * len(d.prompts["motif"])] == d.prompts["motif"] * 2  # n-grams to hit
+        assert d.prompts["branch"][:2] == d.prompts["random"][:2]
+    spec = [d.args[d.args.index("--spec-type") + 1] for d in draws]
+    assert sum("draft-simple" in s for s in spec) >= 12 and sum("ngram" in s for s in spec) >= 20  # both kinds
+    assert {d.args[d.args.index("-md") + 1] for d in draws if "-md" in d.args} == set(DRAFTS)
+    assert {s for d in draws for s in d.args[d.args.index("--spec-type") + 1].split(",")} == set(SPEC_TYPES)
+
+
+def test_a_build_without_a_flag_or_a_type_is_not_drawn_it():
+    """An older build (a bump's base) offers fewer speculative types and flags: the draw keeps to what it offers,
+    dropping a flag together with its value."""
+    old = {"-ctxcp", "--spec-type", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
+    for k in range(20):
+        d = draw(64, 0, k, ["ngram-simple"], old)
+        assert d.args[:2] == ["--spec-type", "ngram-simple"], d.args
+        assert not [a for a in d.args if a.startswith("-") and a not in old], d.args
+        assert all(not a.startswith("-") for a in d.args[1::2]), d.args  # each flag kept with its value
+    assert spec_args(__import__("numpy").random.default_rng(0), []) == []
+
+
+def judged(got: dict, cold: dict, busy=((), ())) -> dict:
+    o = ServerOptions.__new__(ServerOptions)
+    o.near_tie = 1e-3
+    d = draw(64, 0, 0, list(SPEC_TYPES), None)
+    return o.judge(d, {"got": got, "cold": cold, "busy": [list(b) for b in busy]})[0]
+
+
+def test_every_answer_and_every_child_completion_is_judged_against_the_uncached_one():
+    ref = {"tokens": [5, 6, 7], "top": [[[5, -0.1], [9, -2.0]], [[6, -0.1], [1, -3.0]], [[7, -0.1], [2, -3]]]}
+    ok = {"tokens": [5, 6, 7], "top": [], "draft_n": 4, "draft_n_accepted": 3, "cache_n": 2}
+    row = judged({"random": {**ok, "more": [dict(ok)]}}, {"random": ref})
+    assert row["status"] == PASS and (row["draft_n"], row["draft_n_accepted"], row["cache_n"]) == (8, 6, 4)
+    row = judged({"random": {**ok, "more": [{**ok, "tokens": [5, 1, 7]}]}}, {"random": ref})
+    assert row["status"] == FINDING
+    assert row["reason"] == "random (completion 2 of 2): token 1: 1 instead of 6 (the reference's margin there 2.9)"
+    assert row["diverged"] == [{"name": "random", "completion": 1, "tokens": [5, 1, 7]}]
+    row = judged({"random": ok}, {"random": ref}, busy=((), (2,)))
+    assert row["status"] == FINDING and row["reason"] == "slots [2] still processing after round 1"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+@pytest.mark.parametrize("family,knobs", [("qwen3", {"layers": 2}), ("qwen3next", {"layers": 4, "period": 4})])
+def test_drawn_options_answer_as_uncached_with_drafts_accepted_and_rejected(fixtures, family, knobs):
+    """On an attention model and a hybrid (whose rejected drafts roll back through a checkpoint): every schedule
+    passes, the draft model and the n-grams drafted, some drafts were accepted and some rejected, children of an
+    n_cmpl request answered, and the draft of other weights is the family's next seed."""
+    assert server_binary() is not None, "llama-server is not built: `make server`"
+    rep = ServerOptions(fixtures(family, **knobs), ServerOptionsConfig(schedules=6)).report()
+    rows = rep.results
+    assert [r["status"] for r in rows] == [PASS] * 6, format_report(rep.native)
+    drafted, accepted = sum(r["draft_n"] for r in rows), sum(r["draft_n_accepted"] for r in rows)
+    assert 0 < accepted < drafted, (accepted, drafted)
+    assert any(r["n_cmpl"] for r in rows) and rep.extra["drafts"]["other"] == "its family, seed + 1"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_cli_runs_one_schedule_and_refuses_bad_input(fixtures, tmp_path):
+    path = fixtures("llama", layers=2)
+    r = run_cli("fuzz", "server-options", str(path), "--schedule", "2", "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    assert "schedule 2 [pass]" in r.stdout and "PASS: 0 of 1 schedules" in r.stdout
+    r = run_cli("fuzz", "server-options", str(path), "--schedules", "0")
+    assert r.returncode == 2 and "--schedules must be at least 1" in r.stderr
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_the_prefix_cache_lane_runs_the_drawn_options_per_slot_seeded_by_its_row(tmp_path):
+    """Per bump the lane runs PER_BUMP_OPTIONS drawn schedules in the one-cache-per-slot layout, seeded by the row:
+    another row draws other options."""
+    import zlib
+
+    from fuzz.certify.server_lanes import PER_BUMP_OPTIONS, lane_prefix_cache
+    from synth.make import write_fixture
+    from synth.manifest import load_manifest
+
+    row = load_manifest().row("llama")
+    path = tmp_path / "llama.gguf"
+    write_fixture(row.spec(), path)
+    res = lane_prefix_cache(row, path, "llama-server")
+    assert res.status == PASS, res.detail
+    reps = [r for r in res.reports if r.oracle == "server-options"]
+    assert len(reps) == 1 and not reps[0].config["kv_unified"] and len(reps[0].results) == PER_BUMP_OPTIONS
+    assert reps[0].config["seed"] == zlib.crc32(b"llama") % 100_000
+    assert f"{PER_BUMP_OPTIONS} drawn server-option schedules" in res.detail
+    other = draw(64, zlib.crc32(b"qwen3") % 100_000, 0, list(SPEC_TYPES), None)
+    assert reps[0].results[0]["options"] != " ".join(other.args)
