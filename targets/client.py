@@ -29,6 +29,8 @@ ENGINE_PID = "FAMILY_CERTIFY_ENGINE_PID"
 # a worker that does not know it answers in base64, which reads the same (targets/PROTOCOL.md, Frames).
 FRAMES = "FAMILY_CERTIFY_FRAMES"
 COVERAGE_ENV = "FAMILY_CERTIFY_COVERAGE"  # set (targets/builds.py) when the workers run a coverage build
+# set by a coverage run: each row's processes write their counts under this directory / the row's name (GCOV_PREFIX)
+ROW_COUNTS_ENV = "FAMILY_CERTIFY_ROW_COUNTS"
 EXIT_WAIT = 5.0  # seconds a closed worker gets to exit before it is killed
 # a coverage build's worker writes its counts as it exits (every library's, merged under a lock into files other
 # exiting workers write too): killed before it is done, its counts are lost — so it gets as long as it takes

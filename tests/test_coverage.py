@@ -51,9 +51,9 @@ def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_la
         launch = [str(work / "coverage-cc"), root, "echo", "-O3", "-c"]
         flags = {rel: subprocess.run([*launch, f"{root}/{rel}"], capture_output=True, text=True).stdout.split()
                  for rel in ("src/state.cpp", "tools/server/main.cpp", "common/arg.cpp", "ggml/kernel.cpp")}
-        counts = tmp_path / "counts" / "some-lane"
+        counts = tmp_path / "counts" / "some-lane"  # (as a coverage run lays a lane out: a directory a row)
         r = subprocess.run([str(server)], capture_output=True, text=True, check=True,
-                           env={**os.environ, "GCOV_PREFIX": str(counts), "GCOV_PREFIX_STRIP": "0"})
+                           env={**os.environ, "GCOV_PREFIX": str(counts / "rows" / "tiny"), "GCOV_PREFIX_STRIP": "0"})
     assert r.stdout.strip() == "6"
     assert notes == ["main.cpp.gcno", "state.cpp.gcno"]  # ggml's kernel is not instrumented
     # the launcher adds the flags (after the build's own: -O0 wins) to llama.cpp's sources only
@@ -71,6 +71,9 @@ def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_la
     assert fns[("src/state.cpp", "state(int)")]["lines"] == {2: 1, 3: 1, 4: 1, 5: 0}
     assert fns[("src/state.cpp", "unused(int)")]["count"] == 0
     assert fns[("src/state.cpp", "state(int)")]["branches"] == [1, 2]
+    # the row's own lines, read by gcov for what a mutant of a line runs on (pairs.json)
+    assert cov.row_lines(counts / "rows" / "tiny", (work / "src").resolve(), files=(r"src/.*",)) == \
+        {"src/state.cpp": "2-4"}
 
 
 def test_a_coverage_builds_workers_are_not_reused_and_get_time_to_write_their_counts(monkeypatch):
@@ -173,3 +176,13 @@ def test_the_per_bump_jobs_coverage_of_the_pinned_build(tmp_path):
     assert min(ran[f] for f in ("src/llama-kv-cache.cpp", "src/llama-memory-recurrent.cpp",
                                 "src/llama-memory-hybrid.cpp", "tools/server/server-context.cpp")) > 0
     assert {x["lane"] for x in rep["lanes"]} >= {"parity", "memory", "prefix-cache"}
+    # each row x lane's own lines (what a mutant runs on): a recurrent row's memory lane ran the recurrent memory,
+    # the attention row's did not; every line a lane ran, one of its rows ran
+    pairs = json.loads((out / "pairs.json").read_text())
+    assert "src/llama-memory-recurrent.cpp" in pairs["mamba2/memory"], sorted(pairs["mamba2/memory"])
+    assert "src/llama-memory-recurrent.cpp" not in pairs["qwen3/memory"]
+    trace = json.loads((out / "lanes" / "memory.json").read_text())
+    lane = {(f["file"], ln["line_number"]) for f in trace["files"] for ln in f["lines"] if ln["count"]}
+    rows = {(f, n) for k, v in pairs.items() if k.endswith("/memory") for f, text in v.items()
+            for n in cov.unranges(text)}
+    assert lane and lane <= rows, sorted(lane - rows)[:5]

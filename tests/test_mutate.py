@@ -68,6 +68,25 @@ def test_mutants_are_drawn_from_covered_non_arid_lines_and_each_applies_as_a_pat
         assert got != SOURCE and got.splitlines()[:m.line - 1] == SOURCE.splitlines()[:m.line - 1]
 
 
+def test_a_diff_mutates_only_the_changed_lines_and_names_the_changed_lines_no_lane_ran(tmp_path):
+    """--diff BASE: the lines the build changes against BASE (the candidate's side of the diff), counted where they
+    are code of a group's functions (not the log line), those no lane ran listed as ranges."""
+    root, cov = fake_coverage(tmp_path)
+    base = tmp_path / "base" / "src"
+    base.mkdir(parents=True)
+    old = SOURCE.replace("        p0 = 0;\n", "        p0 = 1;\n").replace("    cells.rm(s, p0 + 1, p1);\n", "")
+    (base / "llama-kv-cache.cpp").write_text(old.replace("removing", "dropping"))
+    changed = mu.changed_lines(base.parent, root, ["src/llama-kv-cache.cpp", "src/absent.cpp"])
+    assert changed == {"src/llama-kv-cache.cpp": {5, 7, 10}}
+    covered, functions = mu.covered_lines(cov), mu.line_functions(cov)
+    del covered[("src/llama-kv-cache.cpp", 10)]  # a changed line no lane ran
+    got = mu.diff_account(root, changed, covered, functions, ("state",))
+    assert got == {"changed": 2, "ran": 1, "unrun": {"src/llama-kv-cache.cpp": "10"}}  # (5 is the log line)
+    lines = {m.line for m in mu.generate(root, {k: v for k, v in covered.items() if k[1] in changed[k[0]]},
+                                         functions)}
+    assert lines == {7}
+
+
 def test_arid_and_plausible_lines():
     assert mu.arid('    LLAMA_LOG_WARN("%s: x\\n", __func__);') and mu.arid("    // p0 = 1;") and mu.arid("")
     assert mu.arid('        throw std::runtime_error("bad magic");') and not mu.arid("    p0 = p1 + 1;")
@@ -85,6 +104,26 @@ def test_a_mutant_meets_every_covering_lane_early():
     pairs = [("a", "load"), ("b", "load"), ("a", "memory"), ("c", "load"), ("b", "memory"), ("a", "parity")]
     assert mu.interleaved(pairs) == [("a", "load"), ("a", "memory"), ("a", "parity"), ("b", "load"),
                                      ("b", "memory"), ("c", "load")]
+
+
+def test_a_mutant_runs_on_the_rows_x_lanes_that_ran_its_line(tmp_path):
+    """With the coverage run's per-row counts (pairs.json) only the pairs that executed the line; without them every
+    row of a lane that did (a run from before rows were counted apart)."""
+    from types import SimpleNamespace
+
+    from fuzz.certify.coverage import ranges, unranges
+    assert ranges([3, 4, 5, 9, 11, 12]) == "3-5,9,11-12" and unranges("3-5,9,11-12") == {3, 4, 5, 9, 11, 12}
+    row = {k: SimpleNamespace(key=k) for k in ("llama", "mamba", "qwen3")}
+    plan = [(row[k], lane) for k in row for lane in ("load", "memory")]
+    m = mu.Mutant(id="m", group="state", file="src/llama-kv-cache.cpp", line=10, original="a", mutated="b", rule="r")
+    (tmp_path / "pairs.json").write_text(json.dumps({
+        "llama/memory": {"src/llama-kv-cache.cpp": "1-4,9-12"}, "mamba/memory": {"src/llama-kv-cache.cpp": "11"},
+        "qwen3/load": {"src/llama-kv-cache.cpp": "10"}, "qwen3/memory": {"src/llama-memory.cpp": "10"}}))
+    got = mu.covering(plan, m, ["load", "memory"], mu.RowLines(tmp_path))
+    assert [(r.key, lane) for r, lane in got] == [("llama", "memory"), ("qwen3", "load")]
+    (tmp_path / "pairs.json").unlink()
+    got = mu.covering(plan, m, ["memory"], mu.RowLines(tmp_path))
+    assert [(r.key, lane) for r, lane in got] == [("llama", "memory"), ("mamba", "memory"), ("qwen3", "memory")]
 
 
 def test_the_score_counts_killed_over_run_and_the_totals_line():

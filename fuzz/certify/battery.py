@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from synth.errors import UserError
 from synth.make import write_fixture
 from synth.manifest import LANES, SCAN_LANES, Manifest, Row
 from targets import open_target, share_cores
+from targets.client import ROW_COUNTS_ENV
 
 
 def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
@@ -40,7 +42,7 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
     path = workdir / f"{row.key}.gguf"
     write_fixture(row.spec(), path)
     fixture = hashlib.sha256(path.read_bytes()).hexdigest()  # what was certified: the lanes' data names it
-    with open_target(target_spec) as target:
+    with row_counts(row.key), open_target(target_spec) as target:
         for lane in lanes:
             t0 = time.perf_counter()
             if working:
@@ -55,6 +57,25 @@ def run_row(row: Row, lanes: list[str], target_spec: str, workdir: Path,
             res.seconds = time.perf_counter() - t0
             # the manifest's known findings are the pinned llama.cpp's: another runtime is judged on its own
             yield res if target_spec.startswith("skippy:") else known(row, res)
+
+
+@contextmanager
+def row_counts(key: str) -> Iterator[None]:
+    """Under a coverage run (ROW_COUNTS_ENV set), the row's processes — every worker and server it starts — write
+    their counts in a directory of the row's own (GCOV_PREFIX), so a line is known by the rows that ran it."""
+    rows = os.environ.get(ROW_COUNTS_ENV)
+    if not rows:
+        yield
+        return
+    saved = os.environ.get("GCOV_PREFIX")
+    os.environ["GCOV_PREFIX"] = str(Path(rows) / key)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("GCOV_PREFIX", None)
+        else:
+            os.environ["GCOV_PREFIX"] = saved
 
 
 def known(row: Row, r: LaneResult) -> LaneResult:

@@ -2,8 +2,9 @@
 
 The selected rows' lanes run on the build's coverage build (targets/builds.py: libllama, llama-server and common
 compiled with gcc's --coverage at -O0), one lane at a time, each lane's processes writing their counts (.gcda) under
-a directory of their own (GCOV_PREFIX): so every function's first covering lane is known, and a lane's counts never
-mix with another's. gcovr reads each lane's counts against the build's notes (.gcno) into a tracefile; the report
+a directory of their own (GCOV_PREFIX), each row's apart: so every function's first covering lane is known, a lane's
+counts never mix with another's, and pairs.json says which lines each row × lane ran (what `family-certify mutate`
+runs a mutant on). gcovr reads each lane's counts against the build's notes (.gcno) into a tracefile; the report
 merges them over the files of STATE_CODE, groups their functions (GROUPS: the KV caches, memories and the context's
 state paths; llama-server's cache and slot paths) and writes coverage.json (schemas/coverage.schema.json),
 summary.md, gcovr's HTML pages and the lanes' tracefiles. The lanes' own verdicts are reported beside (junit.xml; a
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,6 +32,7 @@ import typer
 from fuzz.certify.schemas import COVERAGE_SCHEMA
 from fuzz.engine.contract import FAILING
 from synth.errors import UserError
+from targets.client import ROW_COUNTS_ENV
 
 # the files whose coverage is reported (paths relative to the llama.cpp tree)
 STATE_FILES = (r"src/llama-kv-cache[^/]*\.cpp", r"src/llama-kv-cells\.h", r"src/llama-memory[^/]*\.cpp",
@@ -272,6 +275,51 @@ def notes_beside(counts: Path) -> int:
     return n
 
 
+def row_lines(prefix: Path, root: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, str]:
+    """The lines of `files` one row's processes ran (its count directory, notes beside: lane_tracefile), per file
+    relative to the tree's root, as ranges ("3-9,12"): gcov's own JSON of each count file of an object compiled
+    from one of them (a header's lines come with the objects that include it)."""
+    want = re.compile("|".join(files))
+    hit: dict[str, set[int]] = {}
+    for gcda in sorted(prefix.rglob("*.gcda")):
+        # (CMake's object of DIR/FILE is build/DIR/CMakeFiles/TARGET.dir/FILE.o: an object of another file is skipped)
+        m = re.search(r"/build/(.+)/CMakeFiles/[^/]+\.dir/(.+)\.gcda$", str(gcda))
+        if m and not want.fullmatch(f"{m.group(1)}/{m.group(2)}"):
+            continue
+        r = subprocess.run(["gcov", "--json-format", "--stdout", gcda.name], cwd=gcda.parent, capture_output=True,
+                           text=True)
+        text, at = r.stdout, 0
+        while at < len(text.rstrip()):
+            doc, at = json.JSONDecoder().raw_decode(text, at)
+            for f in doc.get("files", []):
+                rel = os.path.relpath(f["file"], root)
+                if want.fullmatch(rel):
+                    hit.setdefault(rel, set()).update(ln["line_number"] for ln in f["lines"] if ln["count"] > 0)
+            while at < len(text) and text[at].isspace():
+                at += 1
+    return {f: ranges(sorted(lines)) for f, lines in sorted(hit.items()) if lines}
+
+
+def ranges(lines: list[int]) -> str:
+    """Sorted line numbers as ranges: [3, 4, 5, 9] → "3-5,9"."""
+    out: list[str] = []
+    for n in lines:
+        if out and int(out[-1].split("-")[-1]) == n - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ",".join(out)
+
+
+def unranges(text: str) -> set[int]:
+    """ranges() read back."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
 def gcovr(args: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "gcovr", *args], capture_output=True, text=True)
     if r.returncode != 0:
@@ -279,9 +327,17 @@ def gcovr(args: list[str]) -> None:
                         + (r.stderr.strip().splitlines() or ["no output"])[-1])
 
 
+def prefixes(counts: Path) -> list[Path]:
+    """A lane's count directories (GCOV_PREFIX): each row's (counts/rows/ROW) and the rest of its processes'
+    (counts/all)."""
+    return [p for p in [counts / "all", *sorted((counts / "rows").glob("*"))] if p.is_dir()]
+
+
 def lane_tracefile(counts: Path, root: Path, into: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, Any]:
-    """gcovr's JSON tracefile of one lane's counts (of `files`, patterns of paths relative to the tree's root)."""
-    notes_beside(counts)
+    """gcovr's JSON tracefile of one lane's counts (of `files`, patterns of paths relative to the tree's root),
+    its rows' merged."""
+    for prefix in prefixes(counts):
+        notes_beside(prefix)
     # (one gcov at a time: gcov writes its .gcov files into the directory it runs in, and two runs over objects of
     # one build collide on a header's)
     args = ["--root", str(root), "--json", str(into), "-j", "1",
@@ -308,13 +364,15 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
     shutil.rmtree(out / "counts", ignore_errors=True)
     (out / "lanes").mkdir(parents=True, exist_ok=True)
     per_lane, results = [], []
+    pairs: dict[str, dict[str, str]] = {}  # "row/lane" → file → the lines it ran (row_lines)
     verdicts: dict[str, Any] = {}  # the lanes' run reports merged: junit.xml (one testcase per row x lane)
     for lane in order:
         counts = out / "counts" / lane
         counts.mkdir(parents=True)
         sub = [(row, [lane]) for row, ls in plan if lane in ls]
-        saved = {k: os.environ.get(k) for k in ("GCOV_PREFIX", "GCOV_PREFIX_STRIP")}
-        os.environ["GCOV_PREFIX"], os.environ["GCOV_PREFIX_STRIP"] = str(counts.resolve()), "0"
+        saved = {k: os.environ.get(k) for k in ("GCOV_PREFIX", "GCOV_PREFIX_STRIP", ROW_COUNTS_ENV)}
+        os.environ["GCOV_PREFIX"], os.environ["GCOV_PREFIX_STRIP"] = str((counts / "all").resolve()), "0"
+        os.environ[ROW_COUNTS_ENV] = str((counts / "rows").resolve())  # (battery.row_counts: a directory a row)
         try:
             run = run_battery(sub, "llama-cpp", None, manifest=manifest, command=command, jobs=jobs)
             close_idle()  # (a worker writes its counts when it exits: all of this lane's, before they are read)
@@ -328,6 +386,11 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
         verdicts = {**run, "results": [*verdicts.get("results", []), *run["results"]]} if verdicts else run
         trace = lane_tracefile(counts, root, out / "lanes" / f"{lane}.json")
         per_lane.append((lane, functions_of(trace)))
+        rows = [p for p in prefixes(counts) if p.parent.name == "rows"]
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # (gcov processes, side by side)
+            ran = list(pool.map(lambda p: row_lines(p, root), rows))
+        pairs.update({f"{p.name}/{lane}": lines for p, lines in zip(rows, ran, strict=True)})
+    (out / "pairs.json").write_text(json.dumps(pairs, indent=0, sort_keys=True) + "\n")
     shutil.rmtree(out / "counts", ignore_errors=True)
     if verdicts:
         (out / "junit.xml").write_bytes(junit_xml(verdicts))

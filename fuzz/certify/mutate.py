@@ -5,11 +5,12 @@ lines a `family-certify coverage` run saw executed in the files of its groups (c
 as in Google's practice (logging, error and assert messages, statistics: ARID). A seeded sample of them, per group,
 is each written as a one-patch series and built incrementally (targets/builds.py: the build spec's tree with the
 patch, one object recompiled). A mutant whose object file is byte for byte the pristine one is equivalent (TCE,
-trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run whose lane executed
-the mutated line run on the mutant's build, one at a time, until one fails: killed (by which row/lane, the finding's
-line; a crash or hang is a kill too), else survived. A mutant that does not compile is `build-failed` and not
-counted; a lane that raises (the toolkit's own failure under a mutant) is `error`, listed and not counted. The score
-is killed ÷ (run − equivalent) per group.
+trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run that executed the
+mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until one
+fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A mutant that
+does not compile is `build-failed` and not counted; a lane that raises (the toolkit's own failure under a mutant) is
+`error`, listed and not counted. The score is killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the
+lines the coverage run's build changes against BASE (a bump's own diff) and says which changed lines no lane ran.
 
 The state is mutate.json in --out (schemas/mutate.schema.json), written after every mutant: a run resumes where it
 stopped (the same seed and sample draw the same mutants), and `--budget` stops it in time.
@@ -17,6 +18,7 @@ stopped (the same seed and sample draw the same mutants), and `--budget` stops i
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import difflib
 import hashlib
@@ -153,6 +155,35 @@ def generate(root: Path, covered: dict[tuple[str, int], list[str]], functions: d
     return out
 
 
+def changed_lines(base: Path, root: Path, files: list[str]) -> dict[str, set[int]]:
+    """Per file (relative to both trees), the lines of `root` that its diff against `base` adds or changes."""
+    out: dict[str, set[int]] = {}
+    for f in files:
+        a, b = ((t / f).read_text(errors="replace").splitlines() if (t / f).is_file() else [] for t in (base, root))
+        ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+        lines = {j + 1 for tag, _, _, j1, j2 in ops if tag in ("replace", "insert") for j in range(j1, j2)}
+        if lines:
+            out[f] = lines
+    return out
+
+
+def diff_account(root: Path, changed: dict[str, set[int]], covered: dict[tuple[str, int], list[str]],
+                 functions: dict[tuple[str, int], str], groups: tuple[str, ...]) -> dict[str, Any]:
+    """The changed state-code lines (code lines of a group's functions, arid ones left out) and which of them the
+    lanes ran: {changed, ran, unrun: file → ranges}."""
+    from fuzz.certify.coverage import ranges
+
+    code = [(f, n) for f, lines in sorted(changed.items()) for n in sorted(lines)
+            if any(in_group(g, f, functions.get((f, n), "\0")) for g in groups) and (f, n) in functions
+            and not arid((root / f).read_text(errors="replace").splitlines()[n - 1])]
+    unrun: dict[str, list[int]] = {}
+    for f, n in code:
+        if (f, n) not in covered:
+            unrun.setdefault(f, []).append(n)
+    return {"changed": len(code), "ran": len(code) - sum(map(len, unrun.values())),
+            "unrun": {f: ranges(v) for f, v in unrun.items()}}
+
+
 def sample(mutants: list[Mutant], per_group: dict[str, int], seed: int) -> list[Mutant]:
     """A seeded sample of each group's mutants (its order: the draw's), at most per_group[g] of group g."""
     rng = np.random.default_rng(seed)
@@ -193,6 +224,11 @@ def summary_md(rep: dict[str, Any]) -> str:
         t = score(rep["results"], g)
         out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['build-failed']} | "
                    f"{t['score']}% |")
+    d = rep.get("diff")
+    if d:
+        out += ["", f"Against {d['base']}: {d['changed']} state-code lines changed, {d['ran']} of them run by the "
+                    "lanes (the mutants are of those).", ""]
+        out += [f"- not run: `{f}` lines {r}" for f, r in d["unrun"].items()]
     errors = [r for r in rep["results"] if r["status"] == "error"]
     if errors:
         out += ["", "The toolkit failed under these mutants (not counted; a bug of the toolkit's to fix):", ""]
@@ -219,10 +255,36 @@ def interleaved(pairs: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
     return out
 
 
-def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, plan: list[tuple[Any, str]],
-               covered: list[str], out: Path, spec: str, manifest: Path, max_runs: int = 12) -> dict[str, Any]:
-    """Build the mutant, compare its object with the pristine one, run the covering rows × lanes (interleaved by
-    lane, at most max_runs) until one fails."""
+class RowLines:
+    """Which row × lane ran which lines: a coverage run's pairs.json ("row/lane" → file → ranges of lines)."""
+
+    def __init__(self, coverage_dir: Path) -> None:
+        path = coverage_dir / "pairs.json"
+        self.pairs: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.is_file() else {}
+        self.spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
+
+    def ran(self, pair: str, file: str, line: int) -> bool:
+        key = (pair, file)
+        if key not in self.spans:
+            text = self.pairs.get(pair, {}).get(file, "")
+            self.spans[key] = [(int(a), int(b or a)) for a, _, b in (x.partition("-") for x in text.split(",") if x)]
+        spans = self.spans[key]
+        i = bisect.bisect_right(spans, (line, 1 << 30)) - 1
+        return i >= 0 and spans[i][0] <= line <= spans[i][1]
+
+
+def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: RowLines) -> list[tuple[Any, str]]:
+    """The rows × lanes of the plan that ran the mutant's line, interleaved by lane: as the coverage run counted
+    them per row (pairs.json), else every row of a lane that ran it (a run from before rows were counted apart)."""
+    if rows.pairs:
+        return interleaved([(row, lane) for row, lane in plan if rows.ran(f"{row.key}/{lane}", m.file, m.line)])
+    return interleaved([(row, lane) for row, lane in plan if lane in lanes])
+
+
+def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
+               out: Path, spec: str, manifest: Path, max_runs: int = 12) -> dict[str, Any]:
+    """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
+    at most max_runs of them) until one fails."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -242,7 +304,6 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                     "seconds": round(time.perf_counter() - t0, 1)}
         activate(build)
         res["status"] = "survived"
-        pairs = interleaved([(row, lane) for row, lane in plan if lane in covered])
         for row, lane in pairs[:max_runs]:
             try:
                 run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest,
@@ -262,6 +323,17 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
         if build.bindings:  # (the mutant's cache entry: one build per mutant, not kept)
             shutil.rmtree(Path(build.bindings).parent, ignore_errors=True)
     return {**res, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def base_tree(spec: str) -> Path:
+    """The llama.cpp tree of a base build spec: pinned, pypi:VERSION (its sdist's) or a tree's path."""
+    from targets.builds import PINNED, sdist_tree
+
+    if spec == "pinned" or spec.startswith("pypi:"):
+        return sdist_tree(PINNED if spec == "pinned" else spec[len("pypi:"):])[0]
+    if (Path(spec) / "src" / "llama-context.cpp").is_file():
+        return Path(spec)
+    raise UserError(f"--diff {spec}: give pinned, pypi:VERSION or a llama.cpp tree (a directory with src/)")
 
 
 def pristine_objects(spec: str, files: list[str]) -> tuple[Path, Path, dict[str, str | None]]:
@@ -285,32 +357,41 @@ def pristine_objects(spec: str, files: list[str]) -> tuple[Path, Path, dict[str,
 
 
 def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: int, budget: float, command: str,
-           manifest: Path, spec: str = "pinned", max_runs: int = 12) -> dict[str, Any]:
-    """Draw the sample, run each mutant not already in out/mutate.json, write it after each; the report."""
+           manifest: Path, spec: str = "pinned", max_runs: int = 12, diff: str | None = None) -> dict[str, Any]:
+    """Draw the sample, run each mutant not already in out/mutate.json, write it after each; the report. diff: a
+    base build spec (pypi:VERSION, pinned) — only the lines the coverage run's build changes against it are mutated,
+    and the report says how many state-code lines changed and which of them no lane ran."""
     from synth.manifest import load_manifest
 
     t0 = time.perf_counter()
-    covered = covered_lines(coverage_dir)
+    covered, rows = covered_lines(coverage_dir), RowLines(coverage_dir)
     cov_rep = json.loads((coverage_dir / "coverage.json").read_text())
     m = load_manifest(manifest)
     plan = [(m.row(x["row"]), x["lane"]) for x in cov_rep["lanes"] if x["status"] not in ("unsupported", "skipped")]
     files = sorted({f for f, _ in covered})
     root, work, pristine = pristine_objects(spec, files)
-    mutants = generate(root, covered, line_functions(coverage_dir), tuple(per_group))
+    functions = line_functions(coverage_dir)
+    account = None
+    if diff is not None:
+        changed = changed_lines(base_tree(diff), root, sorted({f for f, _ in functions}))
+        account = {"base": diff, **diff_account(root, changed, covered, functions, tuple(per_group))}
+        covered = {k: v for k, v in covered.items() if k[1] in changed.get(k[0], ())}
+    mutants = generate(root, covered, functions, tuple(per_group))
     chosen = sample(mutants, per_group, seed)
     state = out / "mutate.json"
     done: dict[str, dict[str, Any]] = {}
     before = 0.0  # the seconds of the runs this one resumes
     if state.is_file():
         old = json.loads(state.read_text())
-        if old.get("seed") == seed and old.get("coverage") == str(coverage_dir.resolve()):
+        if old.get("seed") == seed and old.get("coverage") == str(coverage_dir.resolve()) and \
+                (old.get("diff") or {}).get("base") == diff:
             done = {r["id"]: r for r in old["results"]}
             before = float(old.get("wall_s") or 0.0)
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"schema": MUTATE_SCHEMA, "kind": "family-certify-mutate", "command": command,
                            "coverage": str(coverage_dir.resolve()), "build": cov_rep["build"], "seed": seed,
                            "sample": per_group, "generated": len(mutants), "results": [], "wall_s": 0.0,
-                           "complete": False}
+                           "complete": False, **({"diff": account} if account else {})}
     for i, mu in enumerate(chosen):
         if mu.id in done:
             rep["results"].append(done[mu.id])
@@ -318,8 +399,8 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
         if budget and time.perf_counter() - t0 > budget:
             print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
             break
-        r = run_mutant(mu, root, pristine, work, plan, covered.get((mu.file, mu.line), []), out, spec, m.path,
-                       max_runs)
+        r = run_mutant(mu, root, pristine, work, covering(plan, mu, covered.get((mu.file, mu.line), []), rows), out,
+                       spec, m.path, max_runs)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
         rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
@@ -343,6 +424,8 @@ def mutate_command(
     budget: Annotated[float, typer.Option(help="stop after this many seconds (0: no limit); a rerun resumes")] = 0.0,
     max_runs: Annotated[int, typer.Option(help="row x lanes a mutant runs at most (interleaved by lane) before it "
                                                "counts as survived")] = 12,
+    diff: Annotated[str | None, typer.Option(help="a base build (pypi:VERSION, pinned, a tree): mutate only the lines "
+                                                  "the coverage run's build changes against it")] = None,
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
     """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
@@ -361,7 +444,7 @@ def mutate_command(
         pass  # (covered_lines says what is wrong with the directory)
     rep = mutate(coverage, out, per_group={"state": state, "server": server}, seed=seed, budget=budget,
                  command="family-certify mutate " + " ".join(sys.argv[2:]), manifest=m.path, spec=spec,
-                 max_runs=max_runs)
+                 max_runs=max_runs, diff=diff)
     results = [{"row": r["id"], "lane": r["group"], "seconds": r["seconds"],
                 "status": {"killed": "pass", "survived": "finding", "equivalent": "unsupported",
                            "build-failed": "skipped", "error": "crash"}[r["status"]],
@@ -375,5 +458,9 @@ def mutate_command(
         t = score(rep["results"], g)
         print(f"{g}: {t['killed']} of {t['killed'] + t['survived']} killed ({t['score']}%), {t['equivalent']} "
               f"equivalent, {t['survived']} survived, {t['build-failed']} did not build")
+    if rep.get("diff"):
+        d = rep["diff"]
+        print(f"changed against {d['base']}: {d['changed']} state-code lines, {d['ran']} run by the lanes, "
+              f"{d['changed'] - d['ran']} by none")
     print(totals_line(rep["results"]))
     return 0

@@ -373,7 +373,16 @@ MUTATE = {
                 "detail": {"type": "string"}, "ran": {"type": "array", "items": {"type": "string"}},
                 "seconds": {"type": "number", "minimum": 0}}}},
         "wall_s": {"type": "number", "minimum": 0},
-        "complete": {"type": "boolean", "description": "every drawn mutant ran (false: the budget stopped it)"}}}
+        "complete": {"type": "boolean", "description": "every drawn mutant ran (false: the budget stopped it)"},
+        "diff": {"type": "object", "required": ["base", "changed", "ran", "unrun"],
+                 "description": "--diff: only the lines the build changes against base were mutated",
+                 "properties": {
+                     "base": {"type": "string", "description": "the base build spec"},
+                     "changed": {"type": "integer", "minimum": 0,
+                                 "description": "changed code lines of the groups' functions (arid ones left out)"},
+                     "ran": {"type": "integer", "minimum": 0, "description": "of those, lines a lane ran"},
+                     "unrun": {"type": "object", "additionalProperties": {"type": "string"},
+                               "description": "file → the changed lines no lane ran, as ranges (3-9,12)"}}}}}
 
 
 def schemas() -> dict[str, dict[str, Any]]:
