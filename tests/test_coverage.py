@@ -52,8 +52,9 @@ def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_la
         flags = {rel: subprocess.run([*launch, f"{root}/{rel}"], capture_output=True, text=True).stdout.split()
                  for rel in ("src/state.cpp", "tools/server/main.cpp", "common/arg.cpp", "ggml/kernel.cpp")}
         counts = tmp_path / "counts" / "some-lane"  # (as a coverage run lays a lane out: a directory a row)
-        r = subprocess.run([str(server)], capture_output=True, text=True, check=True,
-                           env={**os.environ, "GCOV_PREFIX": str(counts / "rows" / "tiny"), "GCOV_PREFIX_STRIP": "0"})
+        for row in ("tiny", "tiny2"):
+            r = subprocess.run([str(server)], capture_output=True, text=True, check=True,
+                               env={**os.environ, "GCOV_PREFIX": str(counts / "rows" / row), "GCOV_PREFIX_STRIP": "0"})
     assert r.stdout.strip() == "6"
     assert notes == ["main.cpp.gcno", "state.cpp.gcno"]  # ggml's kernel is not instrumented
     # the launcher adds the flags (after the build's own: -O0 wins) to llama.cpp's sources only
@@ -61,14 +62,14 @@ def test_a_coverage_build_instruments_llama_cpps_own_sources_at_O0_and_counts_la
         "src/state.cpp": [f"{root}/src/state.cpp", *COVERAGE_FLAGS],
         "tools/server/main.cpp": [f"{root}/tools/server/main.cpp", *COVERAGE_FLAGS],
         "common/arg.cpp": [f"{root}/common/arg.cpp", *COVERAGE_FLAGS], "ggml/kernel.cpp": [f"{root}/ggml/kernel.cpp"]}
-    assert sorted(p.name for p in counts.rglob("*.gcda")) == ["main.cpp.gcda", "state.cpp.gcda"]
+    assert sorted(p.name for p in (counts / "rows" / "tiny").rglob("*.gcda")) == ["main.cpp.gcda", "state.cpp.gcda"]
     assert not list((work / "build").rglob("*.gcda"))  # nothing left in the build directory itself
     assert (work / "build" / "family-certify-options").read_text().strip() == options_id(coverage=True) != options_id()
 
     trace = cov.lane_tracefile(counts, (work / "src").resolve(), tmp_path / "lane.json", files=(r"src/.*",))
-    fns = cov.functions_of(trace)
-    assert fns[("src/state.cpp", "state(int)")]["count"] == 1
-    assert fns[("src/state.cpp", "state(int)")]["lines"] == {2: 1, 3: 1, 4: 1, 5: 0}
+    fns = cov.functions_of(trace)  # (the two rows' counts merged: each ran state(5) once)
+    assert fns[("src/state.cpp", "state(int)")]["count"] == 2
+    assert fns[("src/state.cpp", "state(int)")]["lines"] == {2: 2, 3: 2, 4: 2, 5: 0}
     assert fns[("src/state.cpp", "unused(int)")]["count"] == 0
     assert fns[("src/state.cpp", "state(int)")]["branches"] == [1, 2]
     # the row's own lines, read by gcov for what a mutant of a line runs on (pairs.json)

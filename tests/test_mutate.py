@@ -158,3 +158,22 @@ def test_mutants_of_the_pinned_tree_are_built_and_judged(tmp_path):
     again = run_cli("family-certify", "mutate", "--coverage", str(cov), "--out", str(out), "--state", "3",
                     "--server", "0", "--seed", "1", timeout=600)
     assert again.returncode == 0 and json.loads((out / "mutate.json").read_text())["results"] == rep["results"]
+    # --diff: the bump from 0.3.35 to the pin, its changed lines only
+    d = run_cli("family-certify", "mutate", "--coverage", str(cov), "--out", str(tmp_path / "diff"), "--state", "2",
+                "--server", "0", "--diff", "pypi:0.3.35", timeout=3600)
+    assert d.returncode == 0, d.stdout[-2000:] + d.stderr[-2000:]
+    rep = json.loads((tmp_path / "diff" / "mutate.json").read_text())
+    validate(rep, "mutate")
+    assert rep["diff"]["base"] == "pypi:0.3.35" and 0 < rep["diff"]["ran"] < rep["diff"]["changed"], rep["diff"]
+    changed = mu.changed_lines(mu.base_tree("pypi:0.3.35"), mu.base_tree("pinned"), [r["file"] for r in rep["results"]])
+    assert rep["results"] and all(r["line"] in changed[r["file"]] for r in rep["results"])
+    assert f"changed against pypi:0.3.35: {rep['diff']['changed']} state-code lines" in d.stdout
+
+
+def test_a_bump_refuses_mutants_of_a_candidate_it_cannot_build_them_in_before_any_lane(tmp_path):
+    series = tmp_path / "series"
+    series.mkdir()
+    r = run_cli("family-certify", "bump", "qwen3", "--candidate", "pinned", "--patches", str(series),
+                "--mutate-diff", "60", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "--mutate-diff: the candidate must be pinned or pypi:VERSION" in r.stderr, r.stderr
+    assert not (tmp_path / "b").exists()

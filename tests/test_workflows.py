@@ -561,7 +561,7 @@ INPUTS = {
                            "mutants": "token-ids-16-bit stale-output-rows",
                            # the through-cmd job narrowed to the sliding-window row, whose hand-off the excuse decides
                            "cmd_rows": "laguna", "cmd_jobs": "gate"},
-    "nightly.yml": {"examples": "60", "rows": "llama", "campaign": "10m", "campaign_cases": "2"},
+    "nightly.yml": {"examples": "60", "rows": "llama", "campaign": "10m", "campaign_cases": "2", "mutants": "1 0"},
     "ci.yml": {},
     # the canary on the pinned tree as is: every step runs as committed, with nothing to compile (a real candidate
     # build and patch series: tests/test_bump.py, slow)
@@ -805,6 +805,13 @@ def test_nightly_coverage_measures_the_chosen_rows_per_bump_lanes(ci):
     last = j.step("coverage of the state code by the per-bump jobs").log.strip().splitlines()[-1]
     assert last.startswith("coverage: state functions ") and "server paths" in last, last
     assert (d / "summary.md").read_text() in j.summary
+    # then one mutant (the `mutants` input) of a line llama's lanes ran, built and judged
+    mut = json.loads((d / "mutate" / "mutate.json").read_text())
+    validate(mut, "mutate")
+    assert len(mut["results"]) == 1 and mut["results"][0]["group"] == "state", mut["results"]
+    last = j.step("mutants of the state code the lanes ran").log.strip().splitlines()[-1]
+    assert last.startswith("mutation score: "), last
+    assert (d / "mutate" / "summary.md").read_text() in j.summary
 
 
 @executes

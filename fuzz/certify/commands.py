@@ -316,6 +316,9 @@ def bump(
     cuts: CutsOpt = None,
     stages: StagesOpt = None,
     jobs: JobsOpt = 1,
+    mutate_diff: Annotated[float, Opt(help="then seconds of mutants of the state-code lines the candidate changes "
+                                           "(a coverage run of its lanes first; out/mutate-diff): what the battery "
+                                           "sees of the bump itself (0: not run)")] = 0.0,
 ) -> int:
     """Certify a llama.cpp bump: the selected rows' lanes on the base and the candidate build, and a cross-build lane
     per row (the same prompt through both, unsplit); a verdict per row × lane — unchanged, broke, fixed, drifted,
@@ -325,6 +328,9 @@ def bump(
     if candidate is None and patches is None and candidate_backend is None:
         raise UserError("--candidate: name the build to move to (pinned, pypi:VERSION or a tree), or give --patches "
                         "to certify a patch series on the base, or --candidate-backend to certify a backend build")
+    if mutate_diff:
+        from fuzz.certify.mutate import check_mutate_diff
+        check_mutate_diff(candidate or base, patches, candidate_backend)
     m: Manifest = load_manifest(manifest)
     plan = lane_plan(m, tier, rows, lane, jobs=job)
     if not plan:
@@ -336,9 +342,14 @@ def bump(
               "candidate": resolve(candidate or base, patches, backend=candidate_backend)}
     if unclassified_architectures(m, builds["candidate"].arch_names()):
         return 1  # (before any lane: the roster would have no answer for a model of that architecture)
-    rep = bump_builds(plan, builds, manifest=m, command="family-certify bump " + " ".join(sys.argv[2:]), out=out,
-                      jobs=jobs, options=options)
-    return finish_bump(rep, out, report)
+    command = "family-certify bump " + " ".join(sys.argv[2:])
+    code = finish_bump(bump_builds(plan, builds, manifest=m, command=command, out=out, jobs=jobs, options=options),
+                       out, report)
+    if mutate_diff:
+        from fuzz.certify.mutate import mutate_diff as run_mutate_diff
+        run_mutate_diff(plan, base, candidate or base, (out or Path("bump-out")) / "mutate-diff", budget=mutate_diff,
+                        manifest=m.path, jobs=jobs, command=command)
+    return code
 
 
 # mutant → the manifest row and lane that must catch it (every mutant has one: tests/test_manifest.py)

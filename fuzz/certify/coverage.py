@@ -276,9 +276,9 @@ def notes_beside(counts: Path) -> int:
 
 
 def row_lines(prefix: Path, root: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, str]:
-    """The lines of `files` one row's processes ran (its count directory, notes beside: lane_tracefile), per file
-    relative to the tree's root, as ranges ("3-9,12"): gcov's own JSON of each count file of an object compiled
-    from one of them (a header's lines come with the objects that include it)."""
+    """The lines of `files` one row's processes ran (its count directory), per file relative to the tree's root, as
+    ranges ("3-9,12"): gcov's own JSON of each count file of an object compiled from one of them, its notes copied
+    beside it (a header's lines come with the objects that include it)."""
     want = re.compile("|".join(files))
     hit: dict[str, set[int]] = {}
     for gcda in sorted(prefix.rglob("*.gcda")):
@@ -286,6 +286,9 @@ def row_lines(prefix: Path, root: Path, files: tuple[str, ...] = STATE_FILES) ->
         m = re.search(r"/build/(.+)/CMakeFiles/[^/]+\.dir/(.+)\.gcda$", str(gcda))
         if m and not want.fullmatch(f"{m.group(1)}/{m.group(2)}"):
             continue
+        notes = Path("/") / gcda.relative_to(prefix).with_suffix(".gcno")
+        if notes.is_file():
+            shutil.copyfile(notes, gcda.with_suffix(".gcno"))
         r = subprocess.run(["gcov", "--json-format", "--stdout", gcda.name], cwd=gcda.parent, capture_output=True,
                            text=True)
         text, at = r.stdout, 0
@@ -333,18 +336,38 @@ def prefixes(counts: Path) -> list[Path]:
     return [p for p in [counts / "all", *sorted((counts / "rows").glob("*"))] if p.is_dir()]
 
 
+def merged_counts(counts: Path) -> list[Path]:
+    """A lane's count directories merged into one (gcov-tool, gcc's: counts summed per object) where it can be, so
+    gcov reads each object once, not once a row; else the directories as they are."""
+    dirs = prefixes(counts)
+    if len(dirs) < 2 or not shutil.which("gcov-tool"):
+        return dirs
+    acc = counts / "merged"
+    shutil.rmtree(acc, ignore_errors=True)
+    shutil.copytree(dirs[0], acc)
+    for d in dirs[1:]:
+        tmp = counts / "merging"
+        r = subprocess.run(["gcov-tool", "merge", "-o", str(tmp), str(acc), str(d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise UserError(f"gcov-tool merge failed on {d}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        shutil.rmtree(acc)
+        tmp.rename(acc)
+    return [acc]
+
+
 def lane_tracefile(counts: Path, root: Path, into: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, Any]:
     """gcovr's JSON tracefile of one lane's counts (of `files`, patterns of paths relative to the tree's root),
     its rows' merged."""
-    for prefix in prefixes(counts):
-        notes_beside(prefix)
+    dirs = merged_counts(counts)
+    for d in dirs:
+        notes_beside(d)
     # (one gcov at a time: gcov writes its .gcov files into the directory it runs in, and two runs over objects of
     # one build collide on a header's)
     args = ["--root", str(root), "--json", str(into), "-j", "1",
             "--gcov-ignore-parse-errors=negative_hits.warn_once_per_file", "--merge-mode-functions=separate"]
     for pat in files:
         args += ["--filter", re.escape(str(root) + "/") + pat]
-    gcovr([*args, str(counts)])
+    gcovr([*args, *map(str, dirs)])
     return json.loads(into.read_text())
 
 
@@ -390,6 +413,7 @@ def run_coverage(plan: list[tuple[Any, list[str]]], out: Path, *, manifest: Path
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # (gcov processes, side by side)
             ran = list(pool.map(lambda p: row_lines(p, root), rows))
         pairs.update({f"{p.name}/{lane}": lines for p, lines in zip(rows, ran, strict=True)})
+        shutil.rmtree(counts, ignore_errors=True)  # (every row's copy of the notes: gigabytes on a long lane)
     (out / "pairs.json").write_text(json.dumps(pairs, indent=0, sort_keys=True) + "\n")
     shutil.rmtree(out / "counts", ignore_errors=True)
     if verdicts:

@@ -412,6 +412,48 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
     return rep
 
 
+def mutate_diff(plan: list[tuple[Any, list[str]]], base: str, candidate: str, out: Path, *, budget: float,
+                manifest: Path, jobs: int, command: str, per_group: dict[str, int] | None = None,
+                seed: int = 0) -> dict[str, Any]:
+    """What a bump's battery sees of the bump itself: the candidate's coverage build runs the plan (out/coverage),
+    then a seeded sample of mutants of the state-code lines the candidate changes against the base, within `budget`
+    seconds of mutants (out/mutate: a rerun resumes). Lines and totals printed; the mutate report returned."""
+    from fuzz.certify.coverage import print_totals, run_coverage
+    from targets.builds import use
+
+    check_mutate_diff(candidate, None, None)
+    build = use(candidate, None, coverage=True)
+    if build.seconds:
+        print(f"built {build.spec} (coverage) in {build.seconds:.0f} s (cached for later runs)")
+    print_totals(run_coverage(plan, out / "coverage", manifest=manifest, command=command, jobs=jobs, build=build))
+    rep = mutate(out / "coverage", out / "mutate", per_group=per_group or {"state": 20, "server": 10}, seed=seed,
+                 budget=budget, command=command, manifest=manifest, spec=candidate, diff=base)
+    print_mutate(rep)
+    return rep
+
+
+def check_mutate_diff(candidate: str, patches: Path | None, backend: str | None) -> None:
+    """Mutants are built in an sdist's tree on the CPU: a candidate of another kind is bad input, said before any
+    lane runs."""
+    sdist = candidate == "pinned" or candidate.startswith("pypi:")
+    if not sdist or patches is not None or backend not in (None, "cpu"):
+        raise UserError(f"--mutate-diff: the candidate must be pinned or pypi:VERSION, without --patches or another "
+                        f"backend (mutants are built in an sdist's tree), got {candidate}")
+
+
+def print_mutate(rep: dict[str, Any]) -> None:
+    """The per-group lines, the diff's line (--diff) and the totals line that ends a mutate run's log."""
+    for g in GROUP_NAMES:
+        t = score(rep["results"], g)
+        print(f"{g}: {t['killed']} of {t['killed'] + t['survived']} killed ({t['score']}%), {t['equivalent']} "
+              f"equivalent, {t['survived']} survived, {t['build-failed']} did not build")
+    if rep.get("diff"):
+        d = rep["diff"]
+        print(f"changed against {d['base']}: {d['changed']} state-code lines, {d['ran']} run by the lanes, "
+              f"{d['changed'] - d['ran']} by none")
+    print(totals_line(rep["results"]))
+
+
 def mutate_command(
     coverage: Annotated[Path, typer.Option(help="a `family-certify coverage --out` directory: the lines the lanes "
                                                 "ran, and which lanes ran each")] = Path("coverage-out"),
@@ -454,13 +496,5 @@ def mutate_command(
                                           "toolkit": rep["build"].get("toolkit", ""), **rep["build"]},
              "manifest": {"sha256": hashlib.sha256(m.path.read_bytes()).hexdigest()}, "target": "mutants"}
     (out / "junit.xml").write_bytes(junit_xml(junit))
-    for g in GROUP_NAMES:
-        t = score(rep["results"], g)
-        print(f"{g}: {t['killed']} of {t['killed'] + t['survived']} killed ({t['score']}%), {t['equivalent']} "
-              f"equivalent, {t['survived']} survived, {t['build-failed']} did not build")
-    if rep.get("diff"):
-        d = rep["diff"]
-        print(f"changed against {d['base']}: {d['changed']} state-code lines, {d['ran']} run by the lanes, "
-              f"{d['changed'] - d['ran']} by none")
-    print(totals_line(rep["results"]))
+    print_mutate(rep)
     return 0
