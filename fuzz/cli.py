@@ -191,10 +191,14 @@ def report_bundles(paths: list[Path]) -> None:
 def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="a directory written by an oracle's --bundle")],
     target: Annotated[str | None, Opt(help="replay against another target (default: the recorded one)")] = None,
+    llama_cpp: Annotated[str | None, Opt("--llama-cpp", help="replay on another build (pinned, pypi:VERSION, a "
+                                                             "tree; default: the one the bundle records)")] = None,
+    patches: PatchesOpt = None,
 ) -> int:
     """Re-run a repro bundle: exit 1 while its finding reproduces (same fingerprint), 0 once it no longer does (and
     then what this run saw instead, in the oracle's own words)."""
-    ok, fp, rep = bd.replay(bundle, target)
+    ok, fp, rep = bd.replay(bundle, target, build=None if llama_cpp is None and patches is None else
+                            {"spec": llama_cpp or "pinned", "patches": {"dir": str(patches)} if patches else None})
     if not ok:
         print(get_oracle(rep.oracle).format(rep))
     print(f"{'REPRODUCED' if ok else 'not reproduced'}: {describe(fp)}"

@@ -282,9 +282,10 @@ def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: Row
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
-               out: Path, spec: str, manifest: Path, max_runs: int = 12) -> dict[str, Any]:
+               out: Path, spec: str, manifest: Path, max_runs: int = 12, bundles: bool = False) -> dict[str, Any]:
     """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
-    at most max_runs of them) until one fails."""
+    at most max_runs of them) until one fails. bundles: the killing lane's findings bundled (out/patches/ID/run:
+    `fuzz replay` runs them on the mutant's build, as recorded, or with --llama-cpp on another)."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -306,8 +307,8 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
         res["status"] = "survived"
         for row, lane in pairs[:max_runs]:
             try:
-                run = run_battery([(row, [lane])], "llama-cpp", None, manifest=manifest,
-                                  command="family-certify mutate")
+                run = run_battery([(row, [lane])], "llama-cpp", series / "run" if bundles else None,
+                                  manifest=manifest, command="family-certify mutate")
             except Exception as e:  # noqa: BLE001 — the toolkit's own failure under a mutant: listed, not counted
                 res.update(status="error", by=f"{row.key}/{lane}", detail=f"the lane raised {type(e).__name__}: {e}")
                 break
@@ -315,6 +316,8 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
             res["ran"].append(f"{row.key}/{lane}")
             if x["status"] in FAILING:
                 res.update(status="killed", by=f"{row.key}/{lane}", detail=f"{x['status']}: {x['detail'][:300]}")
+                if x.get("bundles"):
+                    res["bundles"] = [str((series / "run" / b).relative_to(out)) for b in x["bundles"]]
                 break
         else:
             res["detail"] = f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
@@ -357,7 +360,8 @@ def pristine_objects(spec: str, files: list[str]) -> tuple[Path, Path, dict[str,
 
 
 def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: int, budget: float, command: str,
-           manifest: Path, spec: str = "pinned", max_runs: int = 12, diff: str | None = None) -> dict[str, Any]:
+           manifest: Path, spec: str = "pinned", max_runs: int = 12, diff: str | None = None,
+           bundles: bool = False, ids: list[str] | None = None) -> dict[str, Any]:
     """Draw the sample, run each mutant not already in out/mutate.json, write it after each; the report. diff: a
     base build spec (pypi:VERSION, pinned) — only the lines the coverage run's build changes against it are mutated,
     and the report says how many state-code lines changed and which of them no lane ran."""
@@ -377,7 +381,11 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
         account = {"base": diff, **diff_account(root, changed, covered, functions, tuple(per_group))}
         covered = {k: v for k, v in covered.items() if k[1] in changed.get(k[0], ())}
     mutants = generate(root, covered, functions, tuple(per_group))
-    chosen = sample(mutants, per_group, seed)
+    chosen = sample(mutants, per_group, seed) if not ids else [x for x in mutants if x.id in ids]
+    if ids and len(chosen) < len(set(ids)):
+        missing = sorted(set(ids) - {x.id for x in chosen})
+        raise UserError(f"--id {missing[0]}: no such mutant of the lines this coverage run ran (an id names the file, "
+                        "line and the mutated text: the tree or the coverage changed)")
     state = out / "mutate.json"
     done: dict[str, dict[str, Any]] = {}
     before = 0.0  # the seconds of the runs this one resumes
@@ -400,7 +408,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
             print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
             break
         r = run_mutant(mu, root, pristine, work, covering(plan, mu, covered.get((mu.file, mu.line), []), rows), out,
-                       spec, m.path, max_runs)
+                       spec, m.path, max_runs, bundles)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
         rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
@@ -468,6 +476,11 @@ def mutate_command(
                                                "counts as survived")] = 12,
     diff: Annotated[str | None, typer.Option(help="a base build (pypi:VERSION, pinned, a tree): mutate only the lines "
                                                   "the coverage run's build changes against it")] = None,
+    mutant_id: Annotated[list[str] | None, typer.Option("--id", help="only these mutants (ids of an earlier run, "
+                                                                      "repeatable): a survivor judged again")] = None,
+    bundles: Annotated[bool, typer.Option("--bundles", help="bundle each killing finding (out/patches/ID/run/"
+                                                             "bundles: `fuzz replay` runs it on the mutant's build)")]
+    = False,
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
     """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
@@ -486,7 +499,7 @@ def mutate_command(
         pass  # (covered_lines says what is wrong with the directory)
     rep = mutate(coverage, out, per_group={"state": state, "server": server}, seed=seed, budget=budget,
                  command="family-certify mutate " + " ".join(sys.argv[2:]), manifest=m.path, spec=spec,
-                 max_runs=max_runs, diff=diff)
+                 max_runs=max_runs, diff=diff, bundles=bundles, ids=mutant_id)
     results = [{"row": r["id"], "lane": r["group"], "seconds": r["seconds"],
                 "status": {"killed": "pass", "survived": "finding", "equivalent": "unsupported",
                            "build-failed": "skipped", "error": "crash"}[r["status"]],

@@ -518,11 +518,13 @@ def load_case(path: Path, target: str | None = None) -> tuple[Case, dict[str, An
     return case, fp
 
 
-def replay(path: Path, target: str | None = None) -> tuple[bool, dict[str, Any], Report]:
-    """(reproduced, recorded fingerprint, the last run's report), on the llama.cpp build the bundle was made on: the
-    case run until it shows the finding, at most its oracle's replay_runs times."""
+def replay(path: Path, target: str | None = None, build: dict[str, Any] | None = None) \
+        -> tuple[bool, dict[str, Any], Report]:
+    """(reproduced, recorded fingerprint, the last run's report), on the llama.cpp build the bundle was made on (or
+    `build`: {spec, patches}, another one): the case run until it shows the finding, at most its oracle's
+    replay_runs times."""
     case, fp = load_case(path, target)
-    use_recorded_build(read_bundle(path).get("build") or {}, path)
+    use_recorded_build(build or read_bundle(path).get("build") or {}, path)
     for _ in range(get_oracle(case.oracle).replay_runs):
         got, rep = case.run()
         if any(matches(fp, g) for g in got):
