@@ -20,7 +20,8 @@ HEADER = 8  # u32 magic, i32 source seq id
 def cache_layers(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str, Any]], int]:
     """Every layer of one cache, stream by stream, and where the cache ends: [{"pos": the stream's cell positions,
     "k": (offset, cells, row bytes), "v": (offset, cells, row bytes) | ("trans", offset, cells, element bytes,
-    n_embd_v) | None}]. Raises struct.error on a blob too short for the layout."""
+    n_embd_v) | None}]. Raises struct.error on a blob too short for the layout, OverflowError on one of another
+    layout whose counts run past any offset."""
     layers, _, end = read_cache(b, off, has_v=has_v)
     return layers, end
 
@@ -102,9 +103,25 @@ def kv_cells(blob: bytes, n_caches: int) -> list[tuple[set[int], dict[int, bytes
         for _ in range(n_caches):
             layers, positions, off = read_cache(blob, off)
             out.append((set(positions), rows_by_position(blob, layers)))
-    except struct.error:
+    except (struct.error, OverflowError):  # (a blob of another layout read as this one: offsets run off)
         return None
     return out if off == len(blob) else None
+
+
+def other_width(blob: bytes) -> bytes | None:
+    """A full sequence export of one or two KV caches (nothing else after them) whose first K layer claims rows two
+    bytes wider than it holds: the state of a model of other widths, which llama.cpp must refuse to import
+    (llama_kv_cache::state_read_data compares every layer's row size). None if the blob is not that layout, or
+    holds no cells."""
+    for n in (1, 2):
+        if kv_cells(blob, n) is not None:
+            layers, _ = cache_layers(blob, HEADER)
+            if not layers:
+                return None
+            field = layers[0]["k"][0] - 8  # (the row size: the u64 before the first row)
+            (row,) = struct.unpack_from("<Q", blob, field)
+            return blob[:field] + struct.pack("<Q", row + 2) + blob[field + 8:]
+    return None
 
 
 def keep_cells(blob: bytes, cache: int, keep: Any) -> bytes:
@@ -161,5 +178,5 @@ def keep_cells(blob: bytes, cache: int, keep: Any) -> bytes:
         if end != off:
             return blob
         return b"".join(out) + blob[off:]
-    except struct.error:
+    except (struct.error, OverflowError):
         return blob

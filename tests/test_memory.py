@@ -3,6 +3,7 @@ history recomputed alone. The model and the drawer are pure (tested here without
 llama.cpp, clean attention and recurrent models pass, every finding on a clean build is one of the committed
 upstream repros (by its cause), and the two mutants no other lane sees are caught and shortened to 2 operations."""
 
+import base64
 import json
 from pathlib import Path
 
@@ -133,6 +134,8 @@ def test_drawing_is_seeded_and_covers_every_operation():
     assert draw(KV, True, 3) != draw(KV, True, 4)
     kinds = {op["op"] for seed in range(3) for op in draw(KV, True, seed)}
     assert kinds == {"decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload"}
+    spoiled = {op["how"] for seed in range(3) for op in draw(KV, True, seed) if op["op"] == "refused_import"}
+    assert spoiled == {"cut", "width"}  # a state cut short, and one of a model of other widths
     decodes = [op for op in draw(KV, True, 0) if op["op"] == "decode"]
     assert any(len(op["parts"]) > 1 for op in decodes)  # several sequences per batch
     assert all(0 <= t < 64 for op in decodes for _, toks in op["parts"] for t in toks)
@@ -312,6 +315,36 @@ def test_a_drawn_program_is_rerun_as_it_ran_its_refused_operations_not_counted_a
 
 
 @pytest.mark.llama
+def test_a_state_cut_short_or_of_other_widths_is_refused_and_the_sequence_continues_empty(fixtures):
+    """A sequence's state cut in half, and the same state claiming rows two bytes wider than the model's (a stage's
+    peer of another model), imported as another sequence: llama.cpp refuses both (the width at its row-size check,
+    llama_kv_cache::state_read_data), and the sequence dropped continues as a fresh one. On a recurrent memory the
+    width is not drawn as such (its export is not a KV cache's): the cut stands in, and is refused too."""
+    from targets import as_bytes, open_target
+    from targets.kvstate import other_width
+
+    program = [{"op": "decode", "parts": [[0, [3, 1, 4, 1]], [2, [5, 9]]]},
+               {"op": "refused_import", "src": 0, "dst": 1, "how": "width"},
+               {"op": "refused_import", "src": 2, "dst": 1, "how": "cut"},
+               {"op": "decode", "parts": [[1, [2, 6]], [0, [5]]]}]
+    for family in ("llama", "mamba2"):
+        rep = report(fixtures(family, layers=2), MemoryConfig(program=program))
+        assert rep.status == PASS, (family, [f.message for f in rep.findings])
+        assert all(r["refused"].get("import") == 2 for r in rep.results), [r["refused"] for r in rep.results]
+    with open_target("llama-cpp") as t:
+        assert t.load(str(fixtures("llama", layers=2)), n_seq_max=2).ok
+        assert t.call("decode", tokens=[3, 1, 4], seq=0).ok
+        blob = as_bytes(t.call("state_get", seq=0).data["data"])
+        wider = other_width(blob)
+        assert wider is not None and len(wider) == len(blob) and wider != blob
+
+        def imports(b: bytes) -> bool:
+            return t.call("state_set", seq=1, data=base64.b64encode(b).decode()).ok
+        assert not imports(wider) and imports(blob)
+    assert other_width(blob[:len(blob) // 2]) is None
+
+
+@pytest.mark.llama
 def test_state_moved_through_files_and_whole_contexts_continues_as_recomputed(fixtures):
     """A sequence copied through a state file (its tokens given back as saved) and the whole context reloaded in
     memory and through a session file: on clean llama.cpp every sequence continues as its recompute, in both
@@ -333,9 +366,9 @@ def test_state_moved_through_files_and_whole_contexts_continues_as_recomputed(fi
 @pytest.mark.llama
 @pytest.mark.parametrize("mutant,op", [("seq-rm-leaves-one-cell", "rm"), ("seq-keep-keeps-neighbour", "keep")])
 def test_mutants_are_caught_and_shortened(fixtures, mutant, op):
-    # (12 programs: the state copies and reloads also draw how they move state, so the 8 that once drew a keep
-    # beside a neighbour's cells draw other programs now)
-    rep = report(fixtures("llama", layers=2), MemoryConfig(programs=12, target=f"mutant:{mutant}",
+    # (24 programs: the state moves also draw how they move state, and a refused import how its state is spoiled,
+    # so the 8 that once drew a keep beside a neighbour's cells draw other programs now; the 24th draws one)
+    rep = report(fixtures("llama", layers=2), MemoryConfig(programs=24, target=f"mutant:{mutant}",
                                                            kv_unified=(True,)))
     mine = [f for f in rep.findings if f.detail["op"] == op]
     assert mine and all(f.cause is None and f.reproduced for f in mine)  # no control explains it away
@@ -417,20 +450,20 @@ def test_the_workers_memory_operations(fixtures):
 @pytest.mark.llama
 def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     """The same rules as a Hypothesis RuleBasedStateMachine: in one unified cache it finds the off-by-one removal and
-    shrinks it to four operations ending in the removal (a shared prefix, its copy, a shift onto position 1 and the
-    removal from there: Hypothesis's shrinker stops there; the seeded engine's shortening reaches the two-operation
-    form, test_mutants_are_caught_and_shortened). With one cache per sequence the first failure Hypothesis meets is
-    upstream's own: a keep leaves the other streams' cells (explained by the layout control). On a clean recurrent
-    model every example passes."""
+    shrinks it to three operations ending in the removal (a shared prefix decoded twice, then the removal from
+    position 1: Hypothesis's shrinker stops there; the seeded engine's shortening reaches the two-operation form,
+    test_mutants_are_caught_and_shortened). With one cache per sequence the first failure Hypothesis meets is
+    upstream's own: a keep leaves the other streams' cells (a fork's copy; explained by the layout control). On a
+    clean recurrent model every example passes."""
     rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(True,),
                                                            target="mutant:seq-rm-leaves-one-cell"))
     (f,) = rep.findings
-    assert [op["op"] for op in f.detail["program"]] == ["coupled", "copy_state", "add", "rm"]
+    assert [op["op"] for op in f.detail["program"]] == ["coupled", "coupled", "rm"]
     assert f.where == "pos" and f.cause is None
     per_seq = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
                                                                target="mutant:seq-rm-leaves-one-cell"))
     (g,) = per_seq.findings
-    assert [op["op"] for op in g.detail["program"]] == ["decode", "keep"] and g.cause["kind"] == "layout"
+    assert [op["op"] for op in g.detail["program"]] == ["decode", "cp", "keep"] and g.cause["kind"] == "layout"
     clean = report(fixtures("mamba2", layers=2), MemoryConfig(engine="hypothesis", programs=20, kv_unified=(True,)))
     assert clean.status == PASS and clean.results[0]["examples"] >= 20 and clean.results[0]["checks"] > 50
 

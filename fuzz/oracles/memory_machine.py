@@ -37,6 +37,7 @@ from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
 from targets import Reply, Target, as_bytes
+from targets.kvstate import other_width
 
 
 # ---- running a program ---------------------------------------------------------------------------------------
@@ -299,10 +300,13 @@ class Machine:
                 m.copy(op["src"], op["dst"])
             elif kind == "refused_import":
                 raw = self._export(op["src"])
-                r = self._import(op["dst"], raw[:len(raw) // 2])
+                wider = other_width(raw) if op.get("how") == "width" else None
+                spoiled, what = (wider, "claiming rows 2 bytes wider than this model's") if wider is not None \
+                    else (raw[:len(raw) // 2], f"cut to {len(raw) // 2} of {len(raw)} bytes")
+                r = self._import(op["dst"], spoiled)
                 if r.ok:
-                    return self.problem("refusal", f"sequence {op['src']}'s state cut to {len(raw) // 2} of "
-                                        f"{len(raw)} bytes was imported as {op['dst']} without an error")
+                    return self.problem("refusal", f"sequence {op['src']}'s state {what} was imported as "
+                                        f"{op['dst']} without an error")
                 self.refused["import"] += 1
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)  # as a runtime does: the failed id is dropped
                 m.clear(op["dst"])

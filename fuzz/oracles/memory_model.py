@@ -399,6 +399,8 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
     vias = mem.state_vias(whole=False)
     if kind == "copy_state" and len(vias) > 1:
         op["via"] = draw.pick(vias)
+    if kind == "refused_import":  # a state cut short, or one of a model of other widths (a KV cache's only)
+        op["how"] = draw.pick(("cut", "width"))
     return op
 
 
@@ -463,6 +465,9 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
         if "via" in op and op["via"] not in vias:
             raise UserError(f"program step {i}: via {op['via']!r}: {op['op']} moves state via "
                             + (", ".join(vias) if vias else "nothing (no via)"))
+        if op.get("how", "cut") not in ("cut", "width") or ("how" in op and op["op"] != "refused_import"):
+            raise UserError(f"program step {i}: how {op.get('how')!r}: only refused_import spoils a state, by cut or "
+                            "width")
         if op["op"] == "reload" and op.get("via", "sequences") != "sequences" and op["perm"] != sorted(op["perm"]):
             raise UserError(f"program step {i}: a whole-context reload keeps every id (perm {op['perm']} is not "
                             "the identity)")
@@ -494,4 +499,5 @@ def format_step(op: dict[str, Any]) -> str:
         via = op.get("via", "sequences")
         return f"reload into a fresh context as {op['perm']}" if via == "sequences" else \
             f"reload the whole context into a fresh one (via {via})"
-    return f"{k} s{op['src']}→s{op['dst']}" + (f" (via {op['via']})" if op.get("via", "memory") != "memory" else "")
+    return f"{k} s{op['src']}→s{op['dst']}" + (f" (via {op['via']})" if op.get("via", "memory") != "memory" else "") \
+        + (" (rows claimed wider)" if op.get("how") == "width" else "")
