@@ -151,3 +151,12 @@ def test_known_findings_match_by_assert_and_layout_not_by_the_shrunk_configurati
     assert known_repro(known, "deepseek32", leak) == "deepseek32-isolation-unified-kv"
     assert known_repro(known, "deepseek32", Finding("isolation", FINDING, "x", fingerprint={
         "oracle": "isolation", "status": FINDING, "phase": "per-seq-kv"})) is None
+    # an abort in code every family shares (llama-server's batch; its repro's scope "any"): known in any family, by
+    # the check it names (its report's JSON-escaped quotes read as the abort printed them)
+    drafts = ('server-context.cpp:508: GGML_ASSERT(add_ok && "batch must be large enough to hold the sampled and '
+              'draft tokens") failed')
+    for family in ("mamba", "rwkv7", "qwen3next"):
+        assert known_repro(known, family, crash(None, drafts, oracle="server-options")) == \
+            "server-spec-draft-batch-overflow"
+    assert known_repro(known, "mamba", crash(None, drafts.replace("sampled", "drafted"), oracle="server-options")) \
+        is None

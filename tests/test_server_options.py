@@ -31,9 +31,13 @@ def test_a_draw_is_its_seed_and_index_and_asks_only_what_a_server_can_take():
             assert d.args[d.args.index("-md") + 1] in DRAFTS
         assert d.prompts["repeat"][:2 * len(d.prompts["motif"])] == d.prompts["motif"] * 2  # n-grams to hit
         assert d.prompts["branch"][:2] == d.prompts["random"][:2]
+        if "-ub" in d.args:  # a prompt in several ubatches; a batch at least its ubatch (the server's own rule)
+            b, ub = int(d.args[d.args.index("-b") + 1]), int(d.args[d.args.index("-ub") + 1])
+            assert ub in (8, 16, 32) and b in (ub, 2 * ub, 256)
     spec = [d.args[d.args.index("--spec-type") + 1] for d in draws]
     assert sum("draft-simple" in s for s in spec) >= 12 and sum("ngram" in s for s in spec) >= 20  # both kinds
     assert {d.args[d.args.index("-md") + 1] for d in draws if "-md" in d.args} == set(DRAFTS)
+    assert 10 <= sum("-ub" in d.args for d in draws) <= 30
     assert {s for d in draws for s in d.args[d.args.index("--spec-type") + 1].split(",")} == set(SPEC_TYPES)
 
 

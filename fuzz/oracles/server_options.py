@@ -1,17 +1,18 @@
-"""`fuzz server-options`: llama-server under options drawn per schedule — the flags and request fields that change
-how it keeps, copies and rolls back state, beyond the prompt cache the prefix-cache and radix oracles draw.
+"""`fuzz server-options`: llama-server under options drawn per schedule — the flags and request fields that change how
+it keeps, copies and rolls back state, beyond the prompt cache the prefix-cache and radix oracles draw.
 
 Per schedule a seeded draw of: speculative decoding (a draft model — the fixture itself, whose drafts the target
 accepts, or the same family written with other weights, whose drafts it often rejects, so the slot rolls its memory
 back, through a checkpoint where the memory cannot drop a suffix — and n-gram drafts of every kind the build offers,
 sized to hit on the schedule's repeating prompt), several completions of one prompt (`n_cmpl`: child slots copy the
 parent's state), the slots' context checkpoints and their spacing, the host prompt cache on or off, idle slots kept
-or not, a full-size sliding-window cache, one to three slots. Then two rounds of concurrent requests: fresh prompts
-(one random, one repeating a short motif, one branching off the first), then second turns carrying the first
-answers, and the repeating prompt again. Every answer, every child completion too, must equal the uncached reference
-(each prompt alone on a one-slot server with the cache off and no options): token-exact wherever the reference's
-top-2 margin is clear. After each round every slot must be idle. A schedule with a finding is observed once more
-before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays).
+or not, a full-size sliding-window cache, batches and ubatches smaller than a prompt, one to three slots. Then two
+rounds of concurrent requests: fresh prompts (one random, one repeating a short motif, one branching off the first),
+then second turns carrying the first answers, and the repeating prompt again. Every answer, every child completion
+too, must equal the uncached reference (each prompt alone on a one-slot server with the cache off and no options):
+token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. A schedule with
+a finding is observed once more before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a
+bundle replays).
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str
         args.append("--no-cache-idle-slots")
     if rng.random() < 0.3:
         args.append("--swa-full")
+    if rng.random() < 0.5:  # a prompt in several ubatches: checkpoints mid-prompt, drafts beside other slots' tokens
+        ub = (8, 16, 32)[int(rng.integers(0, 3))]
+        args += ["-b", str((ub, 2 * ub, 256)[int(rng.integers(0, 3))]), "-ub", str(ub)]
     if flags is not None:  # a build without a flag is not drawn it (its value goes with it)
         args = [a for i, a in enumerate(args) if a in flags or (i and args[i - 1] in flags and not a.startswith("-"))]
     motif = toks(int(rng.integers(2, 6)))

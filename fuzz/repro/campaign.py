@@ -111,7 +111,10 @@ def known_upstream() -> list[dict[str, Any]]:
                         "repro": b.parent.name,
                         # "scope": "family" — the behaviour is the arch's own (its graph's code, not a memory's
                         # every family shares): matched in its own family even where it names a cause
-                        "family_only": data.get("scope") == "family"})
+                        "family_only": data.get("scope") == "family",
+                        # "scope": "any" — an abort in code every family shares (llama-server's batch): matched
+                        # by the check it names in any family
+                        "any_family": data.get("scope") == "any"})
     return out
 
 
@@ -119,8 +122,8 @@ def abort_of(text: str) -> str | None:
     """The check an abort names — `GGML_ASSERT(expr) failed` as `expr`, else what follows the source file and line
     — without the path and line number, which move between builds and checkouts; None if the text names none."""
     m = re.search(r"GGML_ASSERT\((.+?)\) failed", text)
-    if m:
-        return m.group(1)
+    if m:  # (a report's JSON escapes the quotes of an assert's message: read as the abort printed them)
+        return m.group(1).replace('\\"', '"')
     m = re.search(r"\.(?:c|cc|cpp|h|cu):\d+: ([^\n\"]+)", text)
     return m.group(1).split(" (replay")[0].strip() if m else None
 
@@ -147,7 +150,8 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     or stage reached it — in the same KV layout where both name one (flash attention on or off alike); a finding of an
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
     family where they name a cause (in the repro's own family where none does, or where the repro's scope is its
-    family: bundle.json "scope": "family"); anything else by the family, the
+    family: bundle.json "scope": "family"); an abort whose repro's scope is "any" by the check it names in any
+    family; anything else by the family, the
     oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
@@ -160,7 +164,7 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
                     (x["family"] == family or (k.get("cause") and not x.get("family_only"))):
                 return x["repro"]
             continue
-        if x["family"] != family or k.get("status") != fp.get("status"):
+        if (x["family"] != family and not (x["any_family"] and x["abort"])) or k.get("status") != fp.get("status"):
             continue
         a, b = x.get("layout"), layout_family(fp.get("phase")) or layout
         if a and b and a != b:
