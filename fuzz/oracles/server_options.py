@@ -51,6 +51,7 @@ DRAFTS = ("{self}", "{other}")  # the draft model: the fixture itself, or its fa
 BATCHING_RUNS = 2  # runs of three prompts at once that measure what batching moves an answer (batching_noise)
 # the causes explain() gives (numerics), by KV layout
 PLACEMENT, BATCHED = "shared KV cache, not the options", "batched with other slots, not the options"
+CHECKPOINT = "a checkpoint another prompt left"  # a finding's cause (checkpoint_cause), still a finding
 ROUNDS = (("random", "repeat", "branch"), ("random+", "repeat", "branch+"))  # + : the first turn and its answer, more
 
 
@@ -215,14 +216,15 @@ class ServerOptions(CaseOracle[Draw]):
         except ServerCrash as e:
             return Failure("crash", f"llama-server aborted loading with {' '.join(d.args)}: {e}", "load", e.params)
         seen = self.rounds(d)
-        if isinstance(seen, Failure):
-            return seen
-        sent = seen["sent"]
-        missing = {k: p for k, p in sent.items() if tuple(p) not in self.cold}
+        return seen if isinstance(seen, Failure) else self.with_cold(seen)
+
+    def with_cold(self, seen: dict[str, Any]) -> dict[str, Any]:
+        """What a run saw, with the uncached reference of every prompt it sent (each asked once per oracle run)."""
+        missing = {k: p for k, p in seen["sent"].items() if tuple(p) not in self.cold}
         if missing:  # (a schedule observed again sends what it sent before)
-            for k, ref in cold_answers(self.ref, self.fixture, missing, cfg.tokens).items():
+            for k, ref in cold_answers(self.ref, self.fixture, missing, self.cfg.tokens).items():
                 self.cold[tuple(missing[k])] = ref
-        return {**seen, "cold": {k: self.cold[tuple(p)] for k, p in sent.items()}}
+        return {**seen, "cold": {k: self.cold[tuple(p)] for k, p in seen["sent"].items()}}
 
     def rounds(self, d: Draw, sent: dict[str, list[int]] | None = None) -> dict[str, Any] | Failure:
         """The schedule's rounds on the loaded server: each round's requests at once, a second turn carrying the
@@ -281,7 +283,7 @@ class ServerOptions(CaseOracle[Draw]):
             steps = [j for j in (parted(ref, {"tokens": a}) for a in control.get(w["name"], [])) if j is not None]
             return w["tokens"] in control.get(w["name"], []) or (k is not None and bool(steps) and min(steps) <= k)
         if not all(moved(w) for w in wrong):
-            return {}
+            return self.checkpoint_cause(d, seen)
         where = "where a sequence sits in the one KV cache and what it is batched with decide its tokens" \
             if self.cfg.kv_unified else "what a request is batched with (the other slots' tokens) decides its tokens"
         return {"status": NUMERICS, "cause": {
@@ -289,6 +291,29 @@ class ServerOptions(CaseOracle[Draw]):
             "detail": f"the same rounds with no options, the prompt cache off and each completion a request of its "
                       f"own (every request computed afresh, up to {UNCACHED_TRIES} runs) leave the reference there "
                       f"too: {where}"}}
+
+    def checkpoint_cause(self, d: Draw, seen: dict[str, Any]) -> dict[str, Any]:
+        """A wrong answer the same rounds never give with the slots' context checkpoints off (-ctxcp 0; UNCACHED_TRIES
+        runs, each with the cache and every other option as drawn) has its cause: a checkpoint — on recurrent, hybrid
+        and sliding-window models a slot serving unrelated prompts in turn resumes one from a checkpoint another left
+        (the upstream bug of corpora/repros/mamba-prefix-cache-rewind-diverged). It stays a finding, named."""
+        if "-ctxcp" not in d.args or d.args[d.args.index("-ctxcp") + 1] == "0":
+            return {}
+        args = [self.drafts.get(a, a) for a in d.args] + ["-ctxcp", "0"]
+        for _ in range(UNCACHED_TRIES):
+            load_server(self.srv, self.fixture, slots=d.slots, cache_ram=d.cache_ram, n_ctx=self.cfg.n_ctx,
+                        kv_unified=self.cfg.kv_unified, args=args)
+            off = self.rounds(d)
+            if isinstance(off, Failure):
+                return {}
+            off = self.with_cold(off)
+            if any("error" in a or compare(off["cold"][k], a, self.near_tie) for k, g in off["got"].items()
+                   for a in (g, *g.get("more", []))):
+                return {}
+        return {"cause": {"kind": CHECKPOINT, "detail": f"the same rounds with the slots' context checkpoints off "
+                          f"(-ctxcp 0) answer as uncached in {UNCACHED_TRIES} runs: a slot resumed a prompt from a "
+                          "checkpoint another prompt left (the upstream bug of corpora/repros/"
+                          "mamba-prefix-cache-rewind-diverged)"}}
 
     def judge(self, d: Draw, seen: dict[str, Any]) -> list[dict[str, Any]]:
         problems: list[str] = []
