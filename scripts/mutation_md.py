@@ -4,7 +4,8 @@ survivor with its account — the generator that now kills it, or why no split r
 (with the direct run that shows it), or a to-do.
 
     .venv/bin/family-certify mutate --coverage coverage-out --out mutate-out --state 16 --server 6
-    .venv/bin/python scripts/mutation_md.py mutate-out --machine "2-core Xeon (CI-sized)"
+    .venv/bin/python scripts/mutation_md.py mutate-out --machine "2-core Xeon (CI-sized)" \
+        [--again "Survivors judged again" again-out]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", "⏎").strip()
 
 
-def page(rep: dict[str, Any], machine: str, day: str) -> str:
+def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dict[str, Any]]] = ()) -> str:
     accounts = {a["id"]: a for a in tomllib.loads(ACCOUNTS.read_text()).get("survivor", [])}
     res = rep["results"]
     spent = sum(r["seconds"] for r in res) or 1.0
@@ -69,6 +70,17 @@ def page(rep: dict[str, Any], machine: str, day: str) -> str:
             why = f"{a['status']}: {a['why']}" if a else "to do: not analysed yet"
             out.append(f"| `{r['id']}` | `{r['file']}:{r['line']}` | `{cell(r['original'].strip())}` → "
                        f"`{cell(r['mutated'].strip())}` ({cell(r['detail'])}) | {cell(why)} |")
+    for title, run in again:
+        out += ["", f"## {title}", "",
+                f"`{run['command']}` over `{Path(run['coverage']).name}`: "
+                + totals_line(run["results"]).removeprefix("mutation score: ") + ".", "",
+                "| mutant | line | change | now | account |", "|---|---|---|---|---|"]
+        for r in run["results"]:
+            a = accounts.get(r["id"])
+            now = f"killed by {r['by']}" if r["status"] == "killed" else r["status"]
+            why = "" if r["status"] == "killed" else f"{a['status']}: {a['why']}" if a else "to do: not analysed yet"
+            out.append(f"| `{r['id']}` | `{r['file']}:{r['line']}` | `{cell(r['original'].strip())}` → "
+                       f"`{cell(r['mutated'].strip())}` | {now} | {cell(why)} |")
     out += ["", "## Every mutant", "", "| mutant | group | verdict | by | seconds |", "|---|---|---|---|---:|"]
     out += [f"| `{r['id']}` | {r['group']} | {r['status']} | {r['by'] or ''} | {r['seconds']:.0f} |" for r in res]
     return "\n".join(out) + "\n"
@@ -79,14 +91,18 @@ def main() -> int:
     ap.add_argument("run", type=Path, help="a `family-certify mutate --out` directory")
     ap.add_argument("--machine", required=True)
     ap.add_argument("--date", default=date.today().isoformat())
+    ap.add_argument("--again", nargs=2, action="append", default=[], metavar=("TITLE", "RUN"),
+                    help="a run of `mutate --id` that judged earlier survivors again, shown under TITLE")
     args = ap.parse_args()
+    runs = [("", args.run)] + [(t, Path(d)) for t, d in args.again]
     try:
-        rep = json.loads((args.run / "mutate.json").read_text())
+        reps = [json.loads((d / "mutate.json").read_text()) for _, d in runs]
     except (OSError, ValueError) as e:
-        print(f"mutation_md: error: {args.run}: no mutate.json ({e}); run `family-certify mutate --out {args.run}` "
-              "first", file=sys.stderr)
+        print(f"mutation_md: error: no mutate.json ({e}); run `family-certify mutate --out DIR` first",
+              file=sys.stderr)
         return 2
-    PAGE.write_text(page(rep, args.machine, args.date))
+    again = [(t, r) for (t, _), r in zip(runs[1:], reps[1:], strict=True)]
+    PAGE.write_text(page(reps[0], args.machine, args.date, again))
     print(PAGE)
     return 0
 

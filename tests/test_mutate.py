@@ -98,6 +98,15 @@ def test_arid_and_plausible_lines():
     assert mu.plausible("for (; j < n; ++j) {", "for (; j < n; +-j) {")  # compiles (and never ends: a hang)
     assert mu.plausible("    if (a < b) {", "    if (a <= b) {") and mu.plausible("    n = 0;", "    n = 1;")
     assert mu.plausible("    x = f(y);", "    /*x = f(y);*/")
+    # rewrites of a sample that never compiled: a declarator's `*` made an operator, a unary `%`, `+/`, a declaration
+    # commented out (its name is used further on)
+    assert not mu.plausible("int32_t * data = (int32_t *) dst->data;", "int32_t - data = (int32_t *) dst->data;")
+    assert not mu.plausible("void f(ggml_tensor * dst) const {", "void f(ggml_tensor + dst) const {")
+    assert not mu.plausible("auto * v = layers[ikv].v;", "auto / v = layers[ikv].v;")
+    assert not mu.plausible("clear_compressed(-1, true);", "clear_compressed(%1, true);")
+    assert not mu.plausible("for (; s < n; ++s) {", "for (; s < n; +/s) {")
+    assert not mu.plausible("const bool u = (m->n() == 1);", "/*const bool u = (m->n() == 1);*/")
+    assert mu.plausible("const int n = a * b;", "const int n = a / b;") and mu.plausible("x = a * b;", "x = a + b;")
 
 
 def test_a_mutant_meets_every_covering_lane_early():

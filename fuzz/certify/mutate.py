@@ -68,20 +68,31 @@ class Mutant:
 
 WORD = re.compile(r"[A-Za-z_]\w*")
 KEYWORDS = frozenset({"true", "false", "return", "nullptr", "if", "while", "for"})
-BAD_PAIRS = re.compile(r"[+\-*/%&|^]%|%[*/%]|[+\-]\*(?=\s*[A-Za-z_(])(?<!\(\*)")
+BAD_PAIRS = re.compile(r"[+\-*/%&|^]%|%[*/%]|[+\-]\*(?=\s*[A-Za-z_(])(?<!\(\*)|[(,=]\s*%|[+\-]/(?![/*])")
+# a declarator's `*` or `&` (`int32_t * data =`, `auto & x =`, `(ggml_tensor * dst)`): another operator there is no
+# declaration
+DECLARATOR = re.compile(r"(?:^|[(,;{])\s*(?:const\s+)?(?:struct\s+)?[A-Za-z_][\w:<>]*\s*([*&])\s*[A-Za-z_]\w*\s*"
+                        r"(?=[=,);\[]|$)")
+# a line that declares a variable (`const bool unified = ...;`): commented out, its later uses do not compile
+DECLARATION = re.compile(r"^\s*(?:const\s+)?(?:auto|[A-Za-z_][\w:<>]*)\s*[*&]?\s+[A-Za-z_]\w*\s*=(?!=)")
 
 
 def plausible(original: str, mutated: str) -> bool:
     """Whether a mutant is worth a build: it names no identifier the line did not (the number rules also rewrite
-    digits inside names — `uint32_t` into `uint1_t`), keeps its brackets balanced and templates' brackets alone, and
-    puts no operator before `%`: rewrites that never compile."""
+    digits inside names — `uint32_t` into `uint1_t`), keeps its brackets balanced and templates' brackets alone,
+    puts no operator before `%` or `/`, keeps a declarator's `*` and `&`, and comments out no declaration: rewrites
+    that never compile."""
     if not set(WORD.findall(mutated)) <= set(WORD.findall(original)) | KEYWORDS:
         return False  # (also a `break;` or `continue;` added after the line: outside a loop it never compiles)
     code, was = (re.sub(r"/\*.*?\*/|//.*", "", x) for x in (mutated, original))  # (brackets outside comments)
     if any(code.count(a) - code.count(b) != was.count(a) - was.count(b) for a, b in ("()", "{}", "[]")):
         return False  # (a rule that commented out half a bracket pair, or dropped an `if (`)
     if BAD_PAIRS.search(mutated) and not BAD_PAIRS.search(original):
-        return False  # (an operator before `%`: `+%i` is no expression)
+        return False  # (an operator before `%` or `/`: `+%i`, `(%1`, `+/s` are no expressions)
+    if any(mutated[m.start(1):m.start(1) + 1] != m.group(1) for m in DECLARATOR.finditer(original)):
+        return False  # (a declarator's `*` or `&` made an operator)
+    if DECLARATION.match(original) and mutated.strip().startswith("/*"):
+        return False  # (a declaration commented out: the name it declares is used further on)
     i = 0  # the changed span: an operator rule that took a template's angle bracket (vector<int>) never compiles
     while i < min(len(original), len(mutated)) and original[i] == mutated[i]:
         i += 1
