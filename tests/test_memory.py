@@ -38,6 +38,7 @@ from fuzz.oracles.memory_model import (
     precondition_problem,
     pressure_config,
     pressure_program,
+    refuses_coupled,
 )
 from fuzz.oracles.registry import get_oracle
 from fuzz.repro.campaign import known_repro, known_upstream
@@ -170,11 +171,15 @@ def test_drawing_keeps_to_the_apis_preconditions():
 
 
 def test_coupled_decodes_and_the_preconditions_a_given_program_must_keep():
-    """A coupled decode (one token in several sequences: a shared prefix) is drawn only in one unified cache, for
-    sequences whose histories are the same; a given program that leaves the drawer's preconditions is refused."""
-    assert not any(op["op"] == "coupled" for op in draw(KV, False, 0))  # llama.cpp refuses it across streams
-    assert not any(op["op"] == "coupled" for seed in range(3)
-                   for op in draw(Memory(64, True, 0, True, 0, kind="recurrent"), True, seed))
+    """A coupled decode (one token in several sequences: a shared prefix) is drawn for sequences whose histories are
+    the same: to be taken in one unified cache, to be refused where the memory splits a batch sequence by sequence
+    (a stream per sequence, a recurrent memory; drawn less often there); a given program that leaves the drawer's
+    preconditions is refused."""
+    recurrent = Memory(64, True, 0, True, 0, kind="recurrent")
+    assert refuses_coupled(KV, False) and refuses_coupled(recurrent, True) and not refuses_coupled(KV, True)
+    for mem, unified in ((KV, False), (recurrent, True)):
+        ops = [op for seed in range(3) for op in draw(mem, unified, seed)]
+        assert 0 < sum(op["op"] == "coupled" for op in ops) < sum(op["op"] == "decode" for op in ops) / 3
     m = Model(3)
     m.coupled([0, 2], [5, 6], shared=True)
     assert m.cells[0] == m.cells[2] == [0, 1] and m.shares[0] == {2} and m.log[0] == m.log[2]
@@ -312,6 +317,20 @@ def test_a_drawn_program_is_rerun_as_it_ran_its_refused_operations_not_counted_a
     finally:
         t.close()
         ref.close()
+
+
+@pytest.mark.llama
+def test_a_coupled_decode_a_memory_cannot_split_is_refused_and_changes_nothing(fixtures):
+    """One token in two sequences, decoded where llama.cpp splits a batch sequence by sequence — a recurrent memory,
+    or a KV cache with a stream per sequence: the decode fails, and both sequences go on as if it never came."""
+    program = [{"op": "coupled", "seqs": [0, 1], "tokens": [3, 1]},
+               {"op": "decode", "parts": [[0, [4, 1]], [1, [5]], [2, [7]]]},
+               {"op": "coupled", "seqs": [1, 2], "tokens": [9]},
+               {"op": "decode", "parts": [[2, [2, 6]], [1, [3]]]}]
+    for family, layouts in (("mamba2", (True, False)), ("llama", (False,))):
+        rep = report(fixtures(family, layers=2), MemoryConfig(program=program, kv_unified=layouts))
+        assert rep.status == PASS, (family, [f.message for f in rep.findings])
+        assert all(r["refused"].get("coupled") == 2 for r in rep.results), [r["refused"] for r in rep.results]
 
 
 @pytest.mark.llama
@@ -453,8 +472,8 @@ def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     shrinks it to three operations ending in the removal (a shared prefix decoded twice, then the removal from
     position 1: Hypothesis's shrinker stops there; the seeded engine's shortening reaches the two-operation form,
     test_mutants_are_caught_and_shortened). With one cache per sequence the first failure Hypothesis meets is
-    upstream's own: a keep leaves the other streams' cells (a fork's copy; explained by the layout control). On a
-    clean recurrent model every example passes."""
+    upstream's own: a keep leaves the other streams' cells (explained by the layout control). On a clean recurrent
+    model every example passes."""
     rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(True,),
                                                            target="mutant:seq-rm-leaves-one-cell"))
     (f,) = rep.findings
@@ -463,7 +482,7 @@ def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     per_seq = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
                                                                target="mutant:seq-rm-leaves-one-cell"))
     (g,) = per_seq.findings
-    assert [op["op"] for op in g.detail["program"]] == ["decode", "cp", "keep"] and g.cause["kind"] == "layout"
+    assert [op["op"] for op in g.detail["program"]] == ["decode", "keep"] and g.cause["kind"] == "layout"
     clean = report(fixtures("mamba2", layers=2), MemoryConfig(engine="hypothesis", programs=20, kv_unified=(True,)))
     assert clean.status == PASS and clean.results[0]["examples"] >= 20 and clean.results[0]["checks"] > 50
 

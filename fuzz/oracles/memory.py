@@ -65,7 +65,15 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, ids, run_program
-from fuzz.oracles.memory_model import Memory, MemoryConfig, check_program, format_step, op_name, step_class
+from fuzz.oracles.memory_model import (
+    Memory,
+    MemoryConfig,
+    check_program,
+    format_step,
+    op_name,
+    refuses_coupled,
+    step_class,
+)
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import Unsupported
@@ -141,9 +149,12 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     stream per sequence). None when no control explains it."""
     def passes(**control: Any) -> bool:
         """The program with one thing changed runs through, every operation as asked (one the other layout cannot do,
-        skipped there — a partial fork, a coupled decode — is not a pass)."""
+        skipped or refused there — a partial fork, a coupled decode — is not a pass)."""
         layout_ = control.pop("kv_unified", kv_unified)
         prog = control.pop("program", program)
+        if refuses_coupled(mem, layout_) != refuses_coupled(mem, kv_unified) and \
+                any(op["op"] == "coupled" for op in prog):
+            return False  # (a coupled decode taken in one layout, refused in the other: not the same program)
         try:
             _, problem, mach = run_program(t, fixture, cfg, layout_, recompute, prog, None, **control)
         except UserError:  # the control left the preconditions (a coupled decode without its neighbours)

@@ -32,6 +32,7 @@ from fuzz.oracles.memory_model import (
     final_decode,
     op_weights,
     precondition_problem,
+    refuses_coupled,
 )
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
@@ -251,9 +252,8 @@ class Machine:
         try:
             if kind == "decode":
                 return self._decode(op["parts"])
-            if kind == "coupled" and (not self.kv_unified or self.mem.kind == "recurrent"):
-                self.refused["skipped"] += 1  # (drawn for one unified cache with cells to share: llama.cpp refuses)
-                return None
+            if kind == "coupled" and refuses_coupled(self.mem, self.kv_unified):
+                return self._refused_coupled(op)
             if kind == "coupled":
                 return self._decode([[op["seqs"], op["tokens"]]])
             if kind == "rm" and self.recompute_rollbacks and self.mem.recurrent and op["seq"] >= 0 \
@@ -333,6 +333,24 @@ class Machine:
         got = self._positions()
         bad = check_positions(m, self.mem, got)
         return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"]) if bad else None
+
+    def _refused_coupled(self, op: dict[str, Any]) -> dict[str, Any] | None:
+        """A coupled decode a memory split per sequence must refuse (refuses_coupled): the decode fails, and nothing
+        may have changed (the checks of every later operation)."""
+        m = self.model
+        p = m.next_pos(op["seqs"][0])
+        if any(m.next_pos(q) != p for q in op["seqs"]):
+            self.refused["skipped"] += 1  # (a replayed program whose sequences no longer line up)
+            return None
+        toks = op["tokens"]
+        r = self.call("decode", **self.recompute.feed.args(toks), seq=[list(op["seqs"])] * len(toks),
+                      pos=list(range(p, p + len(toks))), logits=[False] * (len(toks) - 1) + [True])
+        if r.ok:
+            return self.problem("refusal", f"a coupled decode of {len(toks)} tokens into sequences {op['seqs']} was "
+                                "taken by a memory that splits a batch sequence by sequence (llama.cpp must refuse "
+                                "it: a sequential split of coupled tokens)")
+        self.refused["coupled"] += 1
+        return None
 
     def _decode(self, parts: list[list[Any]]) -> dict[str, Any] | None:
         """One llama_decode of the parts ([sequence, tokens]; a list of sequences: coupled, the tokens in each),

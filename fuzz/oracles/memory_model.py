@@ -321,17 +321,27 @@ def precondition_problem(program: list[dict[str, Any]], mem: Memory, cfg: Memory
         k = op["op"]
         if k in ("add", "div") and m.shares[op["seq"]]:
             return f"step {i} ({format_step(op)}) shifts cells sequence {op['seq']} shares since a fork"
+        if k == "coupled" and refuses_coupled(mem, kv_unified):
+            continue  # (refused: nothing changes)
         if k == "coupled" and len({m.history(q) for q in op["seqs"]}) > 1:
             return f"step {i} ({format_step(op)}) couples sequences whose histories differ"
         m.apply(op, shared=kv_unified or mem.recurrent)
     return None
 
 
+def refuses_coupled(mem: Memory, kv_unified: bool) -> bool:
+    """Whether llama.cpp must refuse a coupled decode (one token in several sequences) here: a memory split into a
+    stream per sequence, or a recurrent one, splits a batch sequence by sequence (llama_batch_allocr::split_equal,
+    sequential), which refuses coupled tokens — the whole decode fails and nothing changes."""
+    return not kv_unified or mem.kind == "recurrent"
+
+
 def op_weights(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool = True) -> dict[str, float]:
     """How often each operation is drawn now (0: not valid in this state or for this memory). A coupled decode (one
-    token in several sequences) needs one unified cache and a memory with cells to share: llama.cpp refuses it
-    otherwise (no memory slot), as it documents."""
-    coupled = 1.0 if kv_unified and mem.kind != "recurrent" and coupled_groups(model, cfg) else 0.0
+    token in several sequences) needs one unified cache and a memory with cells to share; elsewhere llama.cpp must
+    refuse it, and it is drawn less often, as a refusal (refuses_coupled)."""
+    groups = coupled_groups(model, cfg)
+    coupled = 0.0 if not groups else 0.3 if refuses_coupled(mem, kv_unified) else 1.0
     if not model.live():
         return {"decode": 1.0, "coupled": coupled}
     room = any(model.next_pos(s) + 6 <= cfg.max_len for s in model.cells)
