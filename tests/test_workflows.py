@@ -747,14 +747,17 @@ def test_through_cmd_runs_the_per_bump_jobs_behind_cmd_and_passes(ci):
 def test_nightly_stability_runs_the_nightly_lanes_of_the_chosen_rows(ci):
     """The nightly stability job, its rows narrowed by the `rows` input to llama, runs the lanes of the manifest's
     nightly CI job (repeat-determinism, the quantized-weight splits, the drawn prompt trees in depth) on that row
-    only, compiles nothing, and publishes its summary."""
+    only, compiles nothing, and publishes its summary. The prompt-trees lane's 48 drawn server-option schedules meet
+    upstream's abort of drafts overflowing a small batch on llama too: known, by its repro."""
     j = job(ci, "nightly.yml", "stability")
     assert j.ok, j.why()
     d = assert_consumer(j, ci, "out/stability")
     report = json.loads((d / "report.json").read_text())
     assert {(x["row"], x["lane"], x["status"]) for x in report["results"]} == {
-        ("llama", "determinism", "pass"), ("llama", "dtype", "pass"), ("llama", "prompt-trees", "pass")}, \
+        ("llama", "determinism", "pass"), ("llama", "dtype", "pass"), ("llama", "prompt-trees", "known")}, \
         report["results"]
+    trees = next(x for x in report["results"] if x["lane"] == "prompt-trees")
+    assert trees["detail"].endswith("only upstream's known findings: server-spec-draft-batch-overflow"), trees
 
 
 @executes
