@@ -295,8 +295,8 @@ def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: Row
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
                out: Path, spec: str, manifest: Path, max_runs: int = 12, bundles: bool = False) -> dict[str, Any]:
     """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
-    at most max_runs of them) until one fails. bundles: the killing lane's findings bundled (out/patches/ID/run:
-    `fuzz replay` runs them on the mutant's build, as recorded, or with --llama-cpp on another)."""
+    at most max_runs of them) until one fails. bundles: the killing lane's findings bundled (out/patches/ID/run;
+    each records the mutant's patch series as its build)."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -490,7 +490,7 @@ def mutate_command(
     mutant_id: Annotated[list[str] | None, typer.Option("--id", help="only these mutants (ids of an earlier run, "
                                                                       "repeatable): a survivor judged again")] = None,
     bundles: Annotated[bool, typer.Option("--bundles", help="bundle each killing finding (out/patches/ID/run/"
-                                                             "bundles: `fuzz replay` runs it on the mutant's build)")]
+                                                             "bundles, the mutant's patch series as its build)")]
     = False,
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
