@@ -263,16 +263,19 @@ def summary_md(rep: dict[str, Any]) -> str:
 
 
 # ---- running the lanes on the coverage build -----------------------------------------------------------------
+def note_beside(gcda: Path, prefix: Path) -> bool:
+    """Copy a count file's notes (.gcno, in the build directory its path under the prefix names) beside it, where
+    gcov looks; whether there were any."""
+    gcno = Path("/") / gcda.relative_to(prefix).with_suffix(".gcno")
+    if gcno.is_file():
+        shutil.copyfile(gcno, gcda.with_suffix(".gcno"))
+        return True
+    return False
+
+
 def notes_beside(counts: Path) -> int:
-    """Copy each count file's notes (.gcno, in the build directory the count file's path under the prefix names)
-    beside it, where gcov looks; the number of count files."""
-    n = 0
-    for gcda in counts.rglob("*.gcda"):
-        gcno = Path("/") / gcda.relative_to(counts).with_suffix(".gcno")
-        if gcno.is_file():
-            shutil.copyfile(gcno, gcda.with_suffix(".gcno"))
-            n += 1
-    return n
+    """Every count file's notes beside it (note_beside); the number of count files that had them."""
+    return sum(note_beside(gcda, counts) for gcda in counts.rglob("*.gcda"))
 
 
 def row_lines(prefix: Path, root: Path, files: tuple[str, ...] = STATE_FILES) -> dict[str, str]:
@@ -286,9 +289,7 @@ def row_lines(prefix: Path, root: Path, files: tuple[str, ...] = STATE_FILES) ->
         m = re.search(r"/build/(.+)/CMakeFiles/[^/]+\.dir/(.+)\.gcda$", str(gcda))
         if m and not want.fullmatch(f"{m.group(1)}/{m.group(2)}"):
             continue
-        notes = Path("/") / gcda.relative_to(prefix).with_suffix(".gcno")
-        if notes.is_file():
-            shutil.copyfile(notes, gcda.with_suffix(".gcno"))
+        note_beside(gcda, prefix)
         r = subprocess.run(["gcov", "--json-format", "--stdout", gcda.name], cwd=gcda.parent, capture_output=True,
                            text=True)
         text, at = r.stdout, 0
@@ -314,13 +315,14 @@ def ranges(lines: list[int]) -> str:
     return ",".join(out)
 
 
+def spans(text: str) -> list[tuple[int, int]]:
+    """ranges() read back as (first, last) pairs, in order."""
+    return [(int(a), int(b or a)) for a, _, b in (part.partition("-") for part in text.split(",") if part)]
+
+
 def unranges(text: str) -> set[int]:
     """ranges() read back."""
-    out: set[int] = set()
-    for part in filter(None, text.split(",")):
-        a, _, b = part.partition("-")
-        out.update(range(int(a), int(b or a) + 1))
-    return out
+    return {n for a, b in spans(text) for n in range(a, b + 1)}
 
 
 def gcovr(args: list[str]) -> None:

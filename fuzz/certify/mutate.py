@@ -36,6 +36,7 @@ import numpy as np
 import typer
 
 from fuzz.certify.coverage import GROUP_NAMES, in_group
+from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
 from fuzz.engine.contract import FAILING
 from synth.errors import UserError
@@ -277,8 +278,7 @@ class RowLines:
     def ran(self, pair: str, file: str, line: int) -> bool:
         key = (pair, file)
         if key not in self.spans:
-            text = self.pairs.get(pair, {}).get(file, "")
-            self.spans[key] = [(int(a), int(b or a)) for a, _, b in (x.partition("-") for x in text.split(",") if x)]
+            self.spans[key] = spans_of(self.pairs.get(pair, {}).get(file, ""))
         spans = self.spans[key]
         i = bisect.bisect_right(spans, (line, 1 << 30)) - 1
         return i >= 0 and spans[i][0] <= line <= spans[i][1]

@@ -200,6 +200,10 @@ class ServerOptions(CaseOracle[Draw]):
         write_fixture(replace(spec, seed=spec.seed + 1), out)
         return str(out)
 
+    def argv(self, d: Draw) -> list[str]:
+        """The draw's server flags, its draft-model placeholders (DRAFTS) made paths."""
+        return [self.drafts.get(a, a) for a in d.args]
+
     def cases(self) -> list[Draw]:
         cfg = self.cfg
         picks = [cfg.schedule] if cfg.schedule >= 0 else range(cfg.schedules)
@@ -212,7 +216,7 @@ class ServerOptions(CaseOracle[Draw]):
         cfg = self.cfg
         try:
             load_server(self.srv, self.fixture, slots=d.slots, cache_ram=d.cache_ram, n_ctx=cfg.n_ctx,
-                        kv_unified=cfg.kv_unified, args=[self.drafts.get(a, a) for a in d.args])
+                        kv_unified=cfg.kv_unified, args=self.argv(d))
         except ServerCrash as e:
             return Failure("crash", f"llama-server aborted loading with {' '.join(d.args)}: {e}", "load", e.params)
         seen = self.rounds(d)
@@ -299,7 +303,7 @@ class ServerOptions(CaseOracle[Draw]):
         (the upstream bug of corpora/repros/mamba-prefix-cache-rewind-diverged). It stays a finding, named."""
         if "-ctxcp" not in d.args or d.args[d.args.index("-ctxcp") + 1] == "0":
             return {}
-        args = [self.drafts.get(a, a) for a in d.args] + ["-ctxcp", "0"]
+        args = self.argv(d) + ["-ctxcp", "0"]
         for _ in range(UNCACHED_TRIES):
             load_server(self.srv, self.fixture, slots=d.slots, cache_ram=d.cache_ram, n_ctx=self.cfg.n_ctx,
                         kv_unified=self.cfg.kv_unified, args=args)
