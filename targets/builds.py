@@ -164,6 +164,9 @@ def activate(build: Build) -> Build:
     _ORIGINAL.clear()
     if build.bindings is None and build.server is None:
         return build
+    if build.bindings is not None and not build.bindings.is_dir():  # (workers would load the venv's libllama)
+        raise UserError(f"the build {build.identity.get('key')} of {build.spec} is gone from the cache "
+                        f"({build.bindings.parent}): resolve it again")
     for k, v in build.env().items():
         _ORIGINAL[k] = os.environ.get(k)
         os.environ[k] = v
@@ -388,25 +391,28 @@ _RESOLVED: dict[tuple[str, str | None, str], Build] = {}  # per process: extract
 
 
 def resolve(spec: str | None = None, patches: str | Path | None = None, *, from_env: bool = True,
-            backend: str | None = None, coverage: bool = False) -> Build:
+            backend: str | None = None, coverage: bool = False, fresh: bool = False) -> Build:
     """The build a spec names, built now if it is not cached. Bad input (no such version or tree, a patch that does
     not apply, an API the worker cannot drive, a backend this machine cannot build or run) raises UserError before
     anything is built. A bundle's recorded build is resolved with from_env False: the environment's patch series
     and backend must not apply to it. coverage: the build's coverage build (COVERAGE_SOURCES compiled with gcc's
-    --coverage: never the bare pinned install)."""
+    --coverage: never the bare pinned install). fresh: compiled now even if cached (its objects, not the cache
+    entry's, are what the work directory then holds: a mutant's object compared with the pristine one)."""
     spec, series = requested(spec, patches, from_env=from_env)
     backend = check_backend(backend or (os.environ.get(BACKEND_ENV) if from_env else None) or "cpu")
     if spec == "pinned" and series is None and backend == "cpu" and not coverage:
         return Build("pinned", pinned_identity())
     # (a tree or patch edited mid-run: not expected)
     memo = (spec, str(series.resolve()) if series else None, backend, coverage)
-    if memo in _RESOLVED:
-        return _RESOLVED[memo]
-    _RESOLVED[memo] = b = _resolve(spec, series, backend, coverage)
+    known = _RESOLVED.get(memo)
+    if known and not fresh and (known.bindings is None or known.bindings.is_dir()):  # (a cache entry removed since:
+        return known                                                                # a mutant's, once it ran)
+    _RESOLVED[memo] = b = _resolve(spec, series, backend, coverage, fresh)
     return b
 
 
-def _resolve(spec: str, series: Path | None, backend: str = "cpu", coverage: bool = False) -> Build:
+def _resolve(spec: str, series: Path | None, backend: str = "cpu", coverage: bool = False,
+             fresh: bool = False) -> Build:
     files = patch_series(series) if series else []
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
         work = Path(tmp)
@@ -472,7 +478,7 @@ def _resolve(spec: str, series: Path | None, backend: str = "cpu", coverage: boo
         if coverage:  # where its objects, notes (.gcno) and the sources they were compiled from are
             identity["coverage"] = {"work": str(work_dir)}
         dest = cache_dir() / "builds" / key
-        if cached_build(dest, identity["tree_sha256"]):
+        if not fresh and cached_build(dest, identity["tree_sha256"]):
             return Build(spec, identity, dest / "py", dest / "bin" / "llama-server", architectures=archs)
         label = spec + (f" + {', '.join(n for n, _ in applied)}" if applied else "") \
             + (f" ({backend})" if backend != "cpu" else "") + (" (coverage)" if coverage else "")

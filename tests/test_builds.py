@@ -109,6 +109,7 @@ def test_activating_a_build_sets_the_workers_environment_and_puts_it_back(tmp_pa
     monkeypatch.setenv("FAMILY_CERTIFY_LLAMA_SERVER", "/my/llama-server")
     ident = {"spec": "pypi:0.3.35", "llama_cpp_python": "0.3.35", "llama_cpp_commit": None, "patches": None}
     b = builds.Build("pypi:0.3.35", ident, bindings=tmp_path / "py", server=tmp_path / "bin" / "llama-server")
+    (tmp_path / "py").mkdir()
     builds.activate(b)
     try:
         assert os.environ["PYTHONPATH"] == f"{tmp_path / 'py'}{os.pathsep}/somewhere"
@@ -319,7 +320,7 @@ def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp
 
 def test_resolve_is_memoized_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(builds, "_resolve", lambda spec, series, backend, coverage:
+    monkeypatch.setattr(builds, "_resolve", lambda spec, series, backend, coverage, fresh:
                         calls.append((spec, coverage)) or builds.Build(spec, {}))
     monkeypatch.setattr(builds, "_RESOLVED", {})
     a, b = builds.resolve("pypi:0.0.1"), builds.resolve("pypi:0.0.1")
@@ -399,3 +400,16 @@ def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
         f"bootstrap: error: {pinned} is not a readable sdist (a partial download?): delete it and run make "
         "bootstrap again"), r.stderr
     assert not (repo / ".venv").exists()
+
+
+def test_a_build_whose_cache_entry_is_gone_is_not_activated_nor_resolved_from_memory(tmp_path, monkeypatch):
+    """A mutant's cache entry is removed once it ran: a process that resolved it before (a forked CLI) must build it
+    again, and activating the stale build must not leave workers on the venv's libllama."""
+    gone = builds.Build("pinned", {"key": "0123456789abcdef"}, tmp_path / "gone" / "py", tmp_path / "gone" / "bin")
+    with pytest.raises(builds.UserError, match="is gone from the cache"):
+        builds.activate(gone)
+    memo = ("pinned", str(tmp_path), "cpu", False)
+    monkeypatch.setitem(builds._RESOLVED, memo, gone)
+    calls = []
+    monkeypatch.setattr(builds, "_resolve", lambda *a: calls.append(a) or "built again")
+    assert builds.resolve("pinned", tmp_path, from_env=False) == "built again" and len(calls) == 1

@@ -186,3 +186,38 @@ def test_a_bump_refuses_mutants_of_a_candidate_it_cannot_build_them_in_before_an
                 "--mutate-diff", "60", "--out", str(tmp_path / "b"))
     assert r.returncode == 2 and "--mutate-diff: the candidate must be pinned or pypi:VERSION" in r.stderr, r.stderr
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.parametrize("file,where,original,mutated,row,lane", [
+    # seq_div divides the cells that do not hold the sequence instead of those that do
+    ("src/llama-kv-cache.cpp", "if (cells.seq_has(i, seq_id)) {\n            cells.pos_div(i, d);",
+     "cells.seq_has(i, seq_id)", "!(cells.seq_has(i, seq_id))", "qwen3", "memory"),
+    # every slot not processing its prompt reads its task for a progress report: an idle slot has none
+    ("tools/server/server-context.cpp", "slot.state == SLOT_STATE_PROCESSING_PROMPT || slot.state == SLOT_STATE_DONE",
+     "slot.state ==", "slot.state !=", "qwen3", "prefix-cache"),
+], ids=["state", "server"])
+def test_a_killed_mutants_bundle_replays_on_its_build_and_not_on_the_pinned_one(tmp_path, file, where, original,
+                                                                                 mutated, row, lane):
+    """A mutant of each group, killed by the lane that ran its line, its finding bundled (--bundles): `fuzz replay`
+    exits 1 on the mutant's build (the bundle records its patch series) and 0 with --llama-cpp pinned."""
+    from synth.manifest import load_manifest
+
+    root = mu.base_tree("pinned")
+    text = (root / file).read_text()
+    assert text.count(where) == 1, where
+    n = text.count("\n", 0, text.index(where)) + 1
+    line = text.splitlines(keepends=True)[n - 1]
+    m = mu.Mutant(id=f"test-{Path(file).stem}-{n}", group="state" if file.startswith("src/") else "server", file=file,
+                  line=n, original=line, mutated=line.replace(original, mutated, 1), rule="test")
+    _, work, pristine = mu.pristine_objects("pinned", [file])
+    manifest = load_manifest()
+    res = mu.run_mutant(m, root, pristine, work, [(manifest.row(row), lane)], tmp_path, "pinned", manifest.path,
+                        bundles=True)
+    assert res["status"] == "killed" and res["by"] == f"{row}/{lane}" and res["bundles"], res
+    bundle = tmp_path / res["bundles"][0]
+    r = run_cli("fuzz", "replay", str(bundle), timeout=1800)
+    assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_cli("fuzz", "replay", str(bundle), "--llama-cpp", "pinned", timeout=1800)
+    assert r.returncode == 0 and "not reproduced" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

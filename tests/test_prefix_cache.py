@@ -124,9 +124,9 @@ def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):
         monkeypatch.setattr(pc, "PROBE_SLACK", pc.PROBE_SLACK - 3)  # one token more than the slot has room for
         assert t.load(str(path), slots=2, n_ctx=320).ok
         bad = pc.capacity_problems(t, n_vocab, seed=0)
-    assert [c for c, _ in bad] == [0, 1], bad
-    assert all("a 255-token prompt" in why and "stopped after 1 of 2 tokens: the slot is full" in why
-               for _, why in bad), bad
+    assert [(p.slot, p.died) for p in bad] == [(0, False), (1, False)], bad
+    assert all("a 255-token prompt" in p.why and "stopped after 1 of 2 tokens: the slot is full" in p.why
+               for p in bad), bad
 
 
 def test_cli_report_and_bad_input(fixtures, tmp_path):
@@ -278,3 +278,28 @@ def test_the_rewind_conversations_answer_as_uncached_and_record_their_reuse(tmp_
     assert {known_repro(known, "laguna", f) for f in a.findings} == {"mamba-prefix-cache-rewind-diverged"}
     assert [c["cache_n"] for c in a.extra["rewinds"]] == [c["cache_n"] for c in b.extra["rewinds"]]
     assert a.extra["rewinds"][0]["cache_n"] == [0, 1]  # the checkpoint at pos_min 0 restored (upstream #21510)
+
+
+def test_a_server_that_dies_on_the_capacity_probe_is_a_crash_and_the_probe_ends_there():
+    """Where llama-server dies is timing (a mutant's crash in round 0 on one run falls on the probe on the next): a
+    death on the probe is the server-crash a replay looks for, not a slot short of cells, and no slot after it is
+    probed."""
+    from targets.client import Failure, Reply
+
+    class Dying:  # (a stand-in answering the probe's three requests as a crashed llama-server's worker does)
+        def __init__(self):
+            self.sent = []
+
+        def call(self, op, **kw):
+            if op == "slots":
+                return Reply(True, {"slots": [{"id": 0, "n_ctx": 64}, {"id": 1, "n_ctx": 64}]})
+            self.sent.append((op, kw.get("name")))
+            if op == "submit":
+                return Reply(True, {})
+            return Reply(False, {}, Failure("error", "llama-server is not running: signal SIGSEGV", op, kw,
+                                            error_kind="server_crash"))
+
+    t = Dying()
+    got = pc.capacity_problems(t, 16, seed=0)
+    assert [(p.slot, p.died) for p in got] == [(0, True)] and "SIGSEGV" in got[0].why, got
+    assert t.sent == [("submit", "probe0"), ("await", "probe0")]

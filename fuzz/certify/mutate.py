@@ -306,7 +306,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
     (series / f"0001-{m.id}.patch").write_text(m.patch((root / m.file).read_text(errors="replace")))
     res = {**asdict(m), "status": "build-failed", "by": None, "detail": "", "ran": [], "seconds": 0.0}
     try:
-        build = resolve(spec, series, from_env=False)
+        build = resolve(spec, series, from_env=False, fresh=True)  # (compiled in the work directory, compared below)
     except UserError as e:
         res["detail"] = str(e)[:300]
         return {**res, "seconds": round(time.perf_counter() - t0, 1)}

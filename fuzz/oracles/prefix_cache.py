@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -130,8 +130,9 @@ class PrefixCache:
                     again, _ = self._schedule(srv, sched, reference)
                     if any(f.kind.startswith("rewind") for f in findings):
                         again += self._rewinds(srv, ref_t)[1] + self._rewinds(srv, ref_t, erase=False)[1]
-                    for f in findings:
-                        f.reproduced = any(g.kind == f.kind and g.round == f.round and g.prompt == f.prompt
+                    for f in findings:  # (a crash: wherever the server dies this time)
+                        f.reproduced = any(g.kind == f.kind and (f.kind == "server-crash" or
+                                                                 (g.round, g.prompt) == (f.round, f.prompt))
                                            for g in again)
                 if cfg.kv_unified:  # where a sequence sat may explain a different answer: not the cache
                     self.explain(ref_t, sched, reference, findings)
@@ -293,8 +294,8 @@ class PrefixCache:
                                         f"({len(names)} requests, all answered)"))
             rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
         if not any(f.kind == "leaked-slot" for f in findings):  # a leaked slot already explains a full server
-            findings += [ServerFinding("capacity", None, f"after the rounds, {why}")
-                         for _, why in capacity_problems(t, self.info.n_vocab, cfg.seed)]
+            findings += [ServerFinding("server-crash" if p.died else "capacity", None, f"after the rounds, {p.why}")
+                         for p in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
 
 
@@ -466,14 +467,21 @@ PROBE_PREDICT = 2  # tokens a capacity probe generates
 PROBE_SLACK = 2  # cells of a slot a capacity probe leaves unused: a slot holding more than this it cannot take
 
 
-def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[tuple[int, str]]:
+class Capacity(NamedTuple):
+    slot: int  # -1: the server could not say
+    why: str
+    died: bool = False  # llama-server died on the probe: a crash, whichever phase it falls in
+
+
+def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
     """Every slot in turn given a prompt that fills its context — the cells the server says the slot has (llama.cpp
     pads what was asked for), but PROBE_SLACK and the tokens it generates — with the cache off: it fits only if
-    the slot gave back every cell its earlier requests held. (slot, what went wrong) for each slot that could not
-    (slot -1: the server could not say)."""
+    the slot gave back every cell its earlier requests held. One problem for each slot that could not; a server
+    that died ends the probe there."""
     r = t.call("slots")
     if not r.ok:
-        return [(-1, f"the server could not list its slots: {r.failure.message}")]
+        return [Capacity(-1, f"the server could not list its slots: {r.failure.message}",
+                         r.failure.error_kind == "server_crash" or r.failure.kind == "crash")]
     rng = np.random.Generator(np.random.PCG64(seed + 99))
     out = []
     for s in r.data["slots"]:
@@ -486,11 +494,15 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[tuple[int, str
         sent = t.call("submit", name=f"probe{c}", kind="complete", prompt=prompt, n_predict=PROBE_PREDICT, slot=c,
                       cache_prompt=False)
         a = t.call("await", name=f"probe{c}", point="done", timeout=20) if sent.ok else sent
-        got = a.data["result"] if a.ok else {"error": a.failure.message}
+        got = a.data["result"] if a.ok else {"error": a.failure.message, "server_crash":
+                                             a.failure.error_kind == "server_crash" or a.failure.kind == "crash"}
         if "error" not in got and len(got["tokens"]) < PROBE_PREDICT:  # (the server stops a full slot quietly)
             got["error"] = f"stopped after {len(got['tokens'])} of {PROBE_PREDICT} tokens: the slot is full"
         if "error" in got:
-            out.append((c, f"a {n}-token prompt on slot {c} ({cells} cells): {got['error']}"))
+            out.append(Capacity(c, f"a {n}-token prompt on slot {c} ({cells} cells): {got['error']}",
+                                bool(got.get("server_crash"))))
+            if out[-1].died:
+                break
     return out
 
 

@@ -498,8 +498,9 @@ class Radix:
             msg = metrics_problem(m.data["metrics"], ops, ref)
             if msg:
                 run.findings.append({"kind": "metrics", "op": "-", "client": None, "message": msg})
-        run.findings += [{"kind": "capacity", "op": "-", "client": c, "message": f"after the schedule, {why}"}
-                         for c, why in capacity_problems(t, self.info.n_vocab, run.schedule.seed)]
+        run.findings += [{"kind": "server-crash" if p.died else "capacity", "op": "-", "client": p.slot,
+                          "message": f"after the schedule, {p.why}"}
+                         for p in capacity_problems(t, self.info.n_vocab, run.schedule.seed)]
 
 
 def cleared(z: dict[str, Any], x: dict[str, Any], ops: dict[str, dict[str, Any]]) -> bool:
