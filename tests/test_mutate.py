@@ -142,6 +142,30 @@ def test_the_score_counts_killed_over_run_and_the_totals_line():
     assert mu.totals_line(r) == "mutation score: 3 of 4 killed (75.0%), 1 equivalent, 1 survived"
 
 
+def test_a_lane_that_passes_on_a_mutant_but_reuses_less_than_the_pristine_build_kills_it(tmp_path):
+    """As a bump of the pristine build to the mutant's would: fewer prompt tokens from the cache on any request of
+    the lane's conversations (the pristine lane's kept in pristine-reuse.json, read back by a resumed run)."""
+    from synth.manifest import load_manifest
+    from targets.builds import Build
+
+    def lane(cache_n, status="pass"):
+        clients = {"name": "clients taking turns on two slots", "order": ["client0.0", "client1.0"],
+                   "lengths": [24, 24], "shared": [0, 0], "cache_n": cache_n}
+        return {"status": status, "reports": [{"oracle": "prefix-cache", "rewinds": [], "clients": clients}]}
+
+    (tmp_path / "pristine-reuse.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20])}))
+    m = load_manifest()
+    reuse = mu.PristineReuse(tmp_path, "pinned", m.path)
+    row, pinned = m.row("qwen3"), Build("pinned", {})
+    assert mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 20]), pinned) is None
+    assert mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 21]), pinned) is None
+    assert "the base took 20, the candidate 3" in mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 3]), pinned)
+    assert mu.reuse_lost(reuse, row, "memory", {"status": "pass", "reports": []}, pinned) is None  # (no conversations)
+    (tmp_path / "pristine-reuse.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20], "finding")}))
+    assert mu.reuse_lost(mu.PristineReuse(tmp_path, "pinned", m.path), row, "prefix-cache", lane([0, 3]),
+                         pinned) is None  # (a pristine lane that failed promises nothing)
+
+
 def test_mutate_refuses_a_directory_that_is_no_coverage_run(tmp_path):
     r = run_cli("family-certify", "mutate", "--coverage", str(tmp_path), "--out", str(tmp_path / "m"))
     assert r.returncode == 2 and "not a complete `family-certify coverage` run" in r.stderr, r.stderr

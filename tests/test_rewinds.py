@@ -1,7 +1,7 @@
 """The prefix-cache lane's rewind conversations and the bump's reuse comparison, judged without llama-server (the
 server side: tests/test_prefix_cache.py)."""
 
-from fuzz.oracles import prefix_cache as pc
+from fuzz.oracles import conversations as pc
 
 
 def test_the_rewind_conversations_are_seeded_and_go_back():
@@ -42,6 +42,56 @@ def test_a_bump_whose_candidate_reuses_less_broke_and_one_that_reuses_more_did_n
         v["detail"].endswith("| ok")
     (v,) = bp.verdicts(run, {"results": [lane([[0, 1], [0, 3]])]}, {})
     assert v["verdict"] == "unchanged"
+
+
+def test_the_clients_take_turns_so_a_turn_finds_its_conversation_in_its_slot_the_other_or_the_host_cache():
+    """Three clients of four turns (each later turn: the one before, its answer, 4 new tokens) and two one-turn
+    clients sharing 8 tokens of A's first turn and 20 of B's; sent in CLIENT_ORDER, 16 requests; seeded."""
+    convs, order = pc.client_conversations(64, 0)
+    assert convs == pc.client_conversations(64, 0)[0] and convs != pc.client_conversations(64, 1)[0]
+    assert [len(c) for c in convs] == [4, 4, 4, 1, 1] and len(order) == 16
+    assert all(c[j] == [pc.PREVIOUS, pc.ANSWER, *c[j][2:]] and len(c[j]) == 6 for c in convs[:3] for j in (1, 2, 3))
+    (a, *_), (b, *_) = convs[:2]
+    assert pc.shared_prefix(convs[3][0], a) >= 8 and len(convs[3][0]) == 14
+    assert pc.shared_prefix(convs[4][0], b) >= 20 and len(convs[4][0]) == 23
+    # every turn after the first is sent after the turn before it (its placeholders filled from that one)
+    assert all(order.index((i, j - 1)) < order.index((i, j)) for i, j in order if j)
+
+
+def test_the_conversations_fill_a_turn_from_the_last_time_the_turn_before_was_sent():
+    """converse(): ANSWER → the turn before's answer, PREVIOUS → its prompt; a turn sent again is named +2."""
+    from targets.client import Reply
+
+    class Echo:  # (a stand-in llama-server answering each prompt with its last token, 5 tokens cached)
+        def __init__(self):
+            self.prompts = []
+
+        def call(self, op, requests=(), **kw):
+            self.prompts.append(requests[0]["prompt"])
+            return Reply(True, {"results": [{"tokens": requests[0]["prompt"][-1:], "cache_n": 5, "id_slot": 0}]})
+
+    t = Echo()
+    sent, answers, failed = pc.converse(t, [[[1, 2], [pc.PREVIOUS, pc.ANSWER, 3]]], [(0, 0), (0, 1), (0, 0)], 1, "x")
+    assert failed is None and list(sent) == ["x0.0", "x0.1", "x0.0+2"]
+    assert t.prompts == [[1, 2], [1, 2, 2, 3], [1, 2]]
+    assert pc.reuse(sent, answers, list(sent)) == {"lengths": [2, 4, 2], "shared": [0, 2, 2], "cache_n": [5, 5, 5],
+                                                   "slots": [0, 0, 0]}
+
+
+def test_a_bump_compares_the_clients_reuse_too_naming_the_request():
+    from fuzz.certify import bump as bp
+
+    def lane(cache_n):
+        clients = {"name": "clients taking turns on two slots", "order": ["client0.0", "client1.0", "client1.1"],
+                   "lengths": [24, 24, 31], "shared": [0, 0, 0], "cache_n": cache_n}
+        return {"row": "qwen3", "lane": "prefix-cache", "status": "pass", "detail": "ok",
+                "reports": [{"oracle": "prefix-cache", "rewinds": [], "clients": clients}]}
+
+    assert bp.reuse_regression(lane([0, 0, 26]), lane([0, 0, 26])) is None
+    assert bp.reuse_regression(lane([0, 0, 26]), lane([0, 0, 0])) == (
+        "prompt-cache reuse regression: 1 requests take fewer prompt tokens from the cache; first: clients taking "
+        "turns on two slots, request 2 (client1.1) (31 tokens, 0 shared with the one before): the base took 26, the "
+        "candidate 0")
 
 
 def test_a_candidate_whose_state_carries_more_cells_breaks_the_row():

@@ -233,9 +233,10 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
-    """The prefix-cache lane's rewind conversations (fuzz.oracles.prefix_cache), from its reports."""
+    """The prefix-cache lane's conversations sent one request at a time (fuzz.oracles.conversations) from its
+    reports: the rewind conversations, then the clients taking turns."""
     return [c for rep in lane.get("reports", []) if rep.get("oracle") == "prefix-cache"
-            for c in rep.get("rewinds") or []]
+            for c in [*(rep.get("rewinds") or []), *([rep["clients"]] if rep.get("clients") else [])]]
 
 
 def reuse_regression(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
@@ -251,9 +252,10 @@ def reuse_regression(base: dict[str, Any], candidate: dict[str, Any]) -> str | N
         return None
     i, j, x, y = lost[0]
     c = a[i]
+    where = f"{c['name']}, request {j} ({c['order'][j]})" if c.get("name") else f"rewind conversation {i}, request {j}"
     return (f"prompt-cache reuse regression: {len(lost)} requests take fewer prompt tokens from the cache; first: "
-            f"rewind conversation {i}, request {j} ({c['lengths'][j]} tokens, {c['shared'][j]} shared with the one "
-            f"before): the base took {x}, the candidate {y}")
+            f"{where} ({c['lengths'][j]} tokens, {c['shared'][j]} shared with the one before): the base took {x}, "
+            f"the candidate {y}")
 
 
 def bump_report(base: dict[str, Any], candidate: dict[str, Any], rows: list[dict[str, Any]], *, wall_s: float,

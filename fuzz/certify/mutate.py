@@ -7,7 +7,9 @@ is each written as a one-patch series and built incrementally (targets/builds.py
 patch, one object recompiled). A mutant whose object file is byte for byte the pristine one is equivalent (TCE,
 trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run that executed the
 mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until one
-fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A mutant that
+fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A lane that
+passes but whose conversations take fewer prompt tokens from the cache than the pristine build's is killed too: a
+bump of the pristine build to the mutant's says it broke (fuzz.certify.bump.reuse_regression). A mutant that
 does not compile is `build-failed` and not counted; a lane that raises (the toolkit's own failure under a mutant) is
 `error`, listed and not counted. The score is killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the
 lines the coverage run's build changes against BASE (a bump's own diff) and says which changed lines no lane ran.
@@ -292,11 +294,52 @@ def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: Row
     return interleaved([(row, lane) for row, lane in plan if lane in lanes])
 
 
+class PristineReuse:
+    """What each row × lane's conversations took from the prompt cache on the pristine build (run once each, kept in
+    out/pristine-reuse.json for a resumed run): a lane that passes on a mutant but reuses less than this broke, as
+    the bump of the pristine build to the mutant's says (fuzz.certify.bump.reuse_regression)."""
+
+    def __init__(self, out: Path, spec: str, manifest: Path):
+        self.path, self.spec, self.manifest = out / "pristine-reuse.json", spec, manifest
+        self.lanes: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def lane(self, row: Any, lane: str) -> dict[str, Any]:
+        """The pristine build's lane result (its conversations only); run now if it was not run yet."""
+        from fuzz.certify.battery import run_battery
+        from fuzz.certify.bump import rewinds_of
+        from targets.builds import activate, resolve
+
+        key = f"{row.key}/{lane}"
+        if key not in self.lanes:
+            activate(resolve(self.spec, None, from_env=False))
+            x = run_battery([(row, [lane])], "llama-cpp", None, manifest=self.manifest,
+                            command="family-certify mutate (the pristine build's reuse)")["results"][0]
+            self.lanes[key] = {"status": x["status"], "reports": [{"oracle": "prefix-cache", "rewinds": rewinds_of(x)}]}
+            self.path.write_text(json.dumps(self.lanes) + "\n")
+        return self.lanes[key]
+
+
+def reuse_lost(pristine: PristineReuse | None, row: Any, lane: str, x: dict[str, Any], build: Any) -> str | None:
+    """A passing lane's prompt-cache reuse regression against the pristine build's (None: none, or the lane has no
+    conversations); the mutant's build activated again after a pristine run."""
+    from fuzz.certify.bump import reuse_regression, rewinds_of
+    from targets.builds import activate
+
+    if pristine is None or not rewinds_of(x):
+        return None
+    base = pristine.lane(row, lane)
+    activate(build)
+    return reuse_regression(base, {"reports": [{"oracle": "prefix-cache", "rewinds": rewinds_of(x)}]}) \
+        if base["status"] not in FAILING else None
+
+
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
-               out: Path, spec: str, manifest: Path, max_runs: int = 12, bundles: bool = False) -> dict[str, Any]:
+               out: Path, spec: str, manifest: Path, max_runs: int = 12, bundles: bool = False,
+               reuse: PristineReuse | None = None) -> dict[str, Any]:
     """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
-    at most max_runs of them) until one fails. bundles: the killing lane's findings bundled (out/patches/ID/run;
-    each records the mutant's patch series as its build)."""
+    at most max_runs of them) until one fails — or passes but reuses less of the prompt cache than the pristine
+    build (`reuse`: what a bump compares). bundles: the killing lane's findings bundled (out/patches/ID/run; each
+    records the mutant's patch series as its build)."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -329,6 +372,10 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                 res.update(status="killed", by=f"{row.key}/{lane}", detail=f"{x['status']}: {x['detail'][:300]}")
                 if x.get("bundles"):
                     res["bundles"] = [str((series / "run" / b).relative_to(out)) for b in x["bundles"]]
+                break
+            less = reuse_lost(reuse, row, lane, x, build)
+            if less:
+                res.update(status="killed", by=f"{row.key}/{lane}", detail=f"bump from the pristine build: {less}")
                 break
         else:
             res["detail"] = f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
@@ -398,6 +445,8 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
         raise UserError(f"--id {missing[0]}: no such mutant of the lines this coverage run ran (an id names the file, "
                         "line and the mutated text: the tree or the coverage changed)")
     state = out / "mutate.json"
+    out.mkdir(parents=True, exist_ok=True)
+    reuse = PristineReuse(out, spec, m.path)
     done: dict[str, dict[str, Any]] = {}
     before = 0.0  # the seconds of the runs this one resumes
     if state.is_file():
@@ -419,7 +468,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
             print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
             break
         r = run_mutant(mu, root, pristine, work, covering(plan, mu, covered.get((mu.file, mu.line), []), rows), out,
-                       spec, m.path, max_runs, bundles)
+                       spec, m.path, max_runs, bundles, reuse)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
         rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
@@ -495,8 +544,9 @@ def mutate_command(
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
     """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
-    line until one fails; the score per group, ending with one totals line. Exit 0: a measurement, not a verdict
-    (the survivors are the generators' to-do list, docs/mutation.md)."""
+    line until one fails (or reuses less of the prompt cache than the pristine build); the score per group, ending
+    with one totals line. Exit 0: a measurement, not a verdict (the survivors are the generators' to-do list,
+    docs/mutation.md)."""
     import sys
 
     from fuzz.certify.outputs import junit_xml

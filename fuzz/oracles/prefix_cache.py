@@ -12,7 +12,9 @@ server, the slot erased between conversations: a prompt, then the same prompt cu
 around the tiny fixtures' sliding windows and the server's context checkpoints, where a restore decides what is
 reused. Every answer must equal the uncached reference too, and how many prompt tokens each request took from the
 cache is recorded: with one client that count is deterministic, so a bump compares it across two builds
-(fuzz.certify.bump: a candidate that reuses less broke).
+(fuzz.certify.bump: a candidate that reuses less broke). Then three clients taking turns on two slots with the host
+cache on (fuzz.oracles.conversations), one request at a time: their answers judged and their reuse compared the same
+way — which slot a request gets and what the host cache saves and loads back decide it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
+from fuzz.oracles.conversations import client_conversations, converse, reuse, rewind_conversations
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -118,18 +121,23 @@ class PrefixCache:
                     self.measure_noise(srv, sched.prompts, reference)
                 findings, rounds = self._schedule(srv, sched, reference)
                 rewinds: list[dict[str, Any]] = []
-                if not cfg.kv_unified:  # (one slot: a KV cache per slot or one for all is the same cache)
+                clients: dict[str, Any] = {}
+                if not cfg.kv_unified:  # (one client at a time: where its prompt sits in a KV cache is not judged)
                     rewinds, more = self._rewinds(srv, ref_t)
                     findings += more + self._back_to_back(srv, ref_t, more)
+                    clients, more = self._clients(srv, ref_t)
+                    findings += more
             except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
                 findings = [ServerFinding("server-crash", None, str(e),
                                           reproduced=crashes_loading(srv, self.fixture, e.params))]
-                rounds, rewinds = [], []
+                rounds, rewinds, clients = [], [], {}
             else:
                 if findings:  # a finding must reproduce on a fresh server before it counts as one
                     again, _ = self._schedule(srv, sched, reference)
                     if any(f.kind.startswith("rewind") for f in findings):
                         again += self._rewinds(srv, ref_t)[1] + self._rewinds(srv, ref_t, erase=False)[1]
+                    if any(f.kind.startswith("clients") for f in findings):
+                        again += self._clients(srv, ref_t)[1]
                     for f in findings:  # (a crash: wherever the server dies this time)
                         f.reproduced = any(g.kind == f.kind and (f.kind == "server-crash" or
                                                                  (g.round, g.prompt) == (f.round, f.prompt))
@@ -140,7 +148,7 @@ class PrefixCache:
         findings = [f for f in findings if f not in numerics]
         return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
                 "config": dict(cfg.__dict__),
-                "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds,
+                "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds, "clients": clients,
                 "findings": [f.to_dict() for f in findings],
                 "numerics": [f.to_dict() for f in numerics],
                 **({"noise": self.noise} if self.noise else {}), "status": FINDING if findings else PASS}
@@ -215,47 +223,58 @@ class PrefixCache:
         them (or not: back to back), one request after another: per conversation the prompts' lengths, what each
         shares with the one before, and the prompt tokens each took from the cache; findings where an answer is not
         the uncached reference's (each prompt alone on a one-slot server, the cache off)."""
-        cfg = self.cfg
         pass_name = "rewind" if erase else "serial"
-        self._load(t, slots=1, cache_ram=cfg.cache_ram)
-        out: list[dict[str, Any]] = []
-        sent: dict[str, list[int]] = {}
-        answers: dict[str, dict[str, Any]] = {}
-        findings: list[ServerFinding] = []
-        for i, conv in enumerate(rewind_conversations(self.info.n_vocab, cfg.seed)):
-            if i and erase:  # each conversation from an empty slot: nothing of the one before (tokens, checkpoints)
-                done = t.call("submit", name=f"erase{i}", kind="erase", slot=0)
-                if not done.ok or not t.call("await", name=f"erase{i}", point="done").ok:
-                    raise UserError(f"{self.fixture}: llama-server cannot erase its slot between conversations")
-            prompts: list[list[int]] = []
-            for j, q in enumerate(conv):
-                prompt = [x for tok in q for x in (answers[f"{pass_name}{i}.{j - 1}"].get("tokens", [])
-                                                   if tok == ANSWER else [tok])]
-                r = t.call("complete", requests=[{"prompt": prompt, "n_predict": cfg.tokens}], concurrent=False)
-                if not r.ok:
-                    findings.append(ServerFinding("server-crash", None,
-                                                  f"rewind conversation {i}, request {j}: {r.failure.message}"))
-                    return out, findings
-                prompts.append(prompt)
-                sent[f"{pass_name}{i}.{j}"], answers[f"{pass_name}{i}.{j}"] = prompt, r.data["results"][0]
-            out.append({"lengths": [len(q) for q in prompts],
-                        "shared": [0] + [shared_prefix(a, b) for a, b in zip(prompts, prompts[1:], strict=False)],
-                        "cache_n": [answers[f"{pass_name}{i}.{j}"].get("cache_n") for j in range(len(prompts))]})
+        self._load(t, slots=1, cache_ram=self.cfg.cache_ram)
+        convs = rewind_conversations(self.info.n_vocab, self.cfg.seed)
+        sent, answers, failed = converse(t, convs, [(i, j) for i, c in enumerate(convs) for j in range(len(c))],
+                                         self.cfg.tokens, pass_name, erase)
+        if failed:
+            if "cannot erase" in failed:
+                raise UserError(f"{self.fixture}: {failed}")
+            return [], [ServerFinding("server-crash", None, f"rewind conversation {failed}")]
+        out = [reuse(sent, answers, [n for n in sent if n.startswith(f"{pass_name}{i}.")]) for i in range(len(convs))]
+        return out, self._judge(ref_t, sent, answers, lambda i, j: f"conversation {i}"
+                                + ("" if erase else " (back to back)") + f", request {j}",
+                                {f"{pass_name}{i}.{j}": (c["lengths"][j], c["shared"][j])
+                                 for i, c in enumerate(out) for j in range(len(c["lengths"]))}, "rewind")
+
+    def _clients(self, t: Target, ref_t: Target) -> tuple[dict[str, Any], list[ServerFinding]]:
+        """The clients' conversations (client_conversations) taking turns on a fresh two-slot server with the host
+        cache on, one request after another: what each request took from the cache and which slot served it; findings
+        where an answer is not the uncached reference's."""
+        self._load(t, slots=2, cache_ram=self.cfg.cache_ram)
+        convs, order = client_conversations(self.info.n_vocab, self.cfg.seed)
+        sent, answers, failed = converse(t, convs, order, self.cfg.tokens, "client")
+        if failed:
+            return {}, [ServerFinding("server-crash", None, f"clients taking turns, {failed}")]
+        names = list(sent)
+        out = {"name": "clients taking turns on two slots", "order": names, **reuse(sent, answers, names)}
+        return out, self._judge(ref_t, sent, answers, lambda i, j: f"clients taking turns, {names[i]}",
+                                {n: (out["lengths"][k], out["shared"][k]) for k, n in enumerate(names)}, "clients",
+                                by_order=True)
+
+    def _judge(self, ref_t: Target, sent: dict[str, list[int]], answers: dict[str, dict[str, Any]], where,
+               sizes: dict[str, tuple[int, int]], kind: str, by_order: bool = False) -> list[ServerFinding]:
+        """Every answer against the uncached reference of its prompt (each prompt's once, whichever pass sent it
+        first): a KIND-failed or KIND-diverged finding where it is not. where(i, j) names the request: its
+        conversation and turn (by_order: its place in the order sent, j unused)."""
         missing = {name: p for name, p in sent.items() if tuple(p) not in self.cold}
-        if missing:  # each prompt's reference once, whichever pass (or rerun) sent it first
+        if missing:
             self._load(ref_t, slots=1, cache_ram=0)
-            for name, ref in cold_answers(ref_t, self.fixture, missing, cfg.tokens).items():
+            for name, ref in cold_answers(ref_t, self.fixture, missing, self.cfg.tokens).items():
                 self.cold[tuple(missing[name])] = ref
-        for name, got in answers.items():
+        findings = []
+        for k, (name, got) in enumerate(answers.items()):
             why = got["error"] if "error" in got else compare(self.cold[tuple(sent[name])], got, self.near_tie)
             if why:
-                i, j = (int(x) for x in name.removeprefix(pass_name).split("."))
-                findings.append(ServerFinding("rewind-failed" if "error" in got else "rewind-diverged", None,
-                                              f"conversation {i}{'' if erase else ' (back to back)'}, request {j} "
-                                              f"({out[i]['lengths'][j]} tokens, {out[i]['shared'][j]} shared with the "
-                                              f"one before, {got.get('cache_n')} from the cache): {why}", prompt=name,
+                i, j = (k, 0) if by_order else (int(x) for x in name.lstrip("abcdefghijklmnopqrstuvwxyz")
+                                                .split("+")[0].split("."))
+                n, shared = sizes[name]
+                findings.append(ServerFinding(f"{kind}-failed" if "error" in got else f"{kind}-diverged", None,
+                                              f"{where(i, j)} ({n} tokens, {shared} shared with the one before, "
+                                              f"{got.get('cache_n')} from the cache): {why}", prompt=name,
                                               answer=got.get("tokens")))
-        return out, findings
+        return findings
 
     def _load(self, t: Target, **params: Any) -> None:
         load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
@@ -297,42 +316,6 @@ class PrefixCache:
             findings += [ServerFinding("server-crash" if p.died else "capacity", None, f"after the rounds, {p.why}")
                          for p in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
-
-
-ANSWER = -1  # in a rewind conversation's prompt: the answer to the request before it, sent back as a chat client does
-
-
-def rewind_conversations(n_vocab: int, seed: int) -> list[list[list[int]]]:
-    """One client's conversations that go back: for prompts of 6 to 40 tokens, the prompt then the prompt cut back
-    to k tokens with 3 new ones (k = 2, 3, 4, half, two before the end); the prompt, a second turn of 6 more, then
-    that turn cut back to 3 with 3 new ones; and the prompt, the second turn, a third that carries the second's
-    answer (ANSWER) and 5 more, then the second turn continued otherwise (the checkpoint the second turn left must
-    outlive the third's). The lengths straddle the tiny fixtures' sliding windows (4-8 tokens) and the server's
-    checkpoints (taken 4 tokens before a prompt's end)."""
-    rng = np.random.Generator(np.random.PCG64(seed + 7))
-
-    def toks(n: int) -> list[int]:
-        return [int(x) for x in rng.integers(0, n_vocab, n)]
-
-    convs = []
-    for n in (6, 8, 12, 24, 40):
-        for k in sorted({2, 3, 4, n // 2, n - 2}):
-            p = toks(n)
-            convs.append([p, p[:k] + toks(3)])
-        p, turn = toks(n), toks(6)
-        convs.append([p, p + turn, p + turn[:3] + toks(3)])
-        p, turn = toks(n), toks(6)
-        convs.append([p, p + turn, p + turn + [ANSWER] + toks(5), p + turn + toks(4)])
-    return convs
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ServerCrash(Exception):
@@ -540,6 +523,10 @@ def format_report(rep: dict[str, Any]) -> str:
     if rep.get("rewinds"):
         lines.append(f"  {len(rep['rewinds'])} rewind conversations (one client, one slot): prompt tokens from the "
                      f"cache {sum(sum(c['cache_n']) for c in rep['rewinds'])}")
+    if rep.get("clients"):
+        c = rep["clients"]
+        lines.append(f"  {len(c['order'])} requests of clients taking turns on two slots: prompt tokens from the "
+                     f"cache {c['cache_n']}")
     if rep.get("noise"):
         lines.append(noise_line(rep["noise"]))
     for f in rep["findings"]:
@@ -578,7 +565,7 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
                         message=f"{f['kind']} in round {f['round']}: {f['message']}; cause: {f['cause']['kind']}")
                 for f in data["numerics"]]
     return make_report("prefix-cache", fixture, data, results=results, findings=findings, numerics=numerics,
-                       extra=("schedule", "noise", "rewinds"))
+                       extra=("schedule", "noise", "rewinds", "clients"))
 
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),

@@ -31,16 +31,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fuzz.engine.configs import check_config
-from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report, make_report
+from fuzz.engine.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.engine.progress import Progress
+from fuzz.oracles.conversations import shared_prefix
 from fuzz.oracles.prefix_cache import (
     NEAR_TIE,
     ServerCrash,
@@ -51,12 +52,12 @@ from fuzz.oracles.prefix_cache import (
     load_server,
     noise_line,
     placement_noise,
-    shared_prefix,
 )
 from fuzz.oracles.radix_controls import explain
 from fuzz.oracles.radix_schedules import (
     CANCEL_AFTER,
     STREAMED,
+    Run,
     Schedule,
     Step,
     config_for,
@@ -129,31 +130,6 @@ def drawn_trees(schedules: int, *, target: str = "llama-server", kv_unified: boo
     return RadixConfig(tree="drawn", mode="pct", clients=2, ops=3, limit=2, schedules=schedules, budget=0.0,
                        tokens=tokens, target=target, kv_unified=kv_unified, seed=seed, cache_ram=cache_ram,
                        keep_going=True)
-
-
-@dataclass
-class Run:
-    """One schedule on a fresh server: what each operation returned, and what the oracle found."""
-
-    schedule: Schedule
-    results: list[dict[str, Any]] = field(default_factory=list)  # per operation, in start order
-    findings: list[dict[str, Any]] = field(default_factory=list)  # {kind, op, client, message}
-    reused: int = 0
-    promised: int = 0
-    cause: str | None = None  # why its findings are not the prompt cache's (Radix.explain): numerics
-    restores: int = 0  # checkpoint restores judged against the prompts (server_checkpoints)
-    unjudged: str | None = None  # why the server's checkpoint log could not be judged
-
-    @property
-    def key(self) -> tuple[tuple[str, str], ...]:
-        return tuple((f["kind"], f["op"]) for f in self.findings)
-
-    def to_dict(self) -> dict[str, Any]:
-        status = NUMERICS if self.cause else FINDING if self.findings else PASS
-        return {"replay": self.schedule.replay, "status": status, "reused": self.reused, "promised": self.promised,
-                "ops": self.results, **({"findings": self.findings} if self.findings else {}),
-                "restores": self.restores, **({"unjudged": self.unjudged} if self.unjudged else {}),
-                **({"cause": self.cause} if self.cause else {})}
 
 
 class Radix:

@@ -7,16 +7,35 @@ sequence's cells (top_k_layout)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fuzz.oracles.prefix_cache import cold_answers, shared_prefix
-from fuzz.oracles.radix_schedules import Schedule
+from fuzz.oracles.conversations import shared_prefix
+from fuzz.oracles.prefix_cache import cold_answers
+from fuzz.oracles.radix_schedules import Run, Schedule
 
 if TYPE_CHECKING:
-    from fuzz.oracles.radix import Radix, Run
+    from targets import Target
 
 
-def explain(rx: Radix, run: Run) -> str | None:
+class Engine(Protocol):
+    """What a control uses of the radix engine (radix.Radix). Named here rather than imported: the engine imports
+    the controls."""
+
+    cfg: Any  # its RadixConfig
+    fixture: Path
+    srv: Target | None
+    top_k: int
+    experts: tuple[int, int] | None
+
+    def reference(self, sched: Schedule) -> dict[str, Any]: ...
+
+    def serve(self, t: Target, **params: Any) -> dict[str, Any]: ...
+
+    def run_schedule(self, sched: Schedule, uncached: bool = False, kv_unified: bool | None = None) -> Run: ...
+
+
+def explain(rx: Engine, run: Run) -> str | None:
     """Why a reproduced divergence is not the prompt cache's, or None (a finding): the model's own batch shapes
     (batch_shape), or one KV cache for all slots moving a top-k selection (top_k_layout)."""
     if any(f["kind"] != "diverged" for f in run.findings):
@@ -24,7 +43,7 @@ def explain(rx: Radix, run: Run) -> str | None:
     return batch_shape(rx, run) or top_k_layout(rx, run)
 
 
-def batch_shape(rx: Radix, run: Run) -> str | None:
+def batch_shape(rx: Engine, run: Run) -> str | None:
     """A conversation's tokens reach the model in other batch shapes than its cold run's: what a slot reuses was
     processed as it came (a prompt in one ubatch, each generated token alone, a second turn's new tokens
     together), the cold run takes the whole prompt in one. With flash attention (llama-server's default on the
@@ -49,7 +68,7 @@ def batch_shape(rx: Radix, run: Run) -> str | None:
             f"{', '.join(turned)} turns the same way (flash attention sums a ubatch's keys in another order)")
 
 
-def top_k_layout(rx: Radix, run: Run) -> str | None:
+def top_k_layout(rx: Engine, run: Run) -> str | None:
     """On a model that picks a top-k by score — the keys each query keeps (DSA's indexer), the experts each token is
     routed to (MoE) — one KV cache for all slots moves those scores (where cells sit orders flash attention's sums;
     what a prompt was batched with: the measured placement move) and a score at the k-th place can swap a key or an

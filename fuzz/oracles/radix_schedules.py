@@ -1,17 +1,20 @@
 """What a radix schedule is, without a server: clients' operations on a prompt tree, an interleaving of them
 (every one, or PCT-sampled), its replay string (Schedule.parse / Schedule.replay), the seeded prompt trees (the
-fixed trunk/branches/leaf, or one drawn per schedule), and the smaller schedules a finding shrinks through."""
+fixed trunk/branches/leaf, or one drawn per schedule), and the smaller schedules a finding shrinks through. Also
+the record of one run of a schedule (Run): the engine (radix.py) fills it and its controls (radix_controls.py)
+read it, so it sits here, below both."""
 
 from __future__ import annotations
 
 import itertools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from fuzz.engine.contract import FINDING, NUMERICS, PASS
 from synth.errors import UserError
 
 VERSION = "r1"
@@ -157,6 +160,31 @@ class Schedule:
         if started != [len(c) for c in self.clients]:
             return "the script does not start every operation exactly once"
         return None
+
+
+@dataclass
+class Run:
+    """One schedule on a fresh server: what each operation returned, and what the oracle found."""
+
+    schedule: Schedule
+    results: list[dict[str, Any]] = field(default_factory=list)  # per operation, in start order
+    findings: list[dict[str, Any]] = field(default_factory=list)  # {kind, op, client, message}
+    reused: int = 0
+    promised: int = 0
+    cause: str | None = None  # why its findings are not the prompt cache's (Radix.explain): numerics
+    restores: int = 0  # checkpoint restores judged against the prompts (server_checkpoints)
+    unjudged: str | None = None  # why the server's checkpoint log could not be judged
+
+    @property
+    def key(self) -> tuple[tuple[str, str], ...]:
+        return tuple((f["kind"], f["op"]) for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        status = NUMERICS if self.cause else FINDING if self.findings else PASS
+        return {"replay": self.schedule.replay, "status": status, "reused": self.reused, "promised": self.promised,
+                "ops": self.results, **({"findings": self.findings} if self.findings else {}),
+                "restores": self.restores, **({"unjudged": self.unjudged} if self.unjudged else {}),
+                **({"cause": self.cause} if self.cause else {})}
 
 
 def parse_clients(text: str, bad: Any, names: tuple[str, ...] = PROMPTS) -> tuple[tuple[Op, ...], ...]:
