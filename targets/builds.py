@@ -50,9 +50,9 @@ from targets.cmake_build import (
     say,
     tree_digest,
 )
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
-from targets.llama_cpp_worker import PINNED_LLAMA_CPP_PYTHON as PINNED
 from targets.native import cache_dir
+from targets.worker_build import PINNED_LLAMA_CPP_COMMIT as PINNED_COMMIT
+from targets.worker_build import PINNED_LLAMA_CPP_PYTHON as PINNED
 
 ENV = "FAMILY_CERTIFY_LLAMA_CPP"  # the build spec, for workflows (the --llama-cpp option wins)
 PATCHES_ENV = "FAMILY_CERTIFY_PATCHES"

@@ -3,132 +3,37 @@
 Run as `python -m targets.llama_cpp_worker`. One model and one context at a time. llama.cpp aborts the
 process on some bad inputs; that is expected — the client (targets/client.py) turns it into a typed
 crash result and restarts the worker.
+
+The worker's ops are here; the protocol loop and the process around it are targets/worker_protocol.py (shared with
+the other workers), the build it runs and its libraries targets/worker_build.py, the capture callback
+targets/native.py.
 """
 
 from __future__ import annotations
 
 import base64
 import ctypes
-import importlib.util
-import json
 import os
 import re
-import signal
-import sys
-import threading
 import time
-import traceback
-import types
 from pathlib import Path
 from typing import Any
 
 from targets import native, state_io
-from targets.client import COVERAGE_ENV, ENGINE_PID, FRAMES
-
-PROTOCOL_VERSION = 1
-PINNED_LLAMA_CPP_PYTHON = "0.3.36"
-PINNED_LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # build b11312, vendored by 0.3.36
-
-
-def build_commit() -> str | None:
-    """The llama.cpp commit of the build this worker runs: the pinned one, or what the build's identity says
-    (targets/builds.py puts it in FAMILY_CERTIFY_BUILD; None where the tree does not say)."""
-    raw = os.environ.get("FAMILY_CERTIFY_BUILD")
-    return json.loads(raw).get("llama_cpp_commit") if raw else PINNED_LLAMA_CPP_COMMIT
-
-
-def build_backend() -> str:
-    """The ggml backend the build this worker runs was compiled with (its identity names it unless it is cpu)."""
-    raw = os.environ.get("FAMILY_CERTIFY_BUILD")
-    return json.loads(raw).get("backend", "cpu") if raw else "cpu"
-
-
-def backend_environment() -> str:
-    """The build's backend, with what this process (and a llama-server it starts) needs in the environment to run on
-    its device."""
-    backend = build_backend()
-    if backend == "vulkan":
-        # ggml's Vulkan backend skips a CPU-type device (Mesa's lavapipe, a machine without a GPU) unless it is
-        # named: the first device the Vulkan loader lists, unless the user chose (GGML_VK_VISIBLE_DEVICES)
-        os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
-    return backend
-
-
-# backends on a device of their own (targets/backends.py OFFLOADING), by the name ggml registers them under: the
-# worker offloads every layer to one device of it, as a runtime serving on that device does
-DEVICE_BACKENDS = {"vulkan": "Vulkan", "cuda": "CUDA", "metal": "MTL"}
-GGML_DEV_CPU = 0  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
-
-
-def ggml_devices(L: Any) -> list[tuple[int, str, str, str]]:
-    """The devices ggml registered in this process: (handle, backend name, device name, description)."""
-    g = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml.so"))
-    g.ggml_backend_dev_count.restype = ctypes.c_size_t
-    g.ggml_backend_dev_get.restype = ctypes.c_void_p
-    g.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for f in ("ggml_backend_dev_name", "ggml_backend_dev_description", "ggml_backend_reg_name"):
-        getattr(g, f).restype = ctypes.c_char_p
-        getattr(g, f).argtypes = [ctypes.c_void_p]
-    g.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-    g.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-    out = []
-    for i in range(g.ggml_backend_dev_count()):
-        d = g.ggml_backend_dev_get(i)
-        if g.ggml_backend_dev_type(d) == GGML_DEV_CPU:
-            continue
-        out.append((d, g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)).decode(),
-                    g.ggml_backend_dev_name(d).decode(), g.ggml_backend_dev_description(d).decode()))
-    return out
+from targets.worker_build import (
+    DEVICE_BACKENDS,
+    PINNED_LLAMA_CPP_PYTHON,
+    backend_environment,
+    build_commit,
+    ggml_base,
+    ggml_devices,
+    llama_bindings,
+)
+from targets.worker_protocol import PROTOCOL_VERSION, RequestError, main_with
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
             "capture": True, "trace": False, "n_rs_seq": 0}
-
-
-class RequestError(Exception):
-    """The request cannot be served (bad arguments, load failure, decode error). Reported, not fatal."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-
-
-def llama_bindings() -> Any:
-    """llama-cpp-python's ctypes bindings (llama_cpp.llama_cpp) with its version as __version__.
-
-    `import llama_cpp` also imports the high-level API (jinja2, chat formats): 0.15 s more per worker start,
-    for nothing the worker uses. Unless the package is already imported, the bindings are loaded without
-    running the package's __init__."""
-    if "llama_cpp" not in sys.modules:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError("llama_cpp is not installed (run scripts/bootstrap.sh)")
-        pkg = types.ModuleType("llama_cpp")
-        pkg.__path__ = list(spec.submodule_search_locations)
-        pkg.__spec__ = spec
-        init = Path(spec.origin or "").read_text(errors="replace") if spec.origin else ""
-        m = re.search(r'^__version__\s*=\s*["\']([^"\']+)', init, re.M)
-        pkg.__version__ = m.group(1) if m else "unknown"
-        sys.modules["llama_cpp"] = pkg
-    import llama_cpp.llama_cpp as bindings
-
-    bindings.__version__ = sys.modules["llama_cpp"].__version__
-    return bindings
-
-
-def ggml_base(L: Any) -> ctypes.CDLL:
-    """libggml-base beside the bindings' libllama, with the few functions the capture callback uses."""
-    ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
-    ggml.ggml_get_name.restype = ctypes.c_char_p
-    ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_nbytes.restype = ctypes.c_size_t
-    ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-    ggml.ggml_op_desc.restype = ctypes.c_char_p  # for traced nodes: "MUL_MAT", "ROPE", "SOFT_MAX", ...
-    ggml.ggml_op_desc.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_tensor_get.restype = None
-    ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    return ggml
 
 
 def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int] | None:
@@ -632,123 +537,8 @@ def _seq_sets(v: Any, n: int) -> list[list[int]]:
     return out
 
 
-def serve(stdin, stdout, make_worker: Any = LlamaWorker, frames: bool = False) -> None:
-    """Answer requests, one JSON line each, until stdin ends or a shutdown. A handler's bytes values (logits, state)
-    go as base64 strings, or with `frames` as raw bytes after the line (targets/PROTOCOL.md, Frames)."""
-    worker = make_worker()
-    for line in stdin:
-        if not line.strip():
-            continue
-        rid = None
-        try:
-            req = json.loads(line)
-            rid = req.get("id")
-            op = req.get("op")
-            if op == "shutdown":
-                stdout.write(json.dumps({"id": rid, "ok": True}) + "\n")
-                stdout.flush()
-                return
-            handler = getattr(worker, f"op_{op}", None)
-            if handler is None:
-                raise RequestError("bad_request", f"unknown op {op!r}")
-            worker.decode_seconds = worker.callback_seconds = 0.0
-            resp = {"id": rid, "ok": True, **handler(req), "decode_seconds": worker.decode_seconds,
-                    "callback_seconds": worker.callback_seconds}
-        except RequestError as e:
-            resp = {"id": rid, "ok": False, "error_kind": e.kind, "error": str(e)}
-        except (ValueError, KeyError, TypeError) as e:
-            resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
-                    "trace": traceback.format_exc(limit=3)}
-        blobs: list[bytes] = []
-        resp = _blobs_out(resp, blobs if frames else None)
-        if blobs:
-            resp["$frames"] = [len(b) for b in blobs]
-            stdout.flush()
-            stdout.buffer.write(json.dumps(resp).encode() + b"\n" + b"".join(blobs))
-            stdout.buffer.flush()
-        else:
-            stdout.write(json.dumps(resp) + "\n")
-            stdout.flush()
-
-
-def _blobs_out(value: Any, frames: list[bytes] | None) -> Any:
-    """A reply with its bytes values as base64 strings, or (frames given) as {"$frame": i}, the bytes appended."""
-    if isinstance(value, (bytes, bytearray)):
-        if frames is None:
-            return base64.b64encode(value).decode()
-        frames.append(bytes(value))
-        return {"$frame": len(frames) - 1}
-    if isinstance(value, dict):
-        return {k: _blobs_out(v, frames) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_blobs_out(v, frames) for v in value]
-    return value
-
-
-def _exit_with_engine(engine: int) -> None:
-    """The engine that started this worker is gone (killed: the worker's stdin closes, but a request in progress —
-    an `await` with a long timeout, a slow load, a load the dead engine left in the pipe — would keep the worker and
-    its llama-server alive until it ends): exit now, with the process group the engine started it in (a llama-server
-    runs in it; skippy's stages go by their PR_SET_PDEATHSIG). Gone: this worker's parent changed (it was reparented),
-    or the engine's pid is not there (it died before this thread first looked; a `cmd:` wrapper is the parent)."""
-    parent = os.getppid()
-    while os.getppid() == parent and _alive(engine):
-        time.sleep(0.2)
-    if os.getpgrp() == os.getpid():
-        os.killpg(0, signal.SIGKILL)
-    os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # (someone else's process: there, at least)
-        pass
-    return True
-
-
-NO_LLAMA = "FAMILY_CERTIFY_NO_LLAMA"  # set: a worker exits before it loads llama.cpp or starts llama-server
-
-
 def main() -> None:
     main_with(LlamaWorker)
-
-
-def main_with(worker_cls: Any, llama: bool = True) -> None:
-    """Serve the protocol on stdin/stdout with a worker of this class (also the llama-server worker's entry).
-    llama: the worker runs llama.cpp (refused in the quick lane); skippy's runs skippy's binaries."""
-    if llama and os.environ.get(NO_LLAMA):  # the quick test lane: no llama.cpp process, whatever a test asks for
-        sys.exit(f"llama.cpp refused: {NO_LLAMA} is set (the quick lane, `make test-quick`, starts no llama.cpp "
-                 "process: mark a test that needs one `llama`)")
-    # ggml attaches gdb for a backtrace on abort: slow, and it buries the abort message the client reports
-    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-    # The protocol owns the real stdout; anything native code prints to fd 1 goes to stderr instead.
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    made: list[Any] = []
-
-    def make() -> Any:
-        made.append(worker_cls())
-        return made[-1]
-
-    engine = int(os.environ.get(ENGINE_PID) or os.getppid())
-    threading.Thread(target=_exit_with_engine, args=(engine,), daemon=True).start()
-    try:
-        serve(sys.stdin, proto, make, frames=bool(os.environ.get(FRAMES)))
-    finally:
-        for w in made:
-            w.close()
-    # done: exit now rather than tear down the interpreter, models and contexts (tens of ms per worker) — but a
-    # coverage build's counts are written by the C library's exit (libgcov's destructor in each library), which
-    # os._exit skips
-    proto.flush()
-    sys.stderr.flush()
-    if os.environ.get(COVERAGE_ENV):
-        ctypes.CDLL(None).exit(0)
-    os._exit(0)
 
 
 if __name__ == "__main__":

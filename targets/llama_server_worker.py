@@ -32,16 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import (
-    COVERAGE_ENV,
-    DEVICE_BACKENDS,
-    PINNED_LLAMA_CPP_PYTHON,
-    RequestError,
-    backend_environment,
-    build_commit,
-    main_with,
-)
+from targets.client import COVERAGE_ENV
 from targets.native import cache_dir
+from targets.worker_build import DEVICE_BACKENDS, PINNED_LLAMA_CPP_PYTHON, backend_environment, build_commit
+from targets.worker_protocol import RequestError, main_with
 
 NO_SERVER = ("no llama-server binary: run scripts/build_llama_server.sh (make server), or set "
              "FAMILY_CERTIFY_LLAMA_SERVER")

@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from targets.llama_cpp_worker import RequestError, main_with
 from targets.llama_server_worker import PORT_TRIES, die_with_parent, free_port
 from targets.skippy import SkippyConfig, child_env, classify, identity, read_config
+from targets.worker_protocol import RequestError, main_with
 
 KV_MODES = ("disabled", "auto", "record", "lookup-record")
 KV_PAYLOADS = ("auto", "resident-kv", "kv-recurrent", "full-state")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from targets import open_target
-from targets.llama_cpp_worker import NO_LLAMA
+from targets.worker_protocol import NO_LLAMA
 
 from conftest import ROOT
 

@@ -27,18 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fuzz.certify.schemas import CORPUS_CLASSES as CLASSES
 from synth.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 DIR = ROOT / "corpora" / "upstream"
-CLASSES = {
-    "state": "state save/restore (whole context, per sequence, partial)",
-    "recurrent": "recurrent and hybrid memory (seq_cp, seq_rm, rollback, co-batched sequences)",
-    "swa": "sliding-window caches past the window",
-    "ubatch": "ubatch splitting and output order",
-    "kv-ops": "KV cache sequence operations (seq_add, seq_div, seq_cp, seq_keep)",
-    "server": "llama-server slots, checkpoints and host-RAM prompt cache",
-}
 GOAL = 0.9  # the share of entries the gate must catch
 THREAD = re.compile(r"^https://github\.com/ggml-org/llama\.cpp/(issues|pull)/([0-9]+)$")
 KEYS = {"upstream", "title", "class", "threads", "row", "check"}

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fuzz.certify.corpus import CLASSES as CORPUS_CLASSES
 from fuzz.certify.outputs import RUN_SCHEMA
 from fuzz.engine.contract import REPORT_SCHEMA, STATUSES
 from fuzz.oracles.registry import ORACLES
@@ -23,6 +22,16 @@ DIR = Path(__file__).resolve().parents[2] / "schemas"
 COVERAGE_SCHEMA = 1  # family-certify coverage's coverage.json (fuzz/certify/coverage.py)
 MUTATE_SCHEMA = 1  # family-certify mutate's mutate.json (fuzz/certify/mutate.py)
 MUTANT_STATUSES = ("killed", "survived", "equivalent", "build-failed", "error")
+# the upstream corpus's bug classes (an entry's class, fuzz/certify/corpus.py): defined here, where the corpus
+# report's schema enumerates them, since corpus.py sits above this module (it runs the bump, which validates)
+CORPUS_CLASSES = {
+    "state": "state save/restore (whole context, per sequence, partial)",
+    "recurrent": "recurrent and hybrid memory (seq_cp, seq_rm, rollback, co-batched sequences)",
+    "swa": "sliding-window caches past the window",
+    "ubatch": "ubatch splitting and output order",
+    "kv-ops": "KV cache sequence operations (seq_add, seq_div, seq_cp, seq_keep)",
+    "server": "llama-server slots, checkpoints and host-RAM prompt cache",
+}
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 INT_OR_NULL = {"type": ["integer", "null"]}
