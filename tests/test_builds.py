@@ -270,6 +270,33 @@ def test_the_bump_verdict_of_a_lane(base, candidate, want):
     assert verdict(base, candidate) == want
 
 
+def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_than_the_base():
+    """A known lane is `unchanged` only when the candidate's findings are exactly the base's (run, phase, step, cuts,
+    fingerprint; the messages' numbers may move): a new bug of a known class is `broke`. llama-server's reports
+    are not compared (which schedules meet a known abort is timing)."""
+    from fuzz.certify import bump as bp
+
+    def finding(step, op="keep"):
+        return {"phase": "per-seq-kv", "step": step, "cuts": None, "message": f"sequence 1 at step {step}: 0.{step}",
+                "fingerprint": {"oracle": "memory", "cause": "layout", "op": op, "ops": ["decode", op]}}
+
+    def lane(*found, server=()):
+        return {"row": "qwen3", "lane": "memory", "status": "known", "detail": "known",
+                "reports": [{"oracle": "memory", "target": "llama-cpp", "findings": list(found)},
+                            {"oracle": "prefix-cache", "target": "llama-server", "findings": list(server)}]}
+
+    base = lane(finding(1), finding(1))
+    run = {"results": [base]}
+    assert [v["verdict"] for v in bp.verdicts(run, {"results": [lane(finding(1), finding(1))]}, {})] == ["unchanged"]
+    assert bp.more_known(base, lane(finding(1))) is None  # (fewer: not broke)
+    assert bp.more_known(base, lane(finding(1), finding(1), server=[finding(9)])) is None
+    (v,) = bp.verdicts(run, {"results": [lane(finding(1), finding(1), finding(4, "rm"))]}, {})
+    assert v["verdict"] == "broke" and v["detail"].startswith(
+        "known, and more: 1 findings the base does not have, each of a known upstream finding's class; first: "
+        "sequence 1 at step 4: 0.4 | "), v["detail"]
+    assert bp.more_known(base, lane(finding(1), finding(1), finding(1))).startswith("known, and more: 1 findings")
+
+
 def test_a_crossing_moves_no_more_than_the_builds_differ():
     """State or hidden states crossing two builds: bit-exact, or the same greedy choices within 4x what the two
     builds' own runs differ by; builds that agree bit for bit must cross bit for bit."""

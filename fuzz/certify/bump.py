@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -224,12 +225,38 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         less = reuse_regression(a, b) if v == UNCHANGED and outcome(b["status"]) == "ok" else None
         if less:
             v, detail = BROKE, f"{less} | {detail}"
+        more = more_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None
+        if more:
+            v, detail = BROKE, f"{more} | {detail}"
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
                     "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
     for row, x in cross.items():
         out.append({"row": row, "lane": CROSS_LANE, "verdict": x["verdict"], "base": None, "candidate": None,
                     "detail": x["detail"], **{k: v for k, v in x.items() if k not in ("verdict", "detail")}})
     return out
+
+
+def known_cases(lane: dict[str, Any]) -> Counter:
+    """The findings of a lane's library oracles' runs, each as what it is and where (the run, its phase, step, cuts
+    and fingerprint: numbers that move with numerics left out). Seeded programs and cases fail the same way on the
+    same build; llama-server's lanes are left out (which schedules meet a known abort is timing)."""
+    return Counter((i, f.get("phase"), f.get("step"), json.dumps(f.get("cuts")), json.dumps(f.get("fingerprint"),
+                                                                                          sort_keys=True))
+                   for i, rep in enumerate(lane.get("reports", [])) if rep.get("target") != "llama-server"
+                   for f in rep.get("findings", []))
+
+
+def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """A lane known on both builds that fails on the candidate where the base did not — each finding of a known
+    upstream finding's class, so the lane still reads `known`: a new bug of a known class (or None)."""
+    new = known_cases(candidate) - known_cases(base)
+    if not new:
+        return None
+    i, phase, step, _, fp = next(iter(new))
+    first = next(f for f in candidate["reports"][i]["findings"] if f.get("phase") == phase and f.get("step") == step
+                 and json.dumps(f.get("fingerprint"), sort_keys=True) == fp)
+    return (f"known, and more: {sum(new.values())} findings the base does not have, each of a known upstream "
+            f"finding's class; first: {first.get('message', '')}")
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
