@@ -142,9 +142,10 @@ def test_the_score_counts_killed_over_run_and_the_totals_line():
     assert mu.totals_line(r) == "mutation score: 3 of 4 killed (75.0%), 1 equivalent, 1 survived"
 
 
-def test_a_lane_that_passes_on_a_mutant_but_reuses_less_than_the_pristine_build_kills_it(tmp_path):
-    """As a bump of the pristine build to the mutant's would: fewer prompt tokens from the cache on any request of
-    the lane's conversations (the pristine lane's kept in pristine-reuse.json, read back by a resumed run)."""
+def test_a_lane_the_bump_from_the_pristine_build_says_broke_kills_the_mutant(tmp_path):
+    """As a bump of the pristine build to the mutant's would: a passing lane whose conversations take fewer prompt
+    tokens from the cache, or a lane known on both builds that fails more seeded cases (the pristine lanes kept in
+    pristine.json, read back by a resumed run)."""
     from synth.manifest import load_manifest
     from targets.builds import Build
 
@@ -153,16 +154,24 @@ def test_a_lane_that_passes_on_a_mutant_but_reuses_less_than_the_pristine_build_
                    "lengths": [24, 24], "shared": [0, 0], "cache_n": cache_n}
         return {"status": status, "reports": [{"oracle": "prefix-cache", "rewinds": [], "clients": clients}]}
 
-    (tmp_path / "pristine-reuse.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20])}))
+    def known(*steps):
+        return {"status": "known", "reports": [{"oracle": "memory", "target": "llama-cpp", "findings": [
+            {"phase": "per-seq-kv", "step": k, "message": f"at {k}", "fingerprint": {"op": "keep"}} for k in steps]}]}
+
+    (tmp_path / "pristine.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20]),
+                                                        "qwen3/memory": known(1, 1)}))
     m = load_manifest()
-    reuse = mu.PristineReuse(tmp_path, "pinned", m.path)
+    base = mu.Pristine(tmp_path, "pinned", m.path)
     row, pinned = m.row("qwen3"), Build("pinned", {})
-    assert mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 20]), pinned) is None
-    assert mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 21]), pinned) is None
-    assert "the base took 20, the candidate 3" in mu.reuse_lost(reuse, row, "prefix-cache", lane([0, 3]), pinned)
-    assert mu.reuse_lost(reuse, row, "memory", {"status": "pass", "reports": []}, pinned) is None  # (no conversations)
-    (tmp_path / "pristine-reuse.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20], "finding")}))
-    assert mu.reuse_lost(mu.PristineReuse(tmp_path, "pinned", m.path), row, "prefix-cache", lane([0, 3]),
+    assert mu.bump_broke(base, row, "prefix-cache", lane([0, 20]), pinned) is None
+    assert mu.bump_broke(base, row, "prefix-cache", lane([0, 21]), pinned) is None
+    assert "the base took 20, the candidate 3" in mu.bump_broke(base, row, "prefix-cache", lane([0, 3]), pinned)
+    assert mu.bump_broke(base, row, "memory", known(1, 1), pinned) is None
+    assert mu.bump_broke(base, row, "memory", known(1, 1, 4), pinned) == (
+        "known, and more: 1 findings the base does not have, each of a known upstream finding's class; first: at 4")
+    assert mu.bump_broke(base, row, "handoff", {"status": "pass", "reports": []}, pinned) is None  # (nothing to ask)
+    (tmp_path / "pristine.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20], "finding")}))
+    assert mu.bump_broke(mu.Pristine(tmp_path, "pinned", m.path), row, "prefix-cache", lane([0, 3]),
                          pinned) is None  # (a pristine lane that failed promises nothing)
 
 

@@ -8,8 +8,9 @@ patch, one object recompiled). A mutant whose object file is byte for byte the p
 trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run that executed the
 mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until one
 fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A lane that
-passes but whose conversations take fewer prompt tokens from the cache than the pristine build's is killed too: a
-bump of the pristine build to the mutant's says it broke (fuzz.certify.bump.reuse_regression). A mutant that
+passes but whose conversations take fewer prompt tokens from the cache than the pristine build's, or one known on
+both builds that fails more seeded cases, is killed too: a bump of the pristine build to the mutant's says it broke
+(fuzz.certify.bump: reuse_regression, more_known). A mutant that
 does not compile is `build-failed` and not counted; a lane that raises (the toolkit's own failure under a mutant) is
 `error`, listed and not counted. The score is killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the
 lines the coverage run's build changes against BASE (a bump's own diff) and says which changed lines no lane ran.
@@ -40,7 +41,7 @@ import typer
 from fuzz.certify.coverage import GROUP_NAMES, in_group
 from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
-from fuzz.engine.contract import FAILING
+from fuzz.engine.contract import FAILING, KNOWN
 from synth.errors import UserError
 
 RULES = ("universal", "c_like", "cpp")  # universalmutator's rule files for C++ (its own, as shipped)
@@ -294,52 +295,63 @@ def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: Row
     return interleaved([(row, lane) for row, lane in plan if lane in lanes])
 
 
-class PristineReuse:
-    """What each row × lane's conversations took from the prompt cache on the pristine build (run once each, kept in
-    out/pristine-reuse.json for a resumed run): a lane that passes on a mutant but reuses less than this broke, as
-    the bump of the pristine build to the mutant's says (fuzz.certify.bump.reuse_regression)."""
+class Pristine:
+    """Each row × lane's result on the pristine build, as much of it as a bump compares (run once each, kept in
+    out/pristine.json for a resumed run): a lane that passes on a mutant but reuses less of the prompt cache, or is
+    known on both builds but fails more seeded cases, broke — as the bump of the pristine build to the mutant's says
+    (fuzz.certify.bump.reuse_regression, more_known)."""
 
     def __init__(self, out: Path, spec: str, manifest: Path):
-        self.path, self.spec, self.manifest = out / "pristine-reuse.json", spec, manifest
+        self.path, self.spec, self.manifest = out / "pristine.json", spec, manifest
         self.lanes: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def lane(self, row: Any, lane: str) -> dict[str, Any]:
-        """The pristine build's lane result (its conversations only); run now if it was not run yet."""
+        """The pristine build's lane result (what a bump compares of it); run now if it was not run yet."""
         from fuzz.certify.battery import run_battery
-        from fuzz.certify.bump import rewinds_of
         from targets.builds import activate, resolve
 
         key = f"{row.key}/{lane}"
         if key not in self.lanes:
             activate(resolve(self.spec, None, from_env=False))
             x = run_battery([(row, [lane])], "llama-cpp", None, manifest=self.manifest,
-                            command="family-certify mutate (the pristine build's reuse)")["results"][0]
-            self.lanes[key] = {"status": x["status"], "reports": [{"oracle": "prefix-cache", "rewinds": rewinds_of(x)}]}
+                            command="family-certify mutate (the pristine build, as a bump's base)")["results"][0]
+            self.lanes[key] = compared(x)
             self.path.write_text(json.dumps(self.lanes) + "\n")
         return self.lanes[key]
 
 
-def reuse_lost(pristine: PristineReuse | None, row: Any, lane: str, x: dict[str, Any], build: Any) -> str | None:
-    """A passing lane's prompt-cache reuse regression against the pristine build's (None: none, or the lane has no
-    conversations); the mutant's build activated again after a pristine run."""
-    from fuzz.certify.bump import reuse_regression, rewinds_of
+def compared(x: dict[str, Any]) -> dict[str, Any]:
+    """What a bump compares of a lane result: its status, its reports' findings and conversations."""
+    keep = ("phase", "step", "cuts", "fingerprint", "message")
+    return {"status": x["status"],
+            "reports": [{"oracle": r.get("oracle"), "target": r.get("target"),
+                         "findings": [{k: f.get(k) for k in keep} for f in r.get("findings", [])],
+                         **{k: r[k] for k in ("rewinds", "clients") if r.get(k)}} for r in x.get("reports", [])]}
+
+
+def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any], build: Any) -> str | None:
+    """What the bump from the pristine build to the mutant's says of a lane the mutant's run did not fail: a reuse
+    regression, or a known lane failing more cases (None: unchanged); the mutant's build activated again after a
+    pristine run."""
+    from fuzz.certify.bump import more_known, reuse_regression, rewinds_of
     from targets.builds import activate
 
-    if pristine is None or not rewinds_of(x):
+    if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN):
         return None
     base = pristine.lane(row, lane)
     activate(build)
-    return reuse_regression(base, {"reports": [{"oracle": "prefix-cache", "rewinds": rewinds_of(x)}]}) \
-        if base["status"] not in FAILING else None
+    if base["status"] == KNOWN == x["status"]:
+        return more_known(base, compared(x)) or reuse_regression(base, compared(x))
+    return reuse_regression(base, compared(x)) if base["status"] not in FAILING else None
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
                out: Path, spec: str, manifest: Path, max_runs: int = 12, bundles: bool = False,
-               reuse: PristineReuse | None = None) -> dict[str, Any]:
+               base: Pristine | None = None) -> dict[str, Any]:
     """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
-    at most max_runs of them) until one fails — or passes but reuses less of the prompt cache than the pristine
-    build (`reuse`: what a bump compares). bundles: the killing lane's findings bundled (out/patches/ID/run; each
-    records the mutant's patch series as its build)."""
+    at most max_runs of them) until one fails — or until the bump from the pristine build (`base`) says one broke.
+    bundles: the killing lane's findings bundled (out/patches/ID/run; each records the mutant's patch series as its
+    build)."""
     from fuzz.certify.battery import run_battery
     from targets.builds import activate, resolve
 
@@ -373,9 +385,9 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                 if x.get("bundles"):
                     res["bundles"] = [str((series / "run" / b).relative_to(out)) for b in x["bundles"]]
                 break
-            less = reuse_lost(reuse, row, lane, x, build)
-            if less:
-                res.update(status="killed", by=f"{row.key}/{lane}", detail=f"bump from the pristine build: {less}")
+            broke = bump_broke(base, row, lane, x, build)
+            if broke:
+                res.update(status="killed", by=f"{row.key}/{lane}", detail=f"bump from the pristine build: {broke}")
                 break
         else:
             res["detail"] = f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
@@ -446,7 +458,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
                         "line and the mutated text: the tree or the coverage changed)")
     state = out / "mutate.json"
     out.mkdir(parents=True, exist_ok=True)
-    reuse = PristineReuse(out, spec, m.path)
+    base = Pristine(out, spec, m.path)
     done: dict[str, dict[str, Any]] = {}
     before = 0.0  # the seconds of the runs this one resumes
     if state.is_file():
@@ -468,7 +480,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
             print(f"budget: {budget:.0f} s spent; {len(chosen) - i} mutants left for the next run (it resumes)")
             break
         r = run_mutant(mu, root, pristine, work, covering(plan, mu, covered.get((mu.file, mu.line), []), rows), out,
-                       spec, m.path, max_runs, bundles, reuse)
+                       spec, m.path, max_runs, bundles, base)
         rep["results"].append(r)
         print(f"{mu.id:<34} {mu.group:<6} {r['status']:<12} {r['by'] or ''} {r['seconds']:.0f} s", flush=True)
         rep["wall_s"] = round(before + time.perf_counter() - t0, 1)
