@@ -73,6 +73,40 @@ def test_every_answer_and_every_child_completion_is_judged_against_the_uncached_
     assert row["status"] == FINDING and row["reason"] == "slots [2] still processing after round 1"
 
 
+def test_the_fixture_drafting_for_itself_must_draft_and_have_every_draft_accepted_where_its_picks_are_clear():
+    """draft-simple alone with -md {self}: its drafts are the target's own greedy picks, so an answer that is the
+    reference, clear at every pick, has every draft token accepted; with no probability floor it drafts at all.
+    A pick the reference did not list first (a banned end token the draft may still propose) is not clear."""
+    from dataclasses import replace
+
+    from fuzz.oracles.server_options import self_draft_problems
+
+    ref = {"tokens": [5, 6, 7], "top": [[[5, -0.1], [9, -2.0]], [[6, -0.1], [1, -3.0]], [[7, -0.1], [2, -3]]]}
+    d = replace(draw(64, 0, 0, list(SPEC_TYPES), None), args=[
+        "--spec-type", "draft-simple", "-md", "{self}", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.0"])
+
+    def problems(d, **answer):
+        return self_draft_problems(d, {"got": {"random": {"tokens": [5, 6, 7], **answer}}, "cold": {"random": ref}},
+                                   1e-3)
+
+    assert problems(d, draft_n=4, draft_n_accepted=4) == []
+    assert problems(d, draft_n=4, draft_n_accepted=3) == [
+        "random: the fixture drafting for itself, 1 of 4 draft tokens rejected on an answer that is the reference's, "
+        "every pick clear"]
+    assert problems(d, draft_n=0, draft_n_accepted=0) == [
+        "the fixture drafting for itself with no probability floor drafted nothing in 1 answers: speculative "
+        "decoding did not run"]
+    floor = replace(d, args=[*d.args[:-1], "0.3"])
+    assert problems(floor, draft_n=0, draft_n_accepted=0) == []  # (a floor may stop every draft on a flat model)
+    banned = {**ref, "top": [ref["top"][0], [[11, -0.1], [6, -0.2]], ref["top"][2]]}
+    assert self_draft_problems(d, {"got": {"random": {"tokens": [5, 6, 7], "draft_n": 4, "draft_n_accepted": 2}},
+                                   "cold": {"random": banned}}, 1e-3) == []
+    for other in (["--spec-type", "draft-simple,ngram-mod", "-md", "{self}"], ["--spec-type", "draft-simple", "-md",
+                                                                                "{other}"]):
+        assert self_draft_problems(replace(d, args=[*other, "--spec-draft-p-min", "0.0"]), {"got": {"random": {
+            "tokens": [5, 6, 7], "draft_n": 4, "draft_n_accepted": 0}}, "cold": {"random": ref}}, 1e-3) == []
+
+
 @pytest.mark.llama
 @pytest.mark.server
 @pytest.mark.parametrize("family,knobs", [("qwen3", {"layers": 2}), ("qwen3next", {"layers": 4, "period": 4})])

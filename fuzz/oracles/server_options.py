@@ -10,7 +10,9 @@ or not, a full-size sliding-window cache, batches and ubatches smaller than a pr
 rounds of concurrent requests: fresh prompts (one random, one repeating a short motif, one branching off the first),
 then second turns carrying the first answers, and the repeating prompt again. Every answer, every child completion
 too, must equal the uncached reference (each prompt alone on a one-slot server with the cache off and no options):
-token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. A schedule with
+token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. The fixture
+drafting for itself alone must have every draft accepted on an answer clear at every pick, and draft at all with no
+probability floor (self_draft_problems). A schedule with
 a finding is observed once more before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a
 bundle replays).
 """
@@ -332,6 +334,7 @@ class ServerOptions(CaseOracle[Draw]):
                     wrong.append({"name": name, "completion": c, **({"tokens": answer["tokens"]}
                                                                    if "tokens" in answer else {})})
         problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
+        problems += self_draft_problems(d, seen, self.near_tie)
         answers = [a for g in seen["got"].values() for a in (g, *g.get("more", []))]
         row = {**self.identity(d), "n_cmpl": d.n_cmpl,
                "draft_n": sum(a.get("draft_n", 0) for a in answers),
@@ -351,6 +354,43 @@ class ServerOptions(CaseOracle[Draw]):
                 "drafts": {"self": self.drafts["{self}"],
                            "other": "the fixture itself (not written by synth: no other weights of its family)"
                            if self.drafts["{other}"] == str(self.fixture) else "its family, seed + 1"}}
+
+
+def self_drafted(d: Draw) -> bool:
+    """The schedule drafts with the fixture itself alone: draft-simple, no n-gram kind beside it, -md {self}."""
+    a = d.args
+    return "--spec-type" in a and a[a.index("--spec-type") + 1] == "draft-simple" and "-md" in a and \
+        a[a.index("-md") + 1] == "{self}"
+
+
+def clear(ref: dict[str, Any], near_tie: float) -> bool:
+    """Whether every pick of the reference clears the near-tie margin (and is its listed top candidate)."""
+    return len(ref.get("top", [])) >= len(ref["tokens"]) and all(
+        len(top) < 2 or (top[0][1] - top[1][1] >= near_tie and int(top[0][0]) == tok)
+        for tok, top in zip(ref["tokens"], ref["top"], strict=False))
+
+
+def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[str]:
+    """A promise of the schedule itself, no rule about models: a draft model that is the target's own weights drafts
+    the target's own greedy picks, so on an answer that is the reference and clear at every pick the target must
+    accept every draft token it was given (a rejection there is a speculator told the wrong count, a rollback that
+    lost state, or drafts made from another context than the slot's); with no probability floor it must draft."""
+    if not self_drafted(d):
+        return []
+    out = []
+    answers = [a for g in seen["got"].values() for a in (g, *g.get("more", [])) if len(a.get("tokens", [])) > 1]
+    if d.args[d.args.index("--spec-draft-p-min") + 1] == "0.0" and answers and \
+            not sum(a.get("draft_n", 0) for a in answers):  # (no probability floor: it drafts at every step)
+        out.append(f"the fixture drafting for itself with no probability floor drafted nothing in {len(answers)} "
+                   "answers: speculative decoding did not run")
+    for name, got in seen["got"].items():
+        ref = seen["cold"][name]
+        for answer in (got, *got.get("more", [])):
+            drafted, taken = answer.get("draft_n", 0), answer.get("draft_n_accepted", 0)
+            if "tokens" in answer and taken < drafted and answer["tokens"] == ref["tokens"] and clear(ref, near_tie):
+                out.append(f"{name}: the fixture drafting for itself, {drafted - taken} of {drafted} draft tokens "
+                           f"rejected on an answer that is the reference's, every pick clear")
+    return out
 
 
 def margin_at(ref: dict[str, Any], got: dict[str, Any]) -> str:
