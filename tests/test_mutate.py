@@ -175,6 +175,16 @@ def test_a_lane_the_bump_from_the_pristine_build_says_broke_kills_the_mutant(tmp
                          pinned) is None  # (a pristine lane that failed promises nothing)
 
 
+def test_mutate_refuses_an_id_no_mutant_of_the_coverage_run_has_before_building(tmp_path):
+    _, cov = fake_coverage(tmp_path)
+    r = run_cli("family-certify", "mutate", "--coverage", str(cov), "--out", str(tmp_path / "m"), "--id",
+                "llama-kv-cache-4-0000000000")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "family-certify: error: --id llama-kv-cache-4-0000000000: no such mutant of the lines this coverage run ran"), \
+        r.stderr
+    assert "build:" not in r.stderr and not (tmp_path / "m").exists()
+
+
 def test_mutate_refuses_a_directory_that_is_no_coverage_run(tmp_path):
     r = run_cli("family-certify", "mutate", "--coverage", str(tmp_path), "--out", str(tmp_path / "m"))
     assert r.returncode == 2 and "not a complete `family-certify coverage` run" in r.stderr, r.stderr

@@ -443,7 +443,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
     m = load_manifest(manifest)
     plan = [(m.row(x["row"]), x["lane"]) for x in cov_rep["lanes"] if x["status"] not in ("unsupported", "skipped")]
     files = sorted({f for f, _ in covered})
-    root, work, pristine = pristine_objects(spec, files)
+    root = base_tree(spec)
     functions = line_functions(coverage_dir)
     account = None
     if diff is not None:
@@ -456,6 +456,7 @@ def mutate(coverage_dir: Path, out: Path, *, per_group: dict[str, int], seed: in
         missing = sorted(set(ids) - {x.id for x in chosen})
         raise UserError(f"--id {missing[0]}: no such mutant of the lines this coverage run ran (an id names the file, "
                         "line and the mutated text: the tree or the coverage changed)")
+    _, work, pristine = pristine_objects(spec, files)  # (built only once what is asked is known to exist)
     state = out / "mutate.json"
     out.mkdir(parents=True, exist_ok=True)
     base = Pristine(out, spec, m.path)
