@@ -90,6 +90,8 @@ def test_a_diff_mutates_only_the_changed_lines_and_names_the_changed_lines_no_la
 def test_arid_and_plausible_lines():
     assert mu.arid('    LLAMA_LOG_WARN("%s: x\\n", __func__);') and mu.arid("    // p0 = 1;") and mu.arid("")
     assert mu.arid('        throw std::runtime_error("bad magic");') and not mu.arid("    p0 = p1 + 1;")
+    # trace and speculative logging (a sample's server survivor was a trace line commented out)
+    assert mu.arid('    SRV_TRC("%s", "updating prompt cache\\n");') and mu.arid('  SPC_DBG("draft %d\\n", n);')
     assert not mu.plausible("    uint32_t n = 0;", "    uint1_t n = 0;")  # a digit inside a name
     assert not mu.plausible("    std::vector<int> v;", "    std::vector!=int> v;")  # a template's bracket
     assert not mu.plausible("for (int i = 0; i < n; ++i) {", "/*for (int i = 0; i < n; ++i) {*/")  # half a pair

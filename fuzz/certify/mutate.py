@@ -6,14 +6,14 @@ as in Google's practice (logging, error and assert messages, statistics: ARID). 
 is each written as a one-patch series and built incrementally (targets/builds.py: the build spec's tree with the
 patch, one object recompiled). A mutant whose object file is byte for byte the pristine one is equivalent (TCE,
 trivially equivalent compiler output) and not run. Otherwise the rows × lanes of the coverage run that executed the
-mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until one
-fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A lane that
+mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until
+one fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A lane that
 passes but whose conversations take fewer prompt tokens from the cache than the pristine build's, or one known on
 both builds that fails more seeded cases, is killed too: a bump of the pristine build to the mutant's says it broke
-(fuzz.certify.bump: reuse_regression, more_known). A mutant that
-does not compile is `build-failed` and not counted; a lane that raises (the toolkit's own failure under a mutant) is
-`error`, listed and not counted. The score is killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the
-lines the coverage run's build changes against BASE (a bump's own diff) and says which changed lines no lane ran.
+(fuzz.certify.bump: reuse_regression, more_known). A mutant that does not compile is `build-failed` and not counted;
+a lane that raises (the toolkit's own failure under a mutant) is `error`, listed and not counted. The score is
+killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the lines the coverage run's build changes against
+BASE (a bump's own diff) and says which changed lines no lane ran.
 
 The state is mutate.json in --out (schemas/mutate.schema.json), written after every mutant: a run resumes where it
 stopped (the same seed and sample draw the same mutants), and `--budget` stops it in time.
@@ -46,7 +46,8 @@ from synth.errors import UserError
 
 RULES = ("universal", "c_like", "cpp")  # universalmutator's rule files for C++ (its own, as shipped)
 # arid lines: what a mutant of changes no state — logging, error and assert messages, statistics and timing
-ARID = re.compile(r"LLAMA_LOG|GGML_LOG|\bLOG_(INF|WRN|ERR|DBG|CNT|TEE)\b|\b(SRV|SLT|QUE|RES)_(INF|WRN|ERR|DBG)\b|"
+ARID = re.compile(r"LLAMA_LOG|GGML_LOG|\bLOG_(INF|WRN|ERR|DBG|CNT|TEE)\b|"
+                  r"\b(SRV|SLT|QUE|RES|SPC)_(INF|WRN|ERR|DBG|TRC)\b|"
                   r"printf\s*\(|GGML_UNUSED|std::runtime_error\s*\(|throw\b|format\s*\(|\bt_[a-z_]*_(us|ms)\b|"
                   r"\bn_(p_)?eval\b|ggml_time_us|perf")
 STATUSES = MUTANT_STATUSES
