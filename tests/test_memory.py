@@ -320,6 +320,45 @@ def test_a_drawn_program_is_rerun_as_it_ran_its_refused_operations_not_counted_a
 
 
 @pytest.mark.llama
+@pytest.mark.parametrize("family", ["mamba", "qwen3"])
+def test_a_fork_copies_its_source_onto_itself_too_and_a_memory_that_takes_that_for_a_move_is_caught(fixtures, family):
+    """Every fork is followed by seq_cp of its source onto itself, which every memory takes as a no-op (a runtime may
+    ask it: upstream returns early); the same program on a target whose self-copy clears the sequence (as a recurrent
+    memory without that early return does) fails at the fork."""
+    from fuzz.engine.parity import context_params
+    from fuzz.oracles.memory_machine import run_program
+    from targets import open_target
+
+    fixture = fixtures(family, layers=2)
+    cfg = MemoryConfig()
+    program = [{"op": "decode", "parts": [[0, [3, 1, 4]]]}, {"op": "cp", "src": 0, "dst": 1, "p0": -1, "p1": -1},
+               {"op": "decode", "parts": [[0, [5]], [1, [9]]]}]
+    t, ref = open_target("llama-cpp"), open_target("llama-cpp")
+    calls = []
+    real = t.call
+
+    def spy(op, **args):
+        calls.append((op, args.get("src"), args.get("dst")))
+        if op == "seq_cp" and args.get("src") == args.get("dst") and clears:
+            real("seq_rm", seq=args["src"], p0=-1, p1=-1)
+        return real(op, **args)
+
+    t.call = spy
+    try:
+        recompute = Recompute(ref, fixture, context_params(n_seq=1, capture=False))
+        clears = False
+        done, problem, _ = run_program(t, fixture, cfg, True, recompute, program, None)
+        assert problem is None and len(done) == 3
+        assert [c for c in calls if c[0] == "seq_cp"] == [("seq_cp", 0, 1), ("seq_cp", 0, 0)]
+        clears = True
+        done, problem, _ = run_program(t, fixture, cfg, True, recompute, program, None)
+        assert problem is not None and len(done) == 2, (done, problem)
+    finally:
+        t.close()
+        ref.close()
+
+
+@pytest.mark.llama
 def test_a_coupled_decode_a_memory_cannot_split_is_refused_and_changes_nothing(fixtures):
     """One token in two sequences, decoded where llama.cpp splits a batch sequence by sequence — a recurrent memory,
     or a KV cache with a stream per sequence: the decode fails, and both sequences go on as if it never came."""

@@ -273,6 +273,8 @@ class Machine:
             elif kind == "cp":
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
                 self.call("seq_cp", src=op["src"], dst=op["dst"], p0=op["p0"], p1=op["p1"])
+                # the source onto itself, as a runtime may ask: every memory takes it as a no-op
+                self.call("seq_cp", src=op["src"], dst=op["src"], p0=op["p0"], p1=op["p1"])
                 m.cp(op["src"], op["dst"], op["p0"], op["p1"], shared=self.kv_unified or self.mem.recurrent)
                 self._window_lost()
             elif kind == "keep":
