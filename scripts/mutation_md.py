@@ -80,7 +80,8 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
         for r in run["results"]:
             a = accounts.get(r["id"])
             now = f"killed by {r['by']}" if r["status"] == "killed" else r["status"]
-            why = "" if r["status"] == "killed" else f"{a['status']}: {a['why']}" if a else "to do: not analysed yet"
+            why = "" if r["status"] == "killed" else "not counted" if r["status"] == "build-failed" else \
+                f"{a['status']}: {a['why']}" if a else "to do: not analysed yet"
             out.append(f"| `{r['id']}` | `{r['file']}:{r['line']}` | `{cell(r['original'].strip())}` → "
                        f"`{cell(r['mutated'].strip())}` | {now} | {cell(why)} |")
     out += ["", "## Every mutant", "", "| mutant | group | verdict | by | seconds |", "|---|---|---|---|---:|"]
