@@ -160,8 +160,8 @@ def test_a_lane_the_bump_from_the_pristine_build_says_broke_kills_the_mutant(tmp
         return {"status": "known", "reports": [{"oracle": "memory", "target": "llama-cpp", "findings": [
             {"phase": "per-seq-kv", "step": k, "message": f"at {k}", "fingerprint": {"op": "keep"}} for k in steps]}]}
 
-    (tmp_path / "pristine.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20]),
-                                                        "qwen3/memory": known(1, 1)}))
+    (tmp_path / "pristine.json").write_text(json.dumps({"spec": "pinned", "lanes": {
+        "qwen3/prefix-cache": lane([0, 20]), "qwen3/memory": known(1, 1)}}))
     m = load_manifest()
     base = mu.Pristine(tmp_path, "pinned", m.path)
     row, pinned = m.row("qwen3"), Build("pinned", {})
@@ -172,9 +172,11 @@ def test_a_lane_the_bump_from_the_pristine_build_says_broke_kills_the_mutant(tmp
     assert mu.bump_broke(base, row, "memory", known(1, 1, 4), pinned) == (
         "known, and more: 1 findings the base does not have, each of a known upstream finding's class; first: at 4")
     assert mu.bump_broke(base, row, "handoff", {"status": "pass", "reports": []}, pinned) is None  # (nothing to ask)
-    (tmp_path / "pristine.json").write_text(json.dumps({"qwen3/prefix-cache": lane([0, 20], "finding")}))
+    (tmp_path / "pristine.json").write_text(json.dumps({"spec": "pinned", "lanes": {
+        "qwen3/prefix-cache": lane([0, 20], "finding")}}))
     assert mu.bump_broke(mu.Pristine(tmp_path, "pinned", m.path), row, "prefix-cache", lane([0, 3]),
                          pinned) is None  # (a pristine lane that failed promises nothing)
+    assert mu.Pristine(tmp_path, "pypi:0.3.35", m.path).lanes == {}  # (another build's lanes are not its base)
 
 
 def test_mutate_refuses_an_id_no_mutant_of_the_coverage_run_has_before_building(tmp_path):

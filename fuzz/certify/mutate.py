@@ -304,7 +304,8 @@ class Pristine:
 
     def __init__(self, out: Path, spec: str, manifest: Path):
         self.path, self.spec, self.manifest = out / "pristine.json", spec, manifest
-        self.lanes: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        kept = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.lanes: dict[str, Any] = kept.get("lanes", {}) if kept.get("spec") == spec else {}  # (not another build)
 
     def lane(self, row: Any, lane: str) -> dict[str, Any]:
         """The pristine build's lane result (what a bump compares of it); run now if it was not run yet."""
@@ -317,7 +318,7 @@ class Pristine:
             x = run_battery([(row, [lane])], "llama-cpp", None, manifest=self.manifest,
                             command="family-certify mutate (the pristine build, as a bump's base)")["results"][0]
             self.lanes[key] = compared(x)
-            self.path.write_text(json.dumps(self.lanes) + "\n")
+            self.path.write_text(json.dumps({"spec": self.spec, "lanes": self.lanes}) + "\n")
         return self.lanes[key]
 
 
@@ -558,8 +559,8 @@ def mutate_command(
     manifest: Annotated[Path | None, typer.Option(help="manifest file")] = None,
 ) -> int:
     """Mutants of the state code the coverage run saw executed, each built and run on the lanes that executed its
-    line until one fails (or reuses less of the prompt cache than the pristine build); the score per group, ending
-    with one totals line. Exit 0: a measurement, not a verdict (the survivors are the generators' to-do list,
+    line until one fails (or the bump from the pristine build says it broke); the score per group, ending with one
+    totals line. Exit 0: a measurement, not a verdict (the survivors are the generators' to-do list,
     docs/mutation.md)."""
     import sys
 

@@ -231,7 +231,7 @@ class PrefixCache:
         if failed:
             if "cannot erase" in failed:
                 raise UserError(f"{self.fixture}: {failed}")
-            return [], [ServerFinding("server-crash", None, f"rewind conversation {failed}")]
+            return [], [ServerFinding("server-crash", None, f"rewind conversations, {failed}")]
         out = [reuse(sent, answers, [n for n in sent if n.startswith(f"{pass_name}{i}.")]) for i in range(len(convs))]
         return out, self._judge(ref_t, sent, answers, lambda i, j: f"conversation {i}"
                                 + ("" if erase else " (back to back)") + f", request {j}",
