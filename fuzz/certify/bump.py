@@ -236,14 +236,22 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
     return out
 
 
+def library_findings(lane: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The findings of a lane's library oracles' runs, each with the index of its run. llama-server's lanes are left
+    out (which schedules meet a known abort is timing)."""
+    return [(i, f) for i, rep in enumerate(lane.get("reports", [])) if rep.get("target") != "llama-server"
+            for f in rep.get("findings", [])]
+
+
+def case_key(i: int, f: dict[str, Any]) -> tuple[Any, ...]:
+    """A finding as what it is and where: its run, phase, step, cuts and fingerprint (numbers that move with numerics
+    left out). Seeded programs and cases fail the same way on the same build."""
+    return i, f.get("phase"), f.get("step"), json.dumps(f.get("cuts")), json.dumps(f.get("fingerprint"), sort_keys=True)
+
+
 def known_cases(lane: dict[str, Any]) -> Counter:
-    """The findings of a lane's library oracles' runs, each as what it is and where (the run, its phase, step, cuts
-    and fingerprint: numbers that move with numerics left out). Seeded programs and cases fail the same way on the
-    same build; llama-server's lanes are left out (which schedules meet a known abort is timing)."""
-    return Counter((i, f.get("phase"), f.get("step"), json.dumps(f.get("cuts")), json.dumps(f.get("fingerprint"),
-                                                                                          sort_keys=True))
-                   for i, rep in enumerate(lane.get("reports", [])) if rep.get("target") != "llama-server"
-                   for f in rep.get("findings", []))
+    """How many of a lane's library findings each case_key has."""
+    return Counter(case_key(i, f) for i, f in library_findings(lane))
 
 
 def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
@@ -252,9 +260,7 @@ def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
     new = known_cases(candidate) - known_cases(base)
     if not new:
         return None
-    i, phase, step, _, fp = next(iter(new))
-    first = next(f for f in candidate["reports"][i]["findings"] if f.get("phase") == phase and f.get("step") == step
-                 and json.dumps(f.get("fingerprint"), sort_keys=True) == fp)
+    first = next(f for i, f in library_findings(candidate) if case_key(i, f) in new)
     return (f"known, and more: {sum(new.values())} findings the base does not have, each of a known upstream "
             f"finding's class; first: {first.get('message', '')}")
 

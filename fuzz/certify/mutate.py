@@ -340,11 +340,11 @@ def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any]
 
     if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN):
         return None
-    base = pristine.lane(row, lane)
+    base, cand = pristine.lane(row, lane), compared(x)
     activate(build)
     if base["status"] == KNOWN == x["status"]:
-        return more_known(base, compared(x)) or reuse_regression(base, compared(x))
-    return reuse_regression(base, compared(x)) if base["status"] not in FAILING else None
+        return more_known(base, cand) or reuse_regression(base, cand)
+    return reuse_regression(base, cand) if base["status"] not in FAILING else None
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],

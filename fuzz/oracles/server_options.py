@@ -12,9 +12,8 @@ then second turns carrying the first answers, and the repeating prompt again. Ev
 too, must equal the uncached reference (each prompt alone on a one-slot server with the cache off and no options):
 token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. The fixture
 drafting for itself alone must have every draft accepted on an answer clear at every pick, and draft at all with no
-probability floor (self_draft_problems). A schedule with
-a finding is observed once more before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a
-bundle replays).
+probability floor (self_draft_problems). A schedule with a finding is observed once more before it counts
+(reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays).
 """
 
 from __future__ import annotations
@@ -279,7 +278,7 @@ class ServerOptions(CaseOracle[Draw]):
             if isinstance(plain, Failure):
                 return {}
             for name, g in plain["got"].items():
-                control.setdefault(name, []).extend(a["tokens"] for a in (g, *g.get("more", [])) if "tokens" in a)
+                control.setdefault(name, []).extend(a["tokens"] for a in completions(g) if "tokens" in a)
             if all(w["tokens"] in control.get(w["name"], []) for w in wrong):
                 break
 
@@ -314,7 +313,7 @@ class ServerOptions(CaseOracle[Draw]):
                 return {}
             off = self.with_cold(off)
             if any("error" in a or compare(off["cold"][k], a, self.near_tie) for k, g in off["got"].items()
-                   for a in (g, *g.get("more", []))):
+                   for a in completions(g)):
                 return {}
         return {"cause": {"kind": CHECKPOINT, "detail": f"the same rounds with the slots' context checkpoints off "
                           f"(-ctxcp 0) answer as uncached in {UNCACHED_TRIES} runs: a slot resumed a prompt from a "
@@ -325,7 +324,7 @@ class ServerOptions(CaseOracle[Draw]):
         problems: list[str] = []
         wrong: list[dict[str, Any]] = []  # the answers that left the reference (what explain() controls)
         for name, got in seen["got"].items():
-            for c, answer in enumerate([got, *got.get("more", [])]):
+            for c, answer in enumerate(completions(got)):
                 who = name + (f" (completion {c + 1} of {1 + len(got['more'])})" if got.get("more") else "")
                 ref = seen["cold"][name]
                 why = answer["error"] if "error" in answer else compare(ref, answer, self.near_tie)
@@ -335,7 +334,7 @@ class ServerOptions(CaseOracle[Draw]):
                                                                    if "tokens" in answer else {})})
         problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
         problems += self_draft_problems(d, seen, self.near_tie)
-        answers = [a for g in seen["got"].values() for a in (g, *g.get("more", []))]
+        answers = [a for g in seen["got"].values() for a in completions(g)]
         row = {**self.identity(d), "n_cmpl": d.n_cmpl,
                "draft_n": sum(a.get("draft_n", 0) for a in answers),
                "draft_n_accepted": sum(a.get("draft_n_accepted", 0) for a in answers),
@@ -354,6 +353,11 @@ class ServerOptions(CaseOracle[Draw]):
                 "drafts": {"self": self.drafts["{self}"],
                            "other": "the fixture itself (not written by synth: no other weights of its family)"
                            if self.drafts["{other}"] == str(self.fixture) else "its family, seed + 1"}}
+
+
+def completions(got: dict[str, Any]) -> list[dict[str, Any]]:
+    """A request's answer and its further completions (n_cmpl's children, a control's requests of the same prompt)."""
+    return [got, *got.get("more", [])]
 
 
 def self_drafted(d: Draw) -> bool:
@@ -378,14 +382,14 @@ def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[
     if not self_drafted(d):
         return []
     out = []
-    answers = [a for g in seen["got"].values() for a in (g, *g.get("more", [])) if len(a.get("tokens", [])) > 1]
+    answers = [a for g in seen["got"].values() for a in completions(g) if len(a.get("tokens", [])) > 1]
     if d.args[d.args.index("--spec-draft-p-min") + 1] == "0.0" and answers and \
             not sum(a.get("draft_n", 0) for a in answers):  # (no probability floor: it drafts at every step)
         out.append(f"the fixture drafting for itself with no probability floor drafted nothing in {len(answers)} "
                    "answers: speculative decoding did not run")
     for name, got in seen["got"].items():
         ref = seen["cold"][name]
-        for answer in (got, *got.get("more", [])):
+        for answer in completions(got):
             drafted, taken = answer.get("draft_n", 0), answer.get("draft_n_accepted", 0)
             if "tokens" in answer and taken < drafted and answer["tokens"] == ref["tokens"] and clear(ref, near_tie):
                 out.append(f"{name}: the fixture drafting for itself, {drafted - taken} of {drafted} draft tokens "
