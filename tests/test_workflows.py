@@ -747,17 +747,21 @@ def test_through_cmd_runs_the_per_bump_jobs_behind_cmd_and_passes(ci):
 def test_nightly_stability_runs_the_nightly_lanes_of_the_chosen_rows(ci):
     """The nightly stability job, its rows narrowed by the `rows` input to llama, runs the lanes of the manifest's
     nightly CI job (repeat-determinism, the quantized-weight splits, the drawn prompt trees in depth) on that row
-    only, compiles nothing, and publishes its summary. The prompt-trees lane's 48 drawn server-option schedules meet
-    upstream's abort of drafts overflowing a small batch on llama too: known, by its repro."""
+    only, compiles nothing, and publishes its summary. The prompt-trees lane's 48 drawn server-option schedules may
+    meet upstream's abort of drafts overflowing a small batch on llama (three slots drafting into one batch of 8: it
+    needs their turns to coincide, so some runs do and some don't): known by its repro when met, never a finding."""
     j = job(ci, "nightly.yml", "stability")
     assert j.ok, j.why()
     d = assert_consumer(j, ci, "out/stability")
     report = json.loads((d / "report.json").read_text())
-    assert {(x["row"], x["lane"], x["status"]) for x in report["results"]} == {
-        ("llama", "determinism", "pass"), ("llama", "dtype", "pass"), ("llama", "prompt-trees", "known")}, \
-        report["results"]
-    trees = next(x for x in report["results"] if x["lane"] == "prompt-trees")
-    assert trees["detail"].endswith("only upstream's known findings: server-spec-draft-batch-overflow"), trees
+    lanes = {(x["row"], x["lane"]): x for x in report["results"]}
+    assert {k: x["status"] for k, x in lanes.items() if k[1] != "prompt-trees"} == {
+        ("llama", "determinism"): "pass", ("llama", "dtype"): "pass"}, report["results"]
+    trees = lanes["llama", "prompt-trees"]
+    if trees["status"] == "known":
+        assert trees["detail"].endswith("only upstream's known findings: server-spec-draft-batch-overflow"), trees
+    else:
+        assert trees["status"] == "pass" and "48 drawn server-option schedules" in trees["detail"], trees
 
 
 @executes
