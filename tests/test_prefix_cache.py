@@ -7,7 +7,9 @@ import json
 import pytest
 
 from fuzz.oracles import prefix_cache as pc
-from fuzz.oracles.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, compare, format_report
+from fuzz.oracles import server_answers as sa
+from fuzz.oracles.prefix_cache import PrefixCache, PrefixCacheConfig, build_schedule, format_report
+from fuzz.oracles.server_answers import compare, numerics_step
 from targets import open_target
 from targets.llama_server_worker import server_binary
 
@@ -100,6 +102,38 @@ def test_a_unified_layout_tells_where_a_sequence_sits_from_the_cache(fixtures):
     assert pc.noise["placement"] > 1e-3 and pc.near_tie == pytest.approx(4 * pc.noise["placement"])
 
 
+def test_numerics_step_excuses_only_by_controls_that_leave_the_reference_no_later():
+    ref = {"tokens": [1, 2, 3, 4]}
+    assert numerics_step(ref, [1, 2, 9, 9], [[1, 2, 3, 4], [1, 2, 9, 9]]) == "the same answer"
+    assert numerics_step(ref, [1, 2, 9, 9], [[1, 5, 3, 4]]) == \
+        "a departure from the reference at step 1 (this answer's at step 2)"
+    assert numerics_step(ref, [1, 9, 3, 4], [[1, 2, 5, 4]]) is None  # the control leaves it later
+    assert numerics_step(ref, [1, 9, 3, 4], [[1, 2, 3, 4]]) is None  # the control is the reference
+
+
+def test_a_fixtures_batch_shapes_excuse_no_made_up_answer(fixtures):
+    """explain_shapes computes a diverged prompt uncached at every ubatch of SHAPE_UBATCHES: on the llama fixture
+    each gives the reference (a finding that claims the reference's answer is excused at the first, ubatch 1, and
+    named so), and an answer no shape gives, leaving the reference at step 0, stays a finding."""
+    from fuzz.oracles.prefix_cache import BATCHING, ServerFinding
+    from targets import close_all
+
+    pc = PrefixCache(fixtures("llama", layers=4), PrefixCacheConfig(rounds=1, tokens=6))
+    sched = build_schedule(pc.info.n_vocab, 4, 1, 0)
+    t = open_target("llama-server", timeout=60)
+    try:
+        t.start()
+        cold = pc._reference(t, sched)["leaf"]["tokens"]
+        same = ServerFinding("rewind-diverged", None, "x", prompt="leaf", answer=cold, tokens=sched.prompts["leaf"])
+        other = [(cold[0] + 1) % pc.info.n_vocab, *cold[1:]]
+        made_up = ServerFinding("rewind-diverged", None, "y", prompt="leaf", answer=other, tokens=sched.prompts["leaf"])
+        pc.explain_shapes(t, [same, made_up])
+    finally:
+        close_all([t])
+    assert same.cause["kind"] == BATCHING and "at ubatch 1 gives the same answer" in same.cause["detail"]
+    assert made_up.cause is None
+
+
 def test_a_duplicate_insert_that_leaks_is_caught(fixtures):
     rep = PrefixCache(fixtures("llama", layers=4),
                       PrefixCacheConfig(rounds=2, tokens=4, target="mutant:server-dup-leak")).run()
@@ -112,7 +146,6 @@ def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):
     """The probe after a schedule is as long as the server's real slots allow — llama.cpp pads the 160 cells asked
     per slot to 256 (a probe sized from what was asked left 104 cells of every slot unchecked) — so a slot holding
     more than PROBE_SLACK cells cannot take it: every slot takes it, and none takes one token more."""
-    import fuzz.oracles.prefix_cache as pc
     from synth.inspect import inspect_file
 
     path = fixtures("llama", layers=4)
@@ -120,10 +153,10 @@ def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):
     with open_target("llama-server") as t:
         assert t.load(str(path), slots=2, n_ctx=320).ok
         assert [s["n_ctx"] for s in t.call("slots").data["slots"]] == [256, 256]
-        assert pc.capacity_problems(t, n_vocab, seed=0) == []
-        monkeypatch.setattr(pc, "PROBE_SLACK", pc.PROBE_SLACK - 3)  # one token more than the slot has room for
+        assert sa.capacity_problems(t, n_vocab, seed=0) == []
+        monkeypatch.setattr(sa, "PROBE_SLACK", sa.PROBE_SLACK - 3)  # one token more than the slot has room for
         assert t.load(str(path), slots=2, n_ctx=320).ok
-        bad = pc.capacity_problems(t, n_vocab, seed=0)
+        bad = sa.capacity_problems(t, n_vocab, seed=0)
     assert [(p.slot, p.died) for p in bad] == [(0, False), (1, False)], bad
     assert all("a 255-token prompt" in p.why and "stopped after 1 of 2 tokens: the slot is full" in p.why
                for p in bad), bad
@@ -300,6 +333,6 @@ def test_a_server_that_dies_on_the_capacity_probe_is_a_crash_and_the_probe_ends_
                                             error_kind="server_crash"))
 
     t = Dying()
-    got = pc.capacity_problems(t, 16, seed=0)
+    got = sa.capacity_problems(t, 16, seed=0)
     assert [(p.slot, p.died) for p in got] == [(0, True)] and "SIGSEGV" in got[0].why, got
     assert t.sent == [("submit", "probe0"), ("await", "probe0")]

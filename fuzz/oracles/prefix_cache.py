@@ -5,7 +5,11 @@ requests, each round holding at least one duplicate pair (two slots inserting th
 answer must equal the uncached reference (a one-slot server, cache off): token-exact wherever the reference's
 top-2 margin is clear (a near-tie is noted, not judged). After every round every slot must be idle again (a
 slot still busy is a leaked record), and at the end a prompt needing most of the context must still fit.
-A finding is replayed on a fresh server before it is reported (reproduced or not).
+A finding is replayed on a fresh server before it is reported (reproduced or not), then told apart from the
+model's own numerics by controls run uncached on the same server (explain, explain_shapes): the same round with the
+prompt cache off (what a request is batched with moves its answer), and the prompt alone at other batch shapes (a
+quantized model's kernels round a one-row batch otherwise than a many-row one, and a cached prompt is computed in
+pieces). No bound calibrated on the fixtures decides it; the model under test shows its own.
 
 Then one client's conversations that go back (rewind_conversations), one request after another on a one-slot
 server, the slot erased between conversations: a prompt, then the same prompt cut back with new tokens after it,
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -29,15 +33,32 @@ from fuzz.engine.configs import check_config
 from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.oracles.conversations import client_conversations, converse, reuse, rewind_conversations
+from fuzz.oracles.server_answers import (
+    NEAR_TIE,
+    UNCACHED_TRIES,
+    ServerCrash,
+    busy_slots,
+    capacity_problems,
+    cold_answers,
+    compare,
+    crashes_loading,
+    load_server,
+    noise_line,
+    numerics_step,
+    placement_noise,
+)
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
 
-NEAR_TIE = 1e-3  # logprob margin below which a greedy pick is not judged
-NOISE_FACTOR = 4.0  # one KV cache for all slots: picks are judged where the margin exceeds this × the measured move
 EARLIER = "state of an earlier conversation"  # a back-to-back rewind wrong only after another conversation
-NUMERICS_CAUSES = ("shared KV cache, not the prompt cache",)  # causes that make a divergence numerics
-UNCACHED_TRIES = 8  # runs of a round with the prompt cache off, at most, that may show an answer is not the cache's
+PLACEMENT = "shared KV cache, not the prompt cache"  # one KV cache for all slots: where a sequence sits moved it
+BATCHING = "batching, not the prompt cache"  # what a request was batched with, or in what pieces, moved it
+NUMERICS_CAUSES = (PLACEMENT, BATCHING)  # causes that make a divergence numerics
+# the batch shapes a diverged prompt is computed at uncached: every ubatch up to 16, and 32. A quantized model's
+# answers move with the ubatch's size in no order a smaller set covers (Gemma 3 270M Q4_K_M: 4, 6, 12 and 32 each
+# move a prompt 1, 7 and 16 do not), and a cached prompt's pieces have any size
+SHAPE_UBATCHES = (*range(1, 17), 32)
 
 
 @dataclass
@@ -61,6 +82,7 @@ class ServerFinding:
     reproduced: bool | None = None
     prompt: str | None = None  # diverged: the prompt's name
     answer: list[int] | None = None  # diverged: what the server answered
+    tokens: list[int] | None = None  # diverged: the prompt sent
     cause: dict[str, Any] | None = None  # diverged, and not the prompt cache's doing (PrefixCache.explain)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,8 +164,8 @@ class PrefixCache:
                         f.reproduced = any(g.kind == f.kind and (f.kind == "server-crash" or
                                                                  (g.round, g.prompt) == (f.round, f.prompt))
                                            for g in again)
-                if cfg.kv_unified:  # where a sequence sat may explain a different answer: not the cache
-                    self.explain(ref_t, sched, reference, findings)
+                self.explain(ref_t, sched, reference, findings)  # (not the cache: batching, placement)
+                self.explain_shapes(ref_t, findings)
         numerics = [f for f in findings if f.cause and f.cause["kind"] in NUMERICS_CAUSES]
         findings = [f for f in findings if f not in numerics]
         return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
@@ -155,11 +177,11 @@ class PrefixCache:
 
     def explain(self, t: Target, sched: Schedule, cold: dict[str, dict[str, Any]],
                 findings: list[ServerFinding]) -> None:
-        """A different answer the same round gives with the prompt cache off (on one KV cache for the slots, each
-        request computed afresh, up to UNCACHED_TRIES times) is not the cache's doing: where the sequence sat and
-        what it was batched with moved it (deepseek3: DSA's indexer keeps tied keys by cell, a known upstream finding,
-        corpora/repros/deepseek32-isolation-unified-kv). So is one that leaves the cold answer at or after a step
-        where those cache-off answers already leave it (placement decides from there on). The rest stay findings."""
+        """A different answer the same round gives with the prompt cache off (each request computed afresh, in the
+        same KV layout, up to UNCACHED_TRIES times) is not the cache's doing: what the request was batched with moved
+        it, and on one KV cache for the slots where the sequence sat (deepseek3: DSA's indexer keeps tied keys by cell,
+        a known upstream finding, corpora/repros/deepseek32-isolation-unified-kv). So is one that leaves the cold
+        answer at or after a step where those cache-off answers already leave it (numerics decide from there on)."""
         cfg = self.cfg
         rounds = sorted({f.round for f in findings if f.kind == "diverged" and f.round is not None})
         seen: dict[int, dict[str, set[tuple[int, ...]]]] = {k: {} for k in rounds}
@@ -167,7 +189,7 @@ class PrefixCache:
             names = sched.rounds[k]
             wanted = {(str(f.prompt), tuple(f.answer or ())) for f in findings if f.kind == "diverged" and f.round == k}
             for _ in range(UNCACHED_TRIES):  # (until every different answer of the round recurred)
-                self._load(t, slots=cfg.slots, cache_ram=0, kv_unified=True)
+                self._load(t, slots=cfg.slots, cache_ram=0, kv_unified=cfg.kv_unified)
                 reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.tokens, "cache_prompt": False} for n in names]
                 r = t.call("complete", requests=reqs, concurrent=True)
                 if not r.ok:
@@ -177,23 +199,48 @@ class PrefixCache:
                         seen[k].setdefault(n, set()).add(tuple(got["tokens"]))
                 if all(a in seen[k].get(n, ()) for n, a in wanted):
                     break
+        where = "where the sequence sits in the one KV cache and what it is batched with" if cfg.kv_unified else \
+            "what the request is batched with"
         for f in findings:
             if f.kind != "diverged" or f.round not in seen or f.prompt is None or f.answer is None:
                 continue
-            ref = cold[f.prompt]
-            answers = seen[f.round].get(f.prompt, set())
-            k = parted(ref, {"tokens": f.answer})
-            moves = [j for j in (parted(ref, {"tokens": list(a)}) for a in answers) if j is not None]
-            if tuple(f.answer) in answers:
-                f.cause = {"kind": "shared KV cache, not the prompt cache",
-                           "detail": f"round {f.round} with the prompt cache off (every request computed afresh, "
-                                     f"up to {UNCACHED_TRIES} tries) answers {f.prompt} the same: where the "
-                                     f"sequence sits in the one KV cache and what it is batched with moved it"}
-            elif k is not None and moves and min(moves) <= k:
-                f.cause = {"kind": "shared KV cache, not the prompt cache",
-                           "detail": f"round {f.round} with the prompt cache off already leaves the cold answer of "
-                                     f"{f.prompt} at step {min(moves)} (this one at step {k}): from there on where "
-                                     f"the sequence sits in the one KV cache decides its tokens"}
+            why = numerics_step(cold[f.prompt], f.answer, [list(a) for a in seen[f.round].get(f.prompt, ())])
+            if why:
+                f.cause = {"kind": PLACEMENT if cfg.kv_unified else BATCHING,
+                           "detail": f"round {f.round} with the prompt cache off (every request computed afresh, up "
+                                     f"to {UNCACHED_TRIES} tries) gives {f.prompt} {why}: {where} moved it"}
+
+    def explain_shapes(self, t: Target, findings: list[ServerFinding]) -> None:
+        """A different answer the model's own kernels give the prompt uncached at another batch shape is not the
+        cache's doing either: a cached prompt is computed in pieces (its prefix in an earlier request, with the tokens
+        that request generated one at a time), the uncached reference in one ubatch, and a quantized model's kernels
+        round a batch of one size otherwise than one of another (Gemma 3 270M Q4_K_M answers 13 of 60 rewind prompts
+        otherwise at ubatch 1 or 7 than in one). Each diverged prompt not yet explained is computed once per
+        SHAPE_UBATCHES on a one-slot server, the cache off; its finding is numerics where its answer is one of those,
+        or they already leave the reference at or before its step. On the fixtures no shape moves a clear pick:
+        nothing is excused there."""
+        todo = [f for f in findings if f.kind.endswith("diverged") and f.cause is None and f.tokens is not None
+                and f.answer is not None and tuple(f.tokens) in self.cold]
+        if not todo:
+            return
+        prompts = {str(i): f.tokens for i, f in enumerate(todo)}
+        shaped: dict[int, dict[str, Any]] = {}
+        try:
+            for ub in SHAPE_UBATCHES:
+                self._load(t, slots=1, cache_ram=0, n_ubatch=ub)
+                shaped[ub] = cold_answers(t, self.fixture, prompts, self.cfg.tokens)
+        except (ServerCrash, UserError):  # (a shape the server cannot run excuses nothing)
+            return
+        for i, f in enumerate(todo):
+            ref = self.cold[tuple(f.tokens)]
+            whys = ((ub, numerics_step(ref, f.answer or [], [shaped[ub][str(i)]["tokens"]])) for ub in SHAPE_UBATCHES)
+            shape, why = next(((ub, w) for ub, w in whys if w), (0, None))
+            if why:
+                f.cause = {"kind": BATCHING,
+                           "detail": f"the prompt alone with the cache off at ubatch {shape} gives {why}: the "
+                                     f"model's kernels round "
+                                     f"by batch shape, and a cached prompt is computed in other pieces than the "
+                                     f"uncached reference"}
 
     def measure_noise(self, t: Target, prompts: dict[str, list[int]], cold: dict[str, Any]) -> None:
         """One KV cache for all slots: answers are judged only where the cold margin clears NOISE_FACTOR × what
@@ -273,7 +320,7 @@ class PrefixCache:
                 findings.append(ServerFinding(f"{kind}-failed" if "error" in got else f"{kind}-diverged", None,
                                               f"{where(i, j)} ({n} tokens, {shared} shared with the one before, "
                                               f"{got.get('cache_n')} from the cache): {why}", prompt=name,
-                                              answer=got.get("tokens")))
+                                              answer=got.get("tokens"), tokens=sent[name]))
         return findings
 
     def _load(self, t: Target, **params: Any) -> None:
@@ -282,7 +329,9 @@ class PrefixCache:
     def _reference(self, t: Target, sched: Schedule) -> dict[str, dict[str, Any]]:
         """Each prompt alone on a one-slot server with the cache off."""
         self._load(t, slots=1, cache_ram=0)
-        return cold_answers(t, self.fixture, sched.prompts, self.cfg.tokens)
+        answers = cold_answers(t, self.fixture, sched.prompts, self.cfg.tokens)
+        self.cold.update({tuple(sched.prompts[n]): a for n, a in answers.items()})
+        return answers
 
     def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
         """One run of every round on a fresh server; findings and a per-round summary."""
@@ -306,7 +355,7 @@ class PrefixCache:
                 if why:
                     findings.append(ServerFinding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} "
                                                   f"prompt tokens from the cache): {why}", prompt=name,
-                                                  answer=got["tokens"]))
+                                                  answer=got["tokens"], tokens=sched.prompts[name]))
             busy = busy_slots(t)
             if busy:
                 findings.append(ServerFinding("leaked-slot", k, f"slots {busy} still processing after round {k} "
@@ -316,202 +365,6 @@ class PrefixCache:
             findings += [ServerFinding("server-crash" if p.died else "capacity", None, f"after the rounds, {p.why}")
                          for p in capacity_problems(t, self.info.n_vocab, cfg.seed)]
         return findings, rounds
-
-
-class ServerCrash(Exception):
-    """llama-server aborted loading the model under the parameters chosen here (`params`)."""
-
-    def __init__(self, message: str, params: dict[str, Any]):
-        super().__init__(message)
-        self.params = params
-
-
-def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: Any) -> dict[str, Any]:
-    """A server that refuses the model is bad input (UserError); one that aborts loading it (a signal) is a crash of
-    the target under the configuration chosen here — a finding (ServerCrash). kv_unified: one KV cache shared by the
-    slots (--kv-unified) instead of one per slot."""
-    if kv_unified:
-        params = {**params, "args": [*params.get("args", []), "--kv-unified"]}
-    r = t.load(str(fixture), **params)
-    if not r.ok:
-        if "signal" in r.failure.message:
-            raise ServerCrash(f"loading with {params.get('slots')} slots: {r.failure.message}", params)
-        raise UserError(f"{fixture}: llama-server cannot serve it: {r.failure.message}")
-    return r.data
-
-
-def crashes_loading(t: Target, fixture: Path, params: dict[str, Any]) -> bool:
-    """Whether llama-server aborts loading the model again under the same parameters."""
-    try:
-        load_server(t, fixture, **params)
-    except ServerCrash:
-        return True
-    return False
-
-
-def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
-    """Each prompt's answer, one after another with the cache off (on a loaded one-slot server): the reference."""
-    reqs = [{"prompt": p, "n_predict": tokens, "cache_prompt": False} for p in prompts.values()]
-    r = t.call("complete", requests=reqs, concurrent=False)
-    if not r.ok or any("error" in x for x in r.data["results"]):
-        raise UserError(f"{fixture}: the uncached reference fails: "
-                        f"{r.failure.message if not r.ok else r.data['results']}")
-    return dict(zip(prompts, r.data["results"], strict=True))
-
-
-def moved(ref: dict[str, Any], got: dict[str, Any]) -> float:
-    """The largest |Δ logprob| of a top candidate both answers list, over the steps up to where they part."""
-    worst = 0.0
-    for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
-        mine = {int(i): lp for i, lp in (got["top"][k] if k < len(got["top"]) else [])}
-        worst = max([worst] + [abs(lp - mine[int(i)]) for i, lp in ref["top"][k] if int(i) in mine])
-        if a != b:
-            break
-    return worst
-
-
-def placement_noise(t: Target, fixture: Path, prompts: dict[str, list[int]], cold: dict[str, Any], tokens: int,
-                    n_vocab: int, seed: int, n_ctx: int) -> dict[str, Any]:
-    """With one KV cache for all slots (and flash attention, llama-server's default) where a sequence's cells sit
-    moves its logits: attention sums the cells in cell order (CPU flash attention accumulates V in f16), so a
-    sequence whose next tokens land in cells another slot freed — below its own earlier ones — is summed in another
-    order than a cold run's. Its rows are byte-identical to the cold run's (left where it was, it matches the cold
-    run bit for bit); its answer moves by a few 1e-3 on most fixtures, by ~5e-2 on some sliding-window ones (the
-    window's few cells weigh more), and a MoE router can turn that into another expert. Measured per prompt on the
-    real server, two ways the server leaves a sequence so:
-    - beside: the prompt answered on slot 0 while a filler is answered on slot 1 (their cells interleave), slot 1
-      erased (as --cache-idle-slots clears an idle slot), the prompt's second turn on slot 0 (its answer and two
-      more tokens) reusing its own cells and continuing into the freed ones — against the same second turn cold;
-    - restored: the prompt answered on slot 0 and saved; slot 0 erased; a filler on slot 1 takes the low cells; the
-      save restored on slot 0 above it; slot 1 erased; the prompt again on slot 0, reusing all but its last token —
-      against its cold answer.
-    {placement: the largest move (None: not measured), how: how (or why not), near_tie: the margin below which a
-    pick is not judged — NOISE_FACTOR × the move, NEAR_TIE at least}."""
-    rng = np.random.Generator(np.random.PCG64(seed + 77))
-    load_server(t, fixture, slots=2, cache_ram=0, kv_unified=True, n_ctx=n_ctx)
-
-    def submit(name: str, **req: Any) -> str:
-        sent = t.call("submit", name=name, **req)
-        if not sent.ok:
-            raise RuntimeError(f"{name}: {sent.failure.message}")
-        return name
-
-    def done(name: str) -> dict[str, Any]:
-        got = t.call("await", name=name, point="done", timeout=30)
-        if not got.ok or "error" in got.data["result"]:
-            raise RuntimeError(f"{name}: {got.failure.message if not got.ok else got.data['result']['error']}")
-        return got.data["result"]
-
-    def step(name: str, **req: Any) -> dict[str, Any]:
-        return done(submit(name, **req))
-
-    worst = 0.0
-    try:
-        for n, (name, prompt) in enumerate(prompts.items()):
-            filler = [int(x) for x in rng.integers(0, n_vocab, len(prompt) + tokens + 2)]
-            # beside: interleaved with another slot's cells, that slot freed, a second turn into its cells
-            first = submit(f"beside-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0,
-                           cache_prompt=False)
-            other = submit(f"beside-filler-{n}", kind="complete", prompt=filler[:len(prompt)], n_predict=tokens,
-                           slot=1, cache_prompt=False)
-            answer, _ = done(first), done(other)
-            second = prompt + answer["tokens"] + [int(x) for x in rng.integers(0, n_vocab, 2)]
-            step(f"beside-free-{n}", kind="erase", slot=1)
-            got = step(f"beside-again-{n}", kind="complete", prompt=second, n_predict=tokens, slot=0)
-            step(f"beside-erase-{n}", kind="erase", slot=0)
-            alone = step(f"beside-cold-{n}", kind="complete", prompt=second, n_predict=tokens, slot=0,
-                         cache_prompt=False)
-            step(f"beside-done-{n}", kind="erase", slot=0)
-            worst = max(worst, moved(alone, got))
-            # restored: above another slot's cells, that slot freed, continued into its cells
-            step(f"noise-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0, cache_prompt=False)
-            step(f"noise-save-{n}", kind="save", slot=0, file=f"noise-{n}")
-            step(f"noise-erase-{n}", kind="erase", slot=0)
-            step(f"noise-filler-{n}", kind="complete", prompt=filler, n_predict=1, slot=1, cache_prompt=False)
-            step(f"noise-restore-{n}", kind="restore", slot=0, file=f"noise-{n}")
-            step(f"noise-free-{n}", kind="erase", slot=1)
-            got = step(f"noise-again-{n}", kind="complete", prompt=prompt, n_predict=tokens, slot=0)
-            step(f"noise-done-{n}", kind="erase", slot=0)
-            worst = max(worst, moved(cold[name], got))
-    except RuntimeError as e:
-        return {"placement": None, "how": f"not measured ({e})", "near_tie": NEAR_TIE}
-    return {"placement": worst, "how": "each prompt's second turn continued into cells another slot freed beside "
-                                       "it, and each prompt restored above another slot's cells and continued into "
-                                       "them once freed, against the same requests cold",
-            "near_tie": max(NEAR_TIE, NOISE_FACTOR * worst)}
-
-
-def parted(ref: dict[str, Any], got: dict[str, Any]) -> int | None:
-    """The first step where got's tokens leave ref's (None: got is ref's, or a prefix of it)."""
-    return next((k for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)) if a != b), None)
-
-
-PROBE_PREDICT = 2  # tokens a capacity probe generates
-PROBE_SLACK = 2  # cells of a slot a capacity probe leaves unused: a slot holding more than this it cannot take
-
-
-class Capacity(NamedTuple):
-    slot: int  # -1: the server could not say
-    why: str
-    died: bool = False  # llama-server died on the probe: a crash, whichever phase it falls in
-
-
-def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
-    """Every slot in turn given a prompt that fills its context — the cells the server says the slot has (llama.cpp
-    pads what was asked for), but PROBE_SLACK and the tokens it generates — with the cache off: it fits only if
-    the slot gave back every cell its earlier requests held. One problem for each slot that could not; a server
-    that died ends the probe there."""
-    r = t.call("slots")
-    if not r.ok:
-        return [Capacity(-1, f"the server could not list its slots: {r.failure.message}",
-                         r.failure.error_kind == "server_crash" or r.failure.kind == "crash")]
-    rng = np.random.Generator(np.random.PCG64(seed + 99))
-    out = []
-    for s in r.data["slots"]:
-        c, cells = s["id"], s.get("n_ctx")
-        if not cells:
-            out.append((c, f"slot {c}: the server did not say how many cells it has"))
-            continue
-        n = cells - PROBE_PREDICT - PROBE_SLACK
-        prompt = [int(x) for x in rng.integers(0, n_vocab, n)]
-        sent = t.call("submit", name=f"probe{c}", kind="complete", prompt=prompt, n_predict=PROBE_PREDICT, slot=c,
-                      cache_prompt=False)
-        a = t.call("await", name=f"probe{c}", point="done", timeout=20) if sent.ok else sent
-        got = a.data["result"] if a.ok else {"error": a.failure.message, "server_crash":
-                                             a.failure.error_kind == "server_crash" or a.failure.kind == "crash"}
-        if "error" not in got and len(got["tokens"]) < PROBE_PREDICT:  # (the server stops a full slot quietly)
-            got["error"] = f"stopped after {len(got['tokens'])} of {PROBE_PREDICT} tokens: the slot is full"
-        if "error" in got:
-            out.append(Capacity(c, f"a {n}-token prompt on slot {c} ({cells} cells): {got['error']}",
-                                bool(got.get("server_crash"))))
-            if out[-1].died:
-                break
-    return out
-
-
-def busy_slots(t: Target) -> list[int]:
-    """The slots still processing ([-1]: the server could not say)."""
-    r = t.call("slots")
-    if not r.ok:
-        return [-1]
-    return [s["id"] for s in r.data["slots"] if s["is_processing"]]
-
-
-def compare(ref: dict[str, Any], got: dict[str, Any], near_tie: float = NEAR_TIE) -> str | None:
-    """Why got's greedy continuation is not the reference's, or None. Steps where the reference's top-2 logprob
-    margin is below `near_tie` end the comparison (numerics may pick either there), and so does a step where the
-    reference did not pick its listed top candidate: that one was banned (the requests ignore end-of-generation
-    tokens, and llama.cpp takes token 11 as a BPE vocabulary's end when the file names none), so the margin of
-    what it picked over what else it could pick is not listed."""
-    for k, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
-        top = ref["top"][k] if k < len(ref["top"]) else []
-        if len(top) >= 2 and (top[0][1] - top[1][1] < near_tie or int(top[0][0]) != a):
-            return None
-        if a != b:
-            return f"token {k}: {b} instead of {a}"
-    if len(ref["tokens"]) != len(got["tokens"]):
-        return f"{len(got['tokens'])} tokens instead of {len(ref['tokens'])}"
-    return None
 
 
 def format_report(rep: dict[str, Any]) -> str:
@@ -533,16 +386,10 @@ def format_report(rep: dict[str, Any]) -> str:
         where = f"round {f['round']}, " if f["round"] is not None else ""
         lines.append(f"  FINDING {f['kind']} ({where}reproduced={f['reproduced']}): {f['message']}")
     for f in rep.get("numerics", ()):
-        lines.append(f"  numerics, not the cache (round {f['round']}): {f['message']}; {f['cause']['detail']}")
+        where = "" if f["round"] is None else f" (round {f['round']})"
+        lines.append(f"  numerics, not the cache{where}: {f['message']}; {f['cause']['detail']}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)
-
-
-def noise_line(noise: dict[str, Any]) -> str:
-    """What a unified layout's placement moves answers by, and the margin below which picks are not judged."""
-    move = "not measured" if noise["placement"] is None else f"{noise['placement']:.2g}"
-    return (f"  one KV cache for all slots: placement moves answers by {move} ({noise['how']}); picks at margins "
-            f"below {noise['near_tie']:.2g} not judged")
 
 
 
@@ -555,14 +402,15 @@ def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
     explained = {f["round"] for f in data["numerics"]}
     results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in explained else PASS}
                for r in data["rounds"]]
+    def said(f: dict[str, Any]) -> str:
+        return f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "") + f": {f['message']}" \
+            + (f"; cause: {f['cause']['kind']}" if f.get("cause") else "")
+
     findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
                         phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f, cause=f["cause"],
-                        message=f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "")
-                        + f": {f['message']}" + (f"; cause: {f['cause']['kind']}" if f.get("cause") else ""))
-                for f in data["findings"]]
+                        message=said(f)) for f in data["findings"]]
     numerics = [Finding(oracle="prefix-cache", status=NUMERICS, phase=f["kind"], step=f["round"],
-                        reproduced=f["reproduced"], cause=f["cause"], detail=f,
-                        message=f"{f['kind']} in round {f['round']}: {f['message']}; cause: {f['cause']['kind']}")
+                        reproduced=f["reproduced"], cause=f["cause"], detail=f, message=said(f))
                 for f in data["numerics"]]
     return make_report("prefix-cache", fixture, data, results=results, findings=findings, numerics=numerics,
                        extra=("schedule", "noise", "rewinds", "clients"))

@@ -42,17 +42,6 @@ from fuzz.engine.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle,
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.engine.progress import Progress
 from fuzz.oracles.conversations import shared_prefix
-from fuzz.oracles.prefix_cache import (
-    NEAR_TIE,
-    ServerCrash,
-    busy_slots,
-    capacity_problems,
-    cold_answers,
-    compare,
-    load_server,
-    noise_line,
-    placement_noise,
-)
 from fuzz.oracles.radix_controls import explain
 from fuzz.oracles.radix_schedules import (
     CANCEL_AFTER,
@@ -73,6 +62,17 @@ from fuzz.oracles.radix_schedules import (
     tree_children,
     tree_names,
     tree_prompts,
+)
+from fuzz.oracles.server_answers import (
+    NEAR_TIE,
+    ServerCrash,
+    busy_slots,
+    capacity_problems,
+    cold_answers,
+    compare,
+    load_server,
+    noise_line,
+    placement_noise,
 )
 from fuzz.oracles.server_checkpoints import judge_restores, metrics_problem, stale_message
 from synth.errors import UserError

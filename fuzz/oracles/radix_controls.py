@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fuzz.oracles.conversations import shared_prefix
-from fuzz.oracles.prefix_cache import cold_answers
 from fuzz.oracles.radix_schedules import Run, Schedule
+from fuzz.oracles.server_answers import cold_answers
 
 if TYPE_CHECKING:
     from targets import Target

@@ -28,7 +28,7 @@ import numpy as np
 from fuzz.engine.case_oracle import CaseOracle
 from fuzz.engine.contract import FAILING, FINDING, NUMERICS, PASS, Oracle, Report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
-from fuzz.oracles.prefix_cache import (
+from fuzz.oracles.server_answers import (
     NEAR_TIE,
     NOISE_FACTOR,
     UNCACHED_TRIES,
