@@ -206,6 +206,21 @@ def replay_cmd(
     return 1 if ok else 0
 
 
+@app.command("report")
+def report_cmd(
+    bundle: Annotated[Path, typer.Argument(help="a directory written by an oracle's --bundle")],
+    upstream: Annotated[Path, Opt(help="write the upstream-ready report here: issue.md, model.gguf and a "
+                                       "standalone reproducer (exit 1 while the defect is present, 0 once fixed)")],
+) -> int:
+    """A bundle's finding as a llama.cpp maintainer takes it, needing nothing of this toolkit (memory findings: a
+    Python program on llama-cpp-python's bare `llama_cpp` bindings)."""
+    from fuzz.repro.upstream import write_upstream
+
+    out = write_upstream(bundle, upstream)
+    print(f"upstream report: {out} (issue.md, model.gguf, repro.py; run: python3 {out / 'repro.py'})")
+    return 0
+
+
 def write_report(report: Path | None, data: dict) -> None:
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)

@@ -380,6 +380,21 @@ def stage_of(stack: contextlib.ExitStack, fixture: Path, stage: str, n_layer: in
     return path, Feed(width=int(r.data["n_embd_inp"]), n_pos=pos_per_token(r.data)), None
 
 
+def calibrated(recompute: Recompute, cfg: MemoryConfig, n_vocab: int,
+               tolerance: dict[str, float] | None = None) -> dict[str, float]:
+    """The recompute's tolerance and whether the model's own shifts are faithful, from the model's batch-shape and
+    shift moves (measured on the recompute's fresh contexts unless `tolerance` already holds them: once per run)."""
+    if not tolerance:
+        move = recompute.batch_shape_move(n_vocab)
+        tolerance = {"batch_shape": move, "tolerance": max(cfg.tol, cfg.noise_factor * move)}
+        shift = recompute.shift_move(n_vocab)
+        if shift is not None:
+            tolerance["shift"] = shift
+    recompute.tol = tolerance["tolerance"]
+    recompute.faithful_shifts = cfg.noise_factor * tolerance.get("shift", np.inf) <= tolerance["tolerance"]
+    return tolerance
+
+
 def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     check_config(cfg)
     if cfg.n_seq < 2:
@@ -402,14 +417,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
         tolerance: dict[str, float] = {}
         for kvu in cfg.kv_unified if not why else ():
             recompute = Recompute(tr, fixture, ref_params, feed)
-            if not tolerance:  # measured once per run, on the recompute's own fresh contexts
-                move = recompute.batch_shape_move(info.n_vocab)
-                tolerance = {"batch_shape": move, "tolerance": max(cfg.tol, cfg.noise_factor * move)}
-                shift = recompute.shift_move(info.n_vocab)
-                if shift is not None:
-                    tolerance["shift"] = shift
-            recompute.tol = tolerance["tolerance"]
-            recompute.faithful_shifts = cfg.noise_factor * tolerance.get("shift", np.inf) <= tolerance["tolerance"]
+            tolerance = calibrated(recompute, cfg, info.n_vocab, tolerance)
             given = program
             if program is None and cfg.engine == "hypothesis":
                 given, row = hypothesis_program(t, fixture, cfg, kvu, recompute)

@@ -1,0 +1,309 @@
+"""`fuzz report BUNDLE --upstream DIR`: a finding as a llama.cpp maintainer takes it, with nothing of this toolkit in
+it — issue.md (the title, the llama.cpp commit, what is wrong, expected against actual with the numbers, the
+minimized steps, where it first differs), model.gguf (the shrunk model the bundle holds) and a standalone reproducer
+that exits 1 while the defect is present, 0 once fixed, and 2 when it cannot run at all.
+
+A memory finding (a program of decodes, llama_memory_* calls and state copies) becomes repro.py: a short program on
+llama-cpp-python's bare `llama_cpp` bindings, llama.cpp's own C API one call per line. Its steps are the calls the
+toolkit's run of the bundle made (recorded at the worker protocol, which is that API: targets/PROTOCOL.md), its
+reference the same sequence's history decoded alone in a fresh context, and its check the one the finding failed
+(the positions the memory reports, or the logits against that reference within the run's tolerance). Findings of the
+other oracles are refused (exit 2) until their reproducers are written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fuzz.engine.fleet import Fleet
+from fuzz.engine.parity import context_params
+from fuzz.oracles.memory import calibrated
+from fuzz.oracles.memory_machine import Feed, Recompute, run_program
+from fuzz.repro.bundle import load_case, read_bundle, use_recorded_build
+from synth.errors import UserError
+from synth.inspect import inspect_file
+from targets import Target
+
+QUERIES = frozenset({"hello", "info", "seq_pos", "seq_pos_max"})  # calls that read and change nothing: not steps
+CONTEXT_KEYS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "flash_attn", "kv_unified")
+WORKER_DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_rs_seq": 0, "flash_attn": False}
+
+PRELUDE = '''import os
+import sys
+from pathlib import Path
+
+import llama_cpp as L
+
+MODEL = Path(__file__).with_name("model.gguf")
+QUIET = L.llama_log_callback(lambda level, text, user_data: None)
+if not os.environ.get("VERBOSE"):  # llama.cpp's own log: VERBOSE=1 shows it
+    L.llama_log_set(QUIET, None)
+
+
+def cannot(why):
+    """The reproducer itself could not run (not the defect): exit 2."""
+    print(f"cannot run: {why}")
+    sys.exit(2)
+
+
+def load_model():
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0  # the CPU, as the finding was made
+    model = L.llama_model_load_from_file(str(MODEL).encode(), mp)
+    return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
+
+
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot("llama_init_from_model failed")
+
+
+def decode(ctx, tokens, pos, seqs, outputs):
+    """One llama_decode: token i at pos[i] in the sequences seqs[i], logits asked where outputs[i]; each output's
+    logits, by sequence."""
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, max(len(s) for s in seqs))
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.logits[i], batch.n_seq_id[i] = tokens[i], pos[i], outputs[i], len(seqs[i])
+        for j, s in enumerate(seqs[i]):
+            batch.seq_id[i][j] = s
+    rc = L.llama_decode(ctx, batch)
+    L.llama_batch_free(batch)
+    if rc != 0:
+        cannot(f"llama_decode returned {rc}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(L.llama_get_model(ctx)))
+    rows = {}
+    for i in range(n):
+        if outputs[i]:
+            p = L.llama_get_logits_ith(ctx, i)
+            for s in seqs[i]:
+                rows[s] = [p[k] for k in range(n_vocab)]
+    return rows
+
+
+def export_seq(ctx, seq):
+    size = L.llama_state_seq_get_size_ext(ctx, seq, 0)
+    buf = (L.ctypes.c_uint8 * max(size, 1))()
+    return buf, L.llama_state_seq_get_data_ext(ctx, buf, size, seq, 0)
+
+
+def import_seq(ctx, seq, blob):
+    buf, size = blob
+    if L.llama_state_seq_set_data_ext(ctx, buf, size, seq, 0) == 0:
+        cannot(f"llama_state_seq_set_data_ext into sequence {seq} read nothing")
+
+
+def positions(ctx, seq):
+    mem = L.llama_get_memory(ctx)
+    return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
+'''
+
+
+class Recorder:
+    """A target whose state-changing calls are kept, in order, as (op, request): what a reproducer replays."""
+
+    def __init__(self, t: Target):
+        self.t = t
+        self.steps: list[tuple[str, dict[str, Any]]] = []
+
+    def load(self, path: str, **params: Any) -> Any:
+        self.steps.append(("load", params))
+        return self.t.load(path, **params)
+
+    def call(self, op: str, **args: Any) -> Any:
+        if op not in QUERIES:
+            self.steps.append((op, args))
+        return self.t.call(op, **args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.t, name)
+
+
+def write_upstream(bundle_dir: Path, out: Path) -> Path:
+    """The upstream-ready report of the bundle in `out` (created; an existing directory's files replaced)."""
+    data = read_bundle(bundle_dir)
+    if data["oracle"] != "memory":
+        raise UserError(f"{bundle_dir}: a {data['oracle']} finding; `fuzz report --upstream` writes standalone "
+                        "reproducers for memory findings so far — replay this one with `fuzz replay`")
+    if str(data.get("target", "")).startswith("mutant:"):
+        raise UserError(f"{bundle_dir}: found on {data['target']}, a defect this toolkit put in: nothing to report")
+    run = memory_run(bundle_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
+    (out / "repro.py").write_text(memory_script(run, data))
+    (out / "issue.md").write_text(issue(bundle_dir, data, run))
+    return out
+
+
+def memory_run(bundle_dir: Path) -> dict[str, Any]:
+    """The bundle's program run once more on its build, the machine's calls recorded: the steps, the problem it
+    failed, the reference's requests (the failing sequence's history alone) and the tolerance."""
+    case, fp = load_case(bundle_dir)
+    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
+    cfg = case.config_object(str(bundle_dir))
+    kvu = fp.get("phase") == "unified-kv"
+    with Fleet("llama-cpp", cfg.timeout) as fleet:
+        t, tr = fleet.open(2)
+        recompute = Recompute(tr, case.fixture, context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq,
+                                                               flash_attn=cfg.flash_attn), Feed())
+        calibrated(recompute, cfg, inspect_file(str(case.fixture)).n_vocab)
+        rec = Recorder(t)
+        _, problem, mach = run_program(rec, case.fixture, cfg, kvu, recompute, cfg.program, None)
+    if problem is None or problem["check"] not in ("pos", "logits"):
+        raise UserError(f"{bundle_dir}: the program " + ("passes on its build: nothing to report" if problem is None
+                        else f"fails its {problem['check']} check, which has no standalone reproducer yet"))
+    reference = recompute.requests(mach.model.log[problem["seq"]]) if problem["check"] == "logits" else []
+    return {"steps": rec.steps, "problem": problem, "reference": reference, "tol": recompute.tol,
+            "kv_unified": kvu, "commit": mach.commit}
+
+
+def call_line(ctx: str, op: str, req: dict[str, Any], rows: str) -> str:
+    """One recorded call as a line of the reproducer (ctx: the context's variable; rows: where a decode's go)."""
+    mem = f"L.llama_get_memory({ctx})"
+    if op == "load":
+        p = {**WORKER_DEFAULTS, **req}
+        p.setdefault("kv_unified", p["n_seq_max"] > 1)
+        return f"{ctx} = new_context(model, " + ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS) + ")"
+    if op == "decode":
+        if "tokens" not in req:
+            raise UserError("a decode fed embeddings (a stage past the first): no standalone reproducer yet")
+        n = len(req["tokens"])
+        seq = req.get("seq", 0)
+        seqs = [[int(s)] if not isinstance(s, list) else [int(x) for x in s] for s in seq] \
+            if isinstance(seq, list) else [[int(seq)]] * n
+        out = req.get("logits", "last")
+        outs = [i == n - 1 for i in range(n)] if out == "last" else [True] * n if out == "all" \
+            else [False] * n if out == "none" else [bool(x) for x in out]
+        return (f"{rows} = decode({ctx}, tokens={req['tokens']}, pos={req['pos']}, seqs={seqs}, "
+                f"outputs={[int(o) for o in outs]})")
+    if op == "seq_rm":
+        return f"L.llama_memory_seq_rm({mem}, {req.get('seq', -1)}, {req.get('p0', -1)}, {req.get('p1', -1)})"
+    if op == "seq_cp":
+        return f"L.llama_memory_seq_cp({mem}, {req['src']}, {req['dst']}, {req.get('p0', -1)}, {req.get('p1', -1)})"
+    if op == "seq_keep":
+        return f"L.llama_memory_seq_keep({mem}, {req['seq']})"
+    if op == "seq_add":
+        return f"L.llama_memory_seq_add({mem}, {req['seq']}, {req.get('p0', -1)}, {req.get('p1', -1)}, {req['delta']})"
+    if op == "seq_div":
+        return f"L.llama_memory_seq_div({mem}, {req['seq']}, {req.get('p0', -1)}, {req.get('p1', -1)}, {req['d']})"
+    if op == "reset":
+        return f"L.llama_memory_clear({mem}, True)"
+    if op == "state_get" and req.get("via", "memory") == "memory" and not req.get("partial"):
+        return f"blob = export_seq({ctx}, {req.get('seq', 0)})"
+    if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial"):
+        return f"import_seq({ctx}, {req.get('seq', 0)}, blob)"
+    raise UserError(f"a {op} call {json.dumps({k: v for k, v in req.items() if k != 'data'})[:80]}: no standalone "
+                    "reproducer writes it yet")
+
+
+def memory_script(run: dict[str, Any], data: dict[str, Any]) -> str:
+    """repro.py: the prelude, the recorded steps, the reference, the failed check."""
+    p = run["problem"]
+    lines = [f'"""{title_of(data)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
+             "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
+             "Exits 1 while the defect is present, 0 once it is fixed, 2 when this program cannot run.", '"""', "",
+             PRELUDE, "", "model = load_model()", "# the steps, as the memory program ran them"]
+    lines += [call_line("ctx", op, req, "rows") for op, req in run["steps"]]
+    if p["check"] == "pos":
+        want_min, want_max = p["want"]
+        lo, hi = want_min if isinstance(want_min, list) else (want_min, want_min)
+        said = f"[{lo}, {want_max}]" if lo == hi else f"[{lo}..{hi}, {want_max}]"
+        lines += ["", f"# the check: sequence {p['seq']}'s positions as the memory reports them",
+                  f"got = positions(ctx, {p['seq']})",
+                  f"if got[1] != {want_max} or not {lo} <= got[0] <= {hi}:",
+                  f'    print(f"DEFECT: sequence {p["seq"]} reports positions {{list(got)}}, expected {said}")',
+                  "    sys.exit(1)",
+                  f'print(f"fixed: sequence {p["seq"]} reports positions {{list(got)}}")', "sys.exit(0)", ""]
+        return "\n".join(lines)
+    q = p["seq"]
+    lines += ["", f"# the reference: sequence {q}'s history decoded alone in a fresh context"]
+    lines += [call_line("ref", op, req, "ref_rows") for op, req in run["reference"]]
+    lines += ["", f"# the check: sequence {q}'s logits against the reference's",
+              f"d = max(abs(a - b) for a, b in zip(rows[{q}], ref_rows[0]))",
+              f"if d > {run['tol']:.6g}:",
+              f'    print(f"DEFECT: sequence {q}\'s logits differ from the same history decoded alone: max|Δlogit| '
+              f'{{d:.3g}} > {run["tol"]:.6g}")',
+              "    sys.exit(1)",
+              f'print(f"fixed: sequence {q}\'s logits match the same history decoded alone (max|Δlogit| {{d:.3g}})")',
+              "sys.exit(0)", ""]
+    return "\n".join(lines)
+
+
+# a memory program's operations as llama.cpp's API names them
+API_NAMES = {"decode": "llama_decode", "coupled": "llama_decode of tokens in several sequences",
+             "rm": "llama_memory_seq_rm", "cp": "llama_memory_seq_cp", "keep": "llama_memory_seq_keep",
+             "add": "llama_memory_seq_add", "div": "llama_memory_seq_div",
+             "copy_state": "a sequence's state copied (llama_state_seq_get_data / set_data)",
+             "reload": "the state moved into a fresh context"}
+
+
+def title_of(data: dict[str, Any]) -> str:
+    """The finding in one line: what came out wrong, after which calls, in which KV layout."""
+    fp = data["fingerprint"]
+    layout = "one KV stream per sequence" if fp.get("phase") == "per-seq-kv" else "a unified KV cache"
+    program = [op["op"] for op in (data.get("config") or {}).get("program") or []]
+    ops = ", ".join(API_NAMES.get(o, o) for o in dict.fromkeys(program or fp.get("ops") or []))
+    what = "wrong positions reported" if fp.get("where") == "pos" else "wrong logits"
+    return f"{data['spec']['family'] if data.get('spec') else 'model'}: {what} after {ops} ({layout})"
+
+
+def plain(text: str) -> str:
+    """A finding's explanation without this toolkit's own words: its controls' names, how it was found."""
+    text = re.sub(r"\s*\([^()]*\b(?:control|fuzz|lane|oracle)\b[^()]*\)", "", text)
+    return re.sub(r"\s*Found by [^.]*(?:\.|$)", "", text).strip()
+
+
+def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any]) -> str:
+    """issue.md: what a maintainer reads first."""
+    readme = (bundle_dir / "README.md").read_text() if (bundle_dir / "README.md").is_file() else ""
+    what = plain(section(readme, "## What it is"))
+    cause = plain(section(readme, "## Where it first differs"))
+    p = run["problem"]
+    last = len(run["steps"])
+    where = (f"After step {last}: `llama_memory_seq_pos_min` / `_max` of sequence {p['seq']}." if p["check"] == "pos"
+             else f"The logits of step {last}'s `llama_decode`, for sequence {p['seq']}.")
+    if cause:
+        where += (" What changes one thing and passes (the program's operations counted from 0: each step above but "
+                  f"the context's creation, a state copy one operation):\n\n{cause}")
+    if p["check"] == "pos":
+        expected = f"sequence {p['seq']} reports positions {p['want']} (pos_min, pos_max; -1: empty)"
+        actual = f"it reports {p['got']}"
+    else:
+        expected = (f"sequence {p['seq']}'s logits equal (within {run['tol']:.3g}) those of its own history decoded "
+                    "alone in a fresh context")
+        actual = f"max|Δlogit| {p.get('max_abs_dlogit', float('nan')):.3g}"
+    info = inspect_file(str(bundle_dir / data["fixture"]))
+    steps = [f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]
+    return "\n".join([
+        f"# {title_of(data)}", "",
+        f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
+        "## What is wrong", "", what or p["message"], "",
+        "## Expected and actual", "", f"Expected: {expected}.", "", f"Actual: {actual}.", "",
+        "## Steps (minimized)", "",
+        f"`model.gguf` beside this file: a {info.arch} model of {info.n_layer} layers, vocabulary {info.n_vocab}, "
+        "random weights, made for this report. Each step is one call of llama.cpp's C API (through llama-cpp-python's "
+        "`llama_cpp` bindings in repro.py; `decode` fills one `llama_batch`):", "", *steps, "",
+        "## Where it first differs", "", where, "",
+        "## Reproduce", "",
+        "    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py",
+        "", "Exits 1 while the defect is present, 0 once it is fixed.", ""])
+
+
+def section(readme: str, heading: str) -> str:
+    """A README section's text (without its heading and the bundle's toolkit commands)."""
+    if heading not in readme:
+        return ""
+    body = readme.split(heading, 1)[1].split("\n## ", 1)[0]
+    body = body.split("\n", 1)[1] if "\n" in body else ""
+    return body.strip()

@@ -1,0 +1,116 @@
+"""`fuzz report BUNDLE --upstream DIR` and the committed upstream-ready reports (corpora/upstream-reports): each a
+finding as a llama.cpp maintainer takes it — issue.md, model.gguf and a reproducer on llama-cpp-python's bare
+`llama_cpp` bindings that exits 1 while the defect is present — with nothing of this toolkit needed to run it."""
+
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz.repro.upstream import call_line, memory_script, plain
+
+from conftest import ROOT, run_cli
+
+REPORTS = ROOT / "corpora" / "upstream-reports"
+MEMORY_REPROS = sorted(p.name for p in (ROOT / "corpora" / "repros").iterdir()
+                       if (p / "bundle.json").is_file()
+                       and json.loads((p / "bundle.json").read_text())["oracle"] == "memory")
+
+
+def test_each_call_is_one_line_of_llama_cpps_api():
+    assert call_line("ctx", "load", {"n_ctx": 1024, "n_seq_max": 4, "n_rs_seq": 4}, "rows") == (
+        "ctx = new_context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=False, "
+        "kv_unified=True)")  # (the worker's defaults; several sequences: one unified cache unless asked)
+    assert call_line("ctx", "decode", {"tokens": [5, 6], "pos": [0, 0], "seq": [0, [1, 2]], "logits": "last"},
+                     "rows") == "rows = decode(ctx, tokens=[5, 6], pos=[0, 0], seqs=[[0], [1, 2]], outputs=[0, 1])"
+    assert call_line("ref", "decode", {"tokens": [7], "pos": [3], "seq": 0, "logits": [True]}, "ref_rows") == \
+        "ref_rows = decode(ref, tokens=[7], pos=[3], seqs=[[0]], outputs=[1])"
+    assert call_line("ctx", "seq_div", {"seq": 0, "p0": 2, "p1": -1, "d": 3}, "rows") == \
+        "L.llama_memory_seq_div(L.llama_get_memory(ctx), 0, 2, -1, 3)"
+    assert call_line("ctx", "seq_cp", {"src": 0, "dst": 1}, "rows") == \
+        "L.llama_memory_seq_cp(L.llama_get_memory(ctx), 0, 1, -1, -1)"
+    assert call_line("ctx", "state_get", {"seq": 2}, "rows") == "blob = export_seq(ctx, 2)"
+    assert call_line("ctx", "state_set", {"seq": 1, "data": b"x"}, "rows") == "import_seq(ctx, 1, blob)"
+
+
+def test_a_call_no_reproducer_writes_yet_is_refused_by_name():
+    from synth.errors import UserError
+
+    with pytest.raises(UserError, match="a state_get call .*via.*file.*no standalone reproducer writes it yet"):
+        call_line("ctx", "state_get", {"seq": 0, "via": "file", "tokens": [1]}, "rows")
+    with pytest.raises(UserError, match="fed embeddings"):
+        call_line("ctx", "decode", {"embd": "AAAA", "pos": [0]}, "rows")
+
+
+def test_the_script_checks_what_the_finding_failed_and_compiles():
+    steps = [("load", {"n_seq_max": 2, "kv_unified": False}), ("decode", {"tokens": [1], "pos": [0], "seq": 0}),
+             ("seq_keep", {"seq": 1})]
+    pos = memory_script({"steps": steps, "problem": {"check": "pos", "seq": 0, "got": [0, 0], "want": [-1, -1]},
+                         "reference": [], "tol": 0.1, "commit": "abc"}, {"fingerprint": {"ops": ["keep"]}})
+    compile(pos, "repro.py", "exec")
+    assert "if got[1] != -1 or not -1 <= got[0] <= -1:" in pos and "sys.exit(1)" in pos
+    assert "import fuzz" not in pos and "from fuzz" not in pos and "synth" not in pos and "targets" not in pos
+    logits = memory_script({"steps": steps, "problem": {"check": "logits", "seq": 0, "max_abs_dlogit": 0.5},
+                            "reference": steps[:2], "tol": 0.25, "commit": "abc"}, {"fingerprint": {}})
+    compile(logits, "repro.py", "exec")
+    assert "ref = new_context(model, " in logits and "if d > 0.25:" in logits
+
+
+def test_the_explanation_loses_the_toolkits_own_words():
+    assert plain("Decode first and it passes (the settle control). Found by `fuzz memory` on its own; no upstream "
+                 "report found.") == "Decode first and it passes."
+
+
+def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
+    bundle = ROOT / "corpora/repros/plm-radix-server-crash"
+    r = run_cli("fuzz", "report", str(bundle), "--upstream", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "a radix finding" in r.stderr and "memory findings so far" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_upstream_memory_repro_has_its_committed_report():
+    assert MEMORY_REPROS and sorted(p.name for p in REPORTS.iterdir()) == MEMORY_REPROS
+    for name in MEMORY_REPROS:
+        assert {p.name for p in (REPORTS / name).iterdir()} == {"issue.md", "model.gguf", "repro.py"}, name
+
+
+def bare_path(tmp_path: Path) -> Path:
+    """A directory holding llama-cpp-python and only the packages it requires (its METADATA): what
+    `pip install llama-cpp-python` gives a fresh environment. This toolkit's packages are not there."""
+    import llama_cpp
+
+    site = Path(llama_cpp.__file__).parents[1]
+    out = tmp_path / "bare"
+    out.mkdir()
+    for name in ("llama_cpp", "numpy", "numpy.libs", "typing_extensions.py", "diskcache", "jinja2", "markupsafe"):
+        if (site / name).exists():
+            (out / name).symlink_to(site / name)
+    return out
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("name", MEMORY_REPROS)
+def test_each_reproducer_shows_the_defect_on_the_pinned_build_without_this_toolkit(name, tmp_path):
+    """Run as a maintainer runs it: `python3 repro.py` beside its model, with nothing but llama-cpp-python built from
+    the pinned tree (python -S: no site-packages, no editable install of this project)."""
+    work = tmp_path / name
+    work.mkdir()
+    for f in ("repro.py", "model.gguf"):
+        (work / f).write_bytes((REPORTS / name / f).read_bytes())
+    r = subprocess.run([sys.executable, "-S", str(work / "repro.py")], capture_output=True, text=True, cwd=work,
+                       env={"PYTHONPATH": str(bare_path(tmp_path)), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert r.returncode == 1 and r.stdout.startswith("DEFECT: "), (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.llama
+def test_the_committed_reports_are_what_the_bundles_give_now(tmp_path):
+    """Each report written again from its bundle is byte for byte the committed one (seeded, deterministic)."""
+    for name in MEMORY_REPROS:
+        r = run_cli("fuzz", "report", str(ROOT / "corpora/repros" / name), "--upstream", str(tmp_path / name))
+        assert r.returncode == 0, r.stdout + r.stderr
+        for f in ("issue.md", "model.gguf", "repro.py"):
+            assert filecmp.cmp(tmp_path / name / f, REPORTS / name / f, shallow=False), (name, f)
