@@ -295,6 +295,14 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
         "known, and more: 1 findings the base does not have, each of a known upstream finding's class; first: "
         "sequence 1 at step 4: 0.4 | "), v["detail"]
     assert bp.more_known(base, lane(finding(1), finding(1), finding(1))).startswith("known, and more: 1 findings")
+    # the base's known findings gone on the candidate (a fix series): fixed — but not where llama-server had any
+    passing = {"row": "qwen3", "lane": "memory", "status": "pass", "detail": "34 programs", "reports": []}
+    (v,) = bp.verdicts(run, {"results": [passing]}, {})
+    assert (v["verdict"], v["detail"]) == ("fixed", "fixed: the base's 2 findings of known upstream bugs are gone; "
+                                           "first: sequence 1 at step 1: 0.1 | 34 programs"), v
+    with_server = lane(finding(1), server=[finding(9)])
+    assert [v["verdict"] for v in bp.verdicts({"results": [with_server]}, {"results": [passing]}, {})] == \
+        ["unchanged"]
 
 
 def test_a_crossing_moves_no_more_than_the_builds_differ():

@@ -6,11 +6,12 @@ import filecmp
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from fuzz.repro.upstream import call_line, memory_script, plain
+from fuzz.repro.upstream import FIXES, call_line, fix_of, memory_script, plain
 
 from conftest import ROOT, run_cli
 
@@ -72,10 +73,29 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_every_upstream_memory_repro_has_its_committed_report():
+def test_every_upstream_memory_repro_has_its_committed_report_with_its_fix():
     assert MEMORY_REPROS and sorted(p.name for p in REPORTS.iterdir()) == MEMORY_REPROS
     for name in MEMORY_REPROS:
-        assert {p.name for p in (REPORTS / name).iterdir()} == {"issue.md", "model.gguf", "repro.py"}, name
+        fix = fix_of(name)
+        want = {"issue.md", "model.gguf", "repro.py"} | ({"fix"} if fix else set())
+        assert {p.name for p in (REPORTS / name).iterdir()} == want, name
+        if fix:
+            assert sorted(p.name for p in (REPORTS / name / "fix").iterdir()) == \
+                sorted(p.name for p in fix.glob("*.patch"))
+            assert "## A fix" in (REPORTS / name / "issue.md").read_text()
+
+
+def test_every_fix_is_in_the_series_of_all_fixes_and_names_real_repros():
+    """corpora/fixes/all is every fix's patches, byte for byte, in the order fixes.toml lists them (a queue a user
+    carries); each fix has a README and fixes repros that exist."""
+    table = tomllib.loads((FIXES / "fixes.toml").read_text())
+    queue = [p for name in table for p in sorted((FIXES / name).glob("*.patch"))]
+    everything = sorted((FIXES / "all").glob("*.patch"))
+    assert [p.read_bytes() for p in everything] == [p.read_bytes() for p in queue]
+    assert [p.name[5:] for p in everything] == [p.name[5:] for p in queue]  # (renumbered in the queue)
+    for name, entry in table.items():
+        assert (FIXES / name / "README.md").is_file(), name
+        assert entry["repros"] and all((ROOT / "corpora/repros" / r / "bundle.json").is_file() for r in entry["repros"])
 
 
 def bare_path(tmp_path: Path) -> Path:
@@ -85,9 +105,9 @@ def bare_path(tmp_path: Path) -> Path:
 
     site = Path(llama_cpp.__file__).parents[1]
     out = tmp_path / "bare"
-    out.mkdir()
+    out.mkdir(parents=True, exist_ok=True)
     for name in ("llama_cpp", "numpy", "numpy.libs", "typing_extensions.py", "diskcache", "jinja2", "markupsafe"):
-        if (site / name).exists():
+        if (site / name).exists() and not (out / name).exists():
             (out / name).symlink_to(site / name)
     return out
 
@@ -97,12 +117,7 @@ def bare_path(tmp_path: Path) -> Path:
 def test_each_reproducer_shows_the_defect_on_the_pinned_build_without_this_toolkit(name, tmp_path):
     """Run as a maintainer runs it: `python3 repro.py` beside its model, with nothing but llama-cpp-python built from
     the pinned tree (python -S: no site-packages, no editable install of this project)."""
-    work = tmp_path / name
-    work.mkdir()
-    for f in ("repro.py", "model.gguf"):
-        (work / f).write_bytes((REPORTS / name / f).read_bytes())
-    r = subprocess.run([sys.executable, "-S", str(work / "repro.py")], capture_output=True, text=True, cwd=work,
-                       env={"PYTHONPATH": str(bare_path(tmp_path)), "PATH": "/usr/bin:/bin"}, timeout=120)
+    r = run_reproducer(name, tmp_path)
     assert r.returncode == 1 and r.stdout.startswith("DEFECT: "), (r.returncode, r.stdout, r.stderr[-2000:])
 
 
@@ -112,5 +127,36 @@ def test_the_committed_reports_are_what_the_bundles_give_now(tmp_path):
     for name in MEMORY_REPROS:
         r = run_cli("fuzz", "report", str(ROOT / "corpora/repros" / name), "--upstream", str(tmp_path / name))
         assert r.returncode == 0, r.stdout + r.stderr
-        for f in ("issue.md", "model.gguf", "repro.py"):
+        files = sorted(str(p.relative_to(REPORTS / name)) for p in (REPORTS / name).rglob("*") if p.is_file())
+        assert files == sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*")
+                               if p.is_file()), name
+        for f in files:
             assert filecmp.cmp(tmp_path / name / f, REPORTS / name / f, shallow=False), (name, f)
+
+
+def run_reproducer(name: str, tmp_path: Path, bindings: Path | None = None) -> subprocess.CompletedProcess:
+    """`python3 repro.py` beside its model, with nothing but llama-cpp-python (the venv's, or a build's bindings
+    first on the path) and what it requires: python -S, no site-packages, no editable install of this project."""
+    work = tmp_path / name
+    work.mkdir(parents=True)
+    for f in ("repro.py", "model.gguf"):
+        (work / f).write_bytes((REPORTS / name / f).read_bytes())
+    path = [str(bindings)] if bindings else []
+    return subprocess.run([sys.executable, "-S", str(work / "repro.py")], capture_output=True, text=True, cwd=work,
+                          env={"PYTHONPATH": ":".join([*path, str(bare_path(tmp_path))]), "PATH": "/usr/bin:/bin"},
+                          timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_with_every_fix_the_fixed_reproducers_exit_0_and_the_rest_1(tmp_path):
+    """The pinned build with corpora/fixes/all (an incremental build on the pinned tree, cached): each report whose
+    repro a fix names exits 0 — the defect gone — and every other still exits 1."""
+    from targets.builds import resolve
+
+    build = resolve("pinned", str(FIXES / "all"), from_env=False)
+    got = {name: run_reproducer(name, tmp_path / "runs", build.bindings) for name in MEMORY_REPROS}
+    fixed = {r for entry in tomllib.loads((FIXES / "fixes.toml").read_text()).values() for r in entry["repros"]}
+    assert {n: r.returncode for n, r in got.items()} == {n: 0 if n in fixed else 1 for n in MEMORY_REPROS}, \
+        {n: (r.stdout, r.stderr[-500:]) for n, r in got.items() if r.returncode not in (0, 1)}
+    assert all(r.stdout.startswith("fixed: ") for n, r in got.items() if n in fixed)

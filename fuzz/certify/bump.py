@@ -228,6 +228,9 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         more = more_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None
         if more:
             v, detail = BROKE, f"{more} | {detail}"
+        gone = known_fixed(a) if v == UNCHANGED and a["status"] == KNOWN and b["status"] in (PASS, NUMERICS) else None
+        if gone:
+            v, detail = FIXED, f"{gone} | {detail}"
         out.append({"row": a["row"], "lane": a["lane"], "verdict": v, "base": a["status"],
                     "candidate": b["status"], "detail": detail, "bundles": b.get("bundles", [])})
     for row, x in cross.items():
@@ -263,6 +266,17 @@ def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
     first = next(f for i, f in library_findings(candidate) if case_key(i, f) in new)
     return (f"known, and more: {sum(new.values())} findings the base does not have, each of a known upstream "
             f"finding's class; first: {first.get('message', '')}")
+
+
+def known_fixed(base: dict[str, Any]) -> str | None:
+    """A lane known on the base that passes on the candidate, every known finding of the base's the library's: those
+    upstream findings are fixed there (a fix series, a newer llama.cpp). None where llama-server's reports had
+    findings: which schedules meet a known abort is timing, so a pass there is no fix."""
+    lib = library_findings(base)
+    if not lib or len(lib) != sum(len(rep.get("findings", [])) for rep in base.get("reports", [])):
+        return None
+    first = lib[0][1].get("message", "")
+    return f"fixed: the base's {len(lib)} findings of known upstream bugs are gone; first: {first}"
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
 
+FIXES = Path(__file__).resolve().parents[2] / "corpora" / "fixes"  # the fix series written for upstream findings
 QUERIES = frozenset({"hello", "info", "seq_pos", "seq_pos_max"})  # calls that read and change nothing: not steps
 CONTEXT_KEYS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "flash_attn", "kv_unified")
 WORKER_DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_rs_seq": 0, "flash_attn": False}
@@ -142,8 +143,26 @@ def write_upstream(bundle_dir: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
     (out / "repro.py").write_text(memory_script(run, data))
-    (out / "issue.md").write_text(issue(bundle_dir, data, run))
+    fix = fix_of(bundle_dir.resolve().name)
+    if fix is not None:
+        shutil.rmtree(out / "fix", ignore_errors=True)
+        (out / "fix").mkdir()
+        for patch in sorted(fix.glob("*.patch")):
+            shutil.copyfile(patch, out / "fix" / patch.name)
+    (out / "issue.md").write_text(issue(bundle_dir, data, run, fix))
     return out
+
+
+def fix_of(repro: str) -> Path | None:
+    """The fix series (corpora/fixes/<name>/, listed in fixes.toml) of a committed upstream repro, if one is written."""
+    import tomllib
+
+    fixes = FIXES / "fixes.toml"
+    if not fixes.is_file():
+        return None
+    table = tomllib.loads(fixes.read_text())
+    name = next((k for k, v in table.items() if repro in v.get("repros", [])), None)
+    return FIXES / name if name else None
 
 
 def memory_run(bundle_dir: Path) -> dict[str, Any]:
@@ -264,7 +283,7 @@ def plain(text: str) -> str:
     return re.sub(r"\s*Found by [^.]*(?:\.|$)", "", text).strip()
 
 
-def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any]) -> str:
+def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path | None) -> str:
     """issue.md: what a maintainer reads first."""
     readme = (bundle_dir / "README.md").read_text() if (bundle_dir / "README.md").is_file() else ""
     what = plain(section(readme, "## What it is"))
@@ -297,7 +316,18 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any]) -> str:
         "## Where it first differs", "", where, "",
         "## Reproduce", "",
         "    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py",
-        "", "Exits 1 while the defect is present, 0 once it is fixed.", ""])
+        "", "Exits 1 while the defect is present, 0 once it is fixed.", "", *fix_section(fix)])
+
+
+def fix_section(fix: Path | None) -> list[str]:
+    """issue.md's fix: the series beside it (fix/) and what its README says of the defect and the change."""
+    if fix is None:
+        return []
+    readme = (fix / "README.md").read_text() if (fix / "README.md").is_file() else ""
+    said = [b for b in readme.split("\n\n") if b.startswith(("**The fix**", "**What else it could affect.**"))]
+    patches = ", ".join(f"`fix/{p.name}`" for p in sorted(fix.glob("*.patch")))
+    return ["## A fix", "", f"{patches} (`git apply` in the llama.cpp tree): with it repro.py exits 0.", "",
+            *[plain(b.replace("\n", " ")) + "\n" for b in said]]
 
 
 def section(readme: str, heading: str) -> str:
