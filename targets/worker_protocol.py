@@ -30,10 +30,17 @@ class RequestError(Exception):
         self.kind = kind
 
 
+CALL_LOG = "FAMILY_CERTIFY_CALL_LOG"  # a directory: each worker appends its requests there (fuzz report --upstream)
+
+
 def serve(stdin, stdout, make_worker: Any, frames: bool = False) -> None:
     """Answer requests, one JSON line each, until stdin ends or a shutdown. A handler's bytes values (logits, state)
-    go as base64 strings, or with `frames` as raw bytes after the line (targets/PROTOCOL.md, Frames)."""
+    go as base64 strings, or with `frames` as raw bytes after the line (targets/PROTOCOL.md, Frames). With CALL_LOG
+    set, every request is written to DIR/<pid>.jsonl before it runs and its outcome after: a worker that died in a
+    request leaves that request last."""
     worker = make_worker()
+    log = open(os.path.join(os.environ[CALL_LOG], f"{os.getpid()}.jsonl"), "a", buffering=1) \
+        if os.environ.get(CALL_LOG) else None
     for line in stdin:
         if not line.strip():
             continue
@@ -42,6 +49,8 @@ def serve(stdin, stdout, make_worker: Any, frames: bool = False) -> None:
             req = json.loads(line)
             rid = req.get("id")
             op = req.get("op")
+            if log is not None:
+                log.write(json.dumps({"request": {k: v for k, v in req.items() if k != "id"}}) + "\n")
             if op == "shutdown":
                 stdout.write(json.dumps({"id": rid, "ok": True}) + "\n")
                 stdout.flush()
@@ -57,6 +66,8 @@ def serve(stdin, stdout, make_worker: Any, frames: bool = False) -> None:
         except (ValueError, KeyError, TypeError) as e:
             resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
                     "trace": traceback.format_exc(limit=3)}
+        if log is not None:
+            log.write(json.dumps({"ok": resp.get("ok", False)}) + "\n")
         blobs: list[bytes] = []
         resp = _blobs_out(resp, blobs if frames else None)
         if blobs:

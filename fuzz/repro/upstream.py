@@ -14,8 +14,10 @@ other oracles are refused (exit 2) until their reproducers are written.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,13 @@ from fuzz.repro.bundle import load_case, read_bundle, use_recorded_build
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
+from targets.worker_protocol import CALL_LOG
 
 FIXES = Path(__file__).resolve().parents[2] / "corpora" / "fixes"  # the fix series written for upstream findings
 QUERIES = frozenset({"hello", "info", "seq_pos", "seq_pos_max"})  # calls that read and change nothing: not steps
+# the worker's memory operations, each one llama_memory_<op> call: its arguments after the memory, in order
+MEMORY_CALLS = {"seq_rm": ("seq", "p0", "p1"), "seq_cp": ("src", "dst", "p0", "p1"), "seq_keep": ("seq",),
+                "seq_add": ("seq", "p0", "p1", "delta"), "seq_div": ("seq", "p0", "p1", "d")}
 CONTEXT_KEYS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "flash_attn", "kv_unified")
 WORKER_DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_rs_seq": 0, "flash_attn": False}
 
@@ -134,15 +140,17 @@ class Recorder:
 def write_upstream(bundle_dir: Path, out: Path) -> Path:
     """The upstream-ready report of the bundle in `out` (created; an existing directory's files replaced)."""
     data = read_bundle(bundle_dir)
-    if data["oracle"] != "memory":
+    crash = data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-cpp"
+    if data["oracle"] != "memory" and not crash:
         raise UserError(f"{bundle_dir}: a {data['oracle']} finding; `fuzz report --upstream` writes standalone "
-                        "reproducers for memory findings so far — replay this one with `fuzz replay`")
+                        "reproducers for memory findings and llama.cpp's aborts so far — replay this one with "
+                        "`fuzz replay`")
     if str(data.get("target", "")).startswith("mutant:"):
         raise UserError(f"{bundle_dir}: found on {data['target']}, a defect this toolkit put in: nothing to report")
-    run = memory_run(bundle_dir)
+    run = crash_run(bundle_dir) if crash else memory_run(bundle_dir)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
-    (out / "repro.py").write_text(memory_script(run, data))
+    (out / "repro.py").write_text(crash_script(run, data) if crash else memory_script(run, data))
     fix = fix_of(bundle_dir.resolve().name)
     if fix is not None:
         shutil.rmtree(out / "fix", ignore_errors=True)
@@ -187,10 +195,79 @@ def memory_run(bundle_dir: Path) -> dict[str, Any]:
             "kv_unified": kvu, "commit": mach.commit}
 
 
-def call_line(ctx: str, op: str, req: dict[str, Any], rows: str) -> str:
-    """One recorded call as a line of the reproducer (ctx: the context's variable; rows: where a decode's go)."""
+def crash_run(bundle_dir: Path) -> dict[str, Any]:
+    """The bundle's case run once more on its build with every worker's requests logged (CALL_LOG): the calls of the
+    worker that died, from the load of its last context to the request it died in, and how it died."""
+    case, fp = load_case(bundle_dir)
+    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
+    with tempfile.TemporaryDirectory(prefix="family-certify-calls-") as d:
+        os.environ[CALL_LOG] = d  # (a worker is spawned with it: the idle ones, without it, are not taken)
+        try:
+            _, rep = case.run()
+        finally:
+            os.environ.pop(CALL_LOG)
+        logs = [[json.loads(x) for x in p.read_text().splitlines()] for p in sorted(Path(d).glob("*.jsonl"))]
+    died = [[e["request"] for e in log if "request" in e] for log in logs if log and "request" in log[-1]]
+    if not died:
+        raise UserError(f"{bundle_dir}: no llama.cpp process died running the bundle on its build: nothing to report")
+    calls = min(died, key=len)
+    start = max(i for i, r in enumerate(calls) if r["op"] == "load")
+    steps = [(r["op"], {k: v for k, v in r.items() if k != "op"}) for r in calls[start:]
+             if r["op"] not in QUERIES or r is calls[-1]]
+    message = next((f.message for f in rep.findings if f.fingerprint.get("status") == "crash"), "")
+    return {"steps": steps, "problem": {"check": "crash", "message": message}, "commit": rep.llama_cpp_commit,
+            "model": str(case.fixture)}
+
+
+def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
+    """repro.py of an abort: the steps in a child process (this file again); the child killed by a signal is the
+    defect, every step done is the fix."""
+    body = [f"    {call_line('ctx', op, req, 'rows', run['model'])}" for op, req in run["steps"]]
+    last = call_line("ctx", *run["steps"][-1], "rows")
+    return "\n".join([
+        f'"""{crash_title(data, run)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
+        "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
+        "Exits 1 while the defect is present (llama.cpp aborts), 0 once it is fixed, 2 when this program cannot run.",
+        '"""', "", "import signal", "import subprocess", PRELUDE, "",
+        "def steps():", "    model = load_model()", *body, "", "",
+        'if __name__ == "__main__":',
+        '    if os.environ.get("REPRO_STEPS"):  # the child: the steps, as the toolkit ran them (VERBOSE=1: with',
+        "        # llama.cpp's log and ggml's backtrace when it aborts)",
+        "        steps()", "        sys.exit(0)",
+        '    child = subprocess.run([sys.executable, *(["-S"] if sys.flags.no_site else []), __file__],',
+        '                           env={**os.environ, "REPRO_STEPS": "1",',
+        '                                **({} if os.environ.get("VERBOSE") else {"GGML_NO_BACKTRACE": "1"})})',
+        "    if child.returncode < 0:",
+        '        print(f"DEFECT: llama.cpp aborted (signal {signal.Signals(-child.returncode).name}) in: "',
+        f"              {last!r})",
+        "        sys.exit(1)",
+        '    print("fixed: every step ran" if child.returncode == 0 else "cannot run: the steps failed otherwise")',
+        "    sys.exit(0 if child.returncode == 0 else 2)", ""])
+
+
+def crash_title(data: dict[str, Any], run: dict[str, Any]) -> str:
+    """An abort in one line: the model, the call that aborts, the check that failed."""
+    family = data["spec"]["family"] if data.get("spec") else "model"
+    op = run["steps"][-1][0]
+    what = "creating a context" if op == "load" else f"in {API_NAMES.get(op, op)}"
+    return f"{family}: llama.cpp aborts {what}: {aborted(run['problem']['message'])}"
+
+
+def aborted(message: str) -> str:
+    """The check llama.cpp printed as it aborted, its file named from the tree's root (not the build's path)."""
+    m = re.search(r"((?:ggml|tools|common)/[^\s:]+:\d+: .*)$", message) or re.search(r"(src/[^\s:]+:\d+: .*)$",
+                                                                                      message)
+    return m.group(1) if m else message
+
+
+def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | None = None) -> str:
+    """One recorded call as a line of the reproducer (ctx: the context's variable; rows: where a decode's go; model:
+    the file a load must be of, when the calls were logged with their paths)."""
     mem = f"L.llama_get_memory({ctx})"
     if op == "load":
+        if model is not None and req.get("path") != model:
+            raise UserError("a context on another file than the model (a stage sliced from it): no standalone "
+                            "reproducer yet")
         p = {**WORKER_DEFAULTS, **req}
         p.setdefault("kv_unified", p["n_seq_max"] > 1)
         return f"{ctx} = new_context(model, " + ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS) + ")"
@@ -206,16 +283,8 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str) -> str:
             else [False] * n if out == "none" else [bool(x) for x in out]
         return (f"{rows} = decode({ctx}, tokens={req['tokens']}, pos={req['pos']}, seqs={seqs}, "
                 f"outputs={[int(o) for o in outs]})")
-    if op == "seq_rm":
-        return f"L.llama_memory_seq_rm({mem}, {req.get('seq', -1)}, {req.get('p0', -1)}, {req.get('p1', -1)})"
-    if op == "seq_cp":
-        return f"L.llama_memory_seq_cp({mem}, {req['src']}, {req['dst']}, {req.get('p0', -1)}, {req.get('p1', -1)})"
-    if op == "seq_keep":
-        return f"L.llama_memory_seq_keep({mem}, {req['seq']})"
-    if op == "seq_add":
-        return f"L.llama_memory_seq_add({mem}, {req['seq']}, {req.get('p0', -1)}, {req.get('p1', -1)}, {req['delta']})"
-    if op == "seq_div":
-        return f"L.llama_memory_seq_div({mem}, {req['seq']}, {req.get('p0', -1)}, {req.get('p1', -1)}, {req['d']})"
+    if op in MEMORY_CALLS:  # (a position or sequence not given: -1, the API's "all")
+        return f"L.llama_memory_{op}({mem}, " + ", ".join(str(req.get(k, -1)) for k in MEMORY_CALLS[op]) + ")"
     if op == "reset":
         return f"L.llama_memory_clear({mem}, True)"
     if op == "state_get" and req.get("via", "memory") == "memory" and not req.get("partial"):
@@ -290,12 +359,16 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     cause = plain(section(readme, "## Where it first differs"))
     p = run["problem"]
     last = len(run["steps"])
-    where = (f"After step {last}: `llama_memory_seq_pos_min` / `_max` of sequence {p['seq']}." if p["check"] == "pos"
-             else f"The logits of step {last}'s `llama_decode`, for sequence {p['seq']}.")
+    where = {"pos": f"After step {last}: `llama_memory_seq_pos_min` / `_max` of sequence {p.get('seq')}.",
+             "logits": f"The logits of step {last}'s `llama_decode`, for sequence {p.get('seq')}.",
+             "crash": f"Step {last}: llama.cpp aborts the process there."}[p["check"]]
     if cause:
         where += (" What changes one thing and passes (the program's operations counted from 0: each step above but "
                   f"the context's creation, a state copy one operation):\n\n{cause}")
-    if p["check"] == "pos":
+    if p["check"] == "crash":
+        expected = "every call returns (a context llama.cpp cannot make or a batch it cannot decode is an error code)"
+        actual = f"the process aborts: `{aborted(p['message'])}`"
+    elif p["check"] == "pos":
         expected = f"sequence {p['seq']} reports positions {p['want']} (pos_min, pos_max; -1: empty)"
         actual = f"it reports {p['got']}"
     else:
@@ -305,7 +378,7 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     info = inspect_file(str(bundle_dir / data["fixture"]))
     steps = [f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]
     return "\n".join([
-        f"# {title_of(data)}", "",
+        f"# {crash_title(data, run) if p['check'] == 'crash' else title_of(data)}", "",
         f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
         "## What is wrong", "", what or p["message"], "",
         "## Expected and actual", "", f"Expected: {expected}.", "", f"Actual: {actual}.", "",
