@@ -540,7 +540,7 @@ def campaign_cmd(
     if cases < 0:
         raise UserError(f"--cases {cases}: must be 0 or more")
     oracles = oracle
-    if not oracles and server_binary() is None:
+    if not oracles and server_binary(build=True) is None:
         oracles = [o for o in cp.ORACLES if o != "radix"]
         print(f"skipped: radix ({NO_SERVER})")
     use_build(llama_cpp, patches, backend)

@@ -59,9 +59,9 @@ if [ -n "$build" ]; then
   # standard library only, so the system Python runs it before the venv holds anything). It runs in a process
   # group of its own while the venv gets every other pinned package (downloads, not compiling: the two overlap);
   # a bootstrap that stops early stops the build with it.
-  say "building llama.cpp from source: the wheel and llama-server (first setup only; 4 to 6 minutes on 2 cores)"
+  say "building llama.cpp's libraries from source for the wheel (first setup only; 2 to 3 minutes on 2 cores; llama-server, the rest of the same build, comes with make server or make test)"
   group=(); if command -v setsid >/dev/null; then group=(setsid); fi  # (macOS has no setsid: the build alone)
-  PYTHONPATH="$root" ${group[@]+"${group[@]}"} "$py" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null &
+  PYTHONPATH="$root" ${group[@]+"${group[@]}"} "$py" -m targets.cmake_build library "$sdist" "$cache" >/dev/null &
   build_pid=$!
   trap 'kill -- -"$build_pid" 2>/dev/null || kill "$build_pid" 2>/dev/null || true' EXIT
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama-server from the same pinned llama.cpp the worker runs (the sdist bootstrap.sh downloads), for the
-# prefix-cache lane. bootstrap.sh's one build of the tree makes it beside the wheel; this only checks it is there
-# (and builds both if not). Cached in $FAMILY_CERTIFY_CACHE/llama-server-<pin>/. No network: the web UI is left out
+# prefix-cache lane: the rest of bootstrap.sh's CMake build of the tree (its libraries are built already), in the same
+# build directory, once; then this only checks it is there. Cached in $FAMILY_CERTIFY_CACHE/llama-server-<pin>/. No network: the web UI is left out
 # (the lane talks to the HTTP API only).
 # Prints the binary's path on stdout.
 set -euo pipefail
@@ -24,10 +24,10 @@ if [ ! -f "$sdist" ]; then
   "$root/scripts/bootstrap.sh"  # downloads the sdist (and builds the worker's llama.cpp) first
 fi
 
-# the same one CMake build that bootstrap.sh runs for the wheel (targets/cmake_build.py): a machine whose wheel came
-# from elsewhere (or a llama-server built with other CMake options) builds here once, and gets both
-say "building llama-server from the pinned llama.cpp (first time only; 4 to 6 minutes on 2 cores)"
-PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build pinned "$sdist" "$cache" >/dev/null
+# the same CMake build that bootstrap.sh ran for the wheel (targets/cmake_build.py), its llama-server target: the
+# libraries it compiled are reused (a machine whose wheel came from elsewhere compiles them here)
+say "building llama-server from the pinned llama.cpp (first time only; 2 to 4 minutes on 2 cores)"
+PYTHONPATH="$root" "${PYTHON:-python3}" -m targets.cmake_build server "$sdist" "$cache" >/dev/null
 [ -x "$bin" ] || { say "no $bin after the build"; exit 1; }
 say "ready: $bin"
 echo "$bin"

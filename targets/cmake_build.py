@@ -1,13 +1,15 @@
 """One CMake build of a llama.cpp tree gives everything the toolkit runs of it: the shared libraries the worker's
 bindings load and llama-server. Standard library only: scripts/bootstrap.sh runs it before the venv holds anything.
 
-    python -m targets.cmake_build pinned SDIST CACHE
+    python -m targets.cmake_build pinned SDIST CACHE    (library, then server: both)
+    python -m targets.cmake_build library SDIST CACHE   (what `make demo` needs: the wheel)
+    python -m targets.cmake_build server SDIST CACHE    (llama-server, the rest of the same build)
     python -m targets.cmake_build options          (prints options_id(): what the outputs below are marked with)
 
 builds the tree a llama-cpp-python sdist vendors and writes what `pip wheel` of that sdist would have (a wheel of
 its llama_cpp package with the built libraries and headers, into CACHE/wheels) and llama-server (into
-CACHE/llama-server-VERSION/bin) — from one build instead of two. targets/builds.py builds other trees (and patch
-series) with the same function.
+CACHE/llama-server-VERSION/bin) — from one build instead of two, the library part first. targets/builds.py builds
+other trees (and patch series) with the same function.
 
 A tree is synced into a work directory and built there incrementally, so another patch series on the same tree
 recompiles a few objects, not the tree. What is recompiled follows the content, not the files' dates: a file whose
@@ -46,6 +48,10 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAK
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
 TARGETS = ("llama", "llama-server")
+# what the bindings load (the wheel: ggml and libllama), built first: the rest of the same build (llama.cpp's common
+# library, mtmd, llama-server) the first time something needs llama-server, incrementally in the same build directory
+LIBRARY = ("llama",)
+WHEEL_LIBS = ("libllama.so*", "libggml*.so*")  # the wheel's libraries: the same whichever targets were built
 # the ggml backend compiled in beside the CPU one: its CMake options, added to CMAKE_OPTIONS. cpu adds none (the
 # build everything else is); blas routes large matrix products to OpenBLAS; the GPU backends need their toolchain
 # and a device (targets/backends.py checks both before anything is built)
@@ -196,8 +202,8 @@ def read_built_from(work: Path) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def built(src: Path, work: Path, label: str, backend: str = "cpu", coverage: bool = False) \
-        -> Iterator[tuple[Path, str]]:
+def built(src: Path, work: Path, label: str, backend: str = "cpu", coverage: bool = False,
+          targets: tuple[str, ...] = TARGETS) -> Iterator[tuple[Path, str]]:
     """The tree built: `src` synced into work/src, configured and compiled in work/build (both kept for the next
     build of this tree); yields the directory holding the libraries and llama-server and the content digest of the
     tree they were verified to be compiled from (tree_digest), under the work directory's lock (one build at a time
@@ -222,10 +228,11 @@ def built(src: Path, work: Path, label: str, backend: str = "cpu", coverage: boo
         forget_other_options(build, backend, coverage)
         options = cmake_options(backend) + (coverage_options(work) if coverage else ())
         fresh = not (build / "CMakeCache.txt").is_file()
-        say(f"building {label}: llama.cpp's libraries and llama-server, one CMake build "
+        what = "llama.cpp's libraries and llama-server" if "llama-server" in targets else "llama.cpp's libraries"
+        say(f"building {label}: {what}, one CMake build "
             + ("(several minutes on 2 cores)" if fresh else f"(incremental: {changed} files changed)"))
         steps = [("configure", ["cmake", "-S", str(work / "src"), "-B", str(build), *gen, *options]),
-                 ("compile", ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)])]
+                 ("compile", ["cmake", "--build", str(build), "--target", *targets, "-j", str(os.cpu_count() or 2)])]
         for what, argv in steps:
             log = work / f"{what}.log"
             with log.open("w") as f:
@@ -247,12 +254,13 @@ def built(src: Path, work: Path, label: str, backend: str = "cpu", coverage: boo
         yield build / "bin", tree_digest(want)
 
 
-def copy_bindings(bindings: Path, out: Path, pkg: Path, *, leave: tuple[str, ...] = ("server",)) -> None:
+def copy_bindings(bindings: Path, out: Path, pkg: Path, *, leave: tuple[str, ...] = ("server",),
+                  libs: tuple[str, ...] = ("lib*.so*",)) -> None:
     """A llama_cpp package as the worker loads it: the bindings' python files (but `leave`: the OpenAI server
-    subpackage, which no worker imports), lib/ the built libraries."""
+    subpackage, which no worker imports), lib/ the built libraries (those matching `libs`)."""
     shutil.copytree(bindings, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__", *leave))
     (pkg / "lib").mkdir()
-    for lib in sorted(out.glob("lib*.so*")):
+    for lib in sorted({x for pattern in libs for x in out.glob(pattern)}):
         shutil.copy2(lib, pkg / "lib" / lib.name, follow_symlinks=False)
 
 
@@ -320,43 +328,53 @@ def write_wheel(pkg: Path, headers: list[Path], metadata: str, version: str, out
     return out
 
 
-def pinned(sdist: Path, cache: Path) -> tuple[Path, Path]:
-    """The sdist's tree built once: its wheel (CACHE/wheels) and llama-server (CACHE/llama-server-VERSION/bin)."""
+def pinned(sdist: Path, cache: Path, *, server: bool = True, wheel: bool = True) -> tuple[Path | None, Path | None]:
+    """The sdist's tree built: its wheel (CACHE/wheels: ggml and libllama, what the bindings load) and, with `server`,
+    llama-server (CACHE/llama-server-VERSION/bin) from the same build — without it only the libraries are compiled,
+    and llama-server is compiled later in the same build directory, incrementally (`server` then, wheel False)."""
     version = re.fullmatch(r"llama_cpp_python-(.+)\.tar\.gz", sdist.name)[1]
     t0 = time.perf_counter()
+    made: Path | None = None
     with tempfile.TemporaryDirectory(prefix="family-certify-build-") as tmp:
         src, bindings = extract_sdist(sdist, Path(tmp))
         top = bindings.parent
         headers = [src / "include" / "llama.h", *sorted((src / "ggml" / "include").glob("*.h"))]
-        with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}") as (out, _):
-            pkg = Path(tmp) / "wheel" / "llama_cpp"
-            copy_bindings(bindings, out, pkg, leave=())  # all of it, as pip's wheel has
-            wheel = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")
-            (cache / "wheels" / f"llama_cpp_python-{version}.options").write_text(options_id() + "\n")
+        with built(src, cache / "builds" / f"work-pypi-{version}", f"llama-cpp-python {version}",
+                   targets=TARGETS if server else LIBRARY) as (out, _):
+            if wheel:
+                pkg = Path(tmp) / "wheel" / "llama_cpp"
+                copy_bindings(bindings, out, pkg, leave=(), libs=WHEEL_LIBS)  # the python files as pip's wheel has
+                made = write_wheel(pkg, headers, (top / "PKG-INFO").read_text(), version, cache / "wheels")
+                (cache / "wheels" / f"llama_cpp_python-{version}.options").write_text(options_id() + "\n")
             dest = cache / f"llama-server-{version}"
-            shutil.rmtree(dest / "bin.tmp", ignore_errors=True)
-            copy_server(out, dest / "bin.tmp")
-            (dest / "bin.tmp" / "options").write_text(options_id() + "\n")
-            shutil.rmtree(dest / "bin", ignore_errors=True)
-            os.replace(dest / "bin.tmp", dest / "bin")
-    say(f"llama-cpp-python {version}: wheel and llama-server from one build in {time.perf_counter() - t0:.0f} s")
-    return wheel, dest / "bin" / "llama-server"
+            if server:
+                shutil.rmtree(dest / "bin.tmp", ignore_errors=True)
+                copy_server(out, dest / "bin.tmp")
+                (dest / "bin.tmp" / "options").write_text(options_id() + "\n")
+                shutil.rmtree(dest / "bin", ignore_errors=True)
+                os.replace(dest / "bin.tmp", dest / "bin")
+    parts = " and ".join(x for x, on in (("wheel", wheel), ("llama-server", server)) if on)
+    say(f"llama-cpp-python {version}: {parts} in {time.perf_counter() - t0:.0f} s")
+    return made, dest / "bin" / "llama-server" if server else None
 
 
 def main(argv: list[str]) -> int:
     if argv == ["options"]:
         print(options_id())
         return 0
-    if len(argv) != 3 or argv[0] != "pinned":
-        print("usage: python -m targets.cmake_build pinned SDIST CACHE | options", file=sys.stderr)
+    parts = {"pinned": (True, True), "library": (False, True), "server": (True, False)}  # (server, wheel)
+    if len(argv) != 3 or argv[0] not in parts:
+        print("usage: python -m targets.cmake_build pinned|library|server SDIST CACHE | options", file=sys.stderr)
         return 2
+    server, wheel = parts[argv[0]]
     try:
-        wheel, server = pinned(Path(argv[1]), Path(argv[2]))
+        made = pinned(Path(argv[1]), Path(argv[2]), server=server, wheel=wheel)
     except BuildError as e:
         print(f"build: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, BadSdist) else 1
-    print(wheel)
-    print(server)
+    for path in made:
+        if path is not None:
+            print(path)
     return 0
 
 

@@ -43,12 +43,19 @@ NO_SERVER = ("no llama-server binary: run scripts/build_llama_server.sh (make se
 DEFAULTS = {"slots": 4, "n_ctx": 1024, "cache_ram": 64, "n_batch": 256, "n_ubatch": 256, "threads": 1}
 
 
-def server_binary() -> Path | None:
-    """FAMILY_CERTIFY_LLAMA_SERVER, else the cached build of the pinned source; None if neither exists."""
+def server_binary(build: bool = False) -> Path | None:
+    """FAMILY_CERTIFY_LLAMA_SERVER, else the cached build of the pinned source; None if neither exists. build: the
+    pinned one missing while its sdist is cached (`make demo` compiled the libraries only), compile it now — the rest
+    of the same CMake build, scripts/build_llama_server.sh, its progress on stderr — as the engine does before the
+    first server lane or llama-server oracle needs it (a worker never builds: its calls have timeouts)."""
     env = os.environ.get("FAMILY_CERTIFY_LLAMA_SERVER")
     if env:
         return Path(env) if Path(env).is_file() else None
     path = cache_dir() / f"llama-server-{PINNED_LLAMA_CPP_PYTHON}" / "bin" / "llama-server"  # (build_llama_server.sh)
+    sdist = cache_dir() / "sdist" / f"llama_cpp_python-{PINNED_LLAMA_CPP_PYTHON}.tar.gz"
+    if not path.is_file() and build and sdist.is_file():
+        script = Path(__file__).resolve().parents[1] / "scripts" / "build_llama_server.sh"
+        subprocess.run([str(script)], stdout=subprocess.DEVNULL, check=False)
     return path if path.is_file() else None
 
 

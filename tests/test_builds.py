@@ -403,6 +403,29 @@ def test_an_sdist_is_extracted_once_and_checked_at_every_use(tmp_path, monkeypat
     assert other != src and (other / "a.txt").read_text() == "B" and other_digest != digest
 
 
+def test_the_wheel_holds_the_libraries_the_bindings_load_whichever_targets_were_built(tmp_path):
+    """make demo compiles llama.cpp's libraries only, llama-server comes later from the same build: the wheel's lib/
+    is ggml and libllama either way (the common, mtmd and server libraries the full build adds stay out), and the
+    build's command line names its three parts."""
+    import sys
+
+    from targets.cmake_build import WHEEL_LIBS, copy_bindings
+
+    out, bindings = tmp_path / "bin", tmp_path / "llama_cpp"
+    out.mkdir()
+    (bindings / "lib").mkdir(parents=True)
+    (bindings / "llama_cpp.py").write_text("")
+    for lib in ("libllama.so", "libllama.so.0", "libggml.so", "libggml-cpu.so", "libggml-base.so", "libmtmd.so",
+                "libllama-common.so", "libllama-server-impl.so"):
+        (out / lib).write_bytes(b"")
+    copy_bindings(bindings, out, tmp_path / "pkg", leave=(), libs=WHEEL_LIBS)
+    assert sorted(p.name for p in (tmp_path / "pkg" / "lib").iterdir()) == [
+        "libggml-base.so", "libggml-cpu.so", "libggml.so", "libllama.so", "libllama.so.0"]
+    r = subprocess.run([sys.executable, "-m", "targets.cmake_build", "everything", "x", "y"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "pinned|library|server SDIST CACHE" in r.stderr
+
+
 def test_a_truncated_sdist_is_refused_in_one_line(tmp_path, monkeypatch):
     """A cached sdist cut short (a download that died) is bad input, named with its fix, wherever it is read: the
     pinned build (exit 2, one line), a candidate's extraction (UserError) and make bootstrap (before anything is

@@ -64,7 +64,7 @@ def options(row: Row, schedules: int, server: str, unified: bool) -> list[tuple[
 def server_lane(row: Row, lane: str, path: Path, target_spec: str,
                 runs: Callable[[str, bool], list[tuple[str, Any]]]) -> LaneResult:
     """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named."""
-    if server_binary() is None:
+    if server_binary(build=True) is None:
         return LaneResult(row.key, lane, SKIPPED, NO_SERVER)
     server = server_spec(target_spec)
     reps, cases = [], []

@@ -14,7 +14,7 @@ from fuzz.engine.stages import KIND_LETTER
 from synth.errors import UserError
 from synth.inspect import ModelInfo
 from targets import Failure, Reply, Target, close_all, open_target
-from targets.llama_server_worker import NO_SERVER
+from targets.llama_server_worker import NO_SERVER, server_binary
 
 
 class Fleet:
@@ -70,7 +70,9 @@ def server_spec(spec: str) -> str:
 
 
 def need_server(srv: Target, who: str) -> Reply:
-    """A llama-server target's hello; no llama-server binary is bad input (how to build it is in NO_SERVER)."""
+    """A llama-server target's hello; no llama-server binary is bad input (how to build it is in NO_SERVER). The
+    pinned build's llama-server is compiled first if only its libraries are (server_binary)."""
+    server_binary(build=True)
     hello = srv.hello()
     if not hello.ok or not hello.data.get("binary"):
         raise UserError(f"{NO_SERVER} (the {who} lane needs it)")
