@@ -217,7 +217,7 @@ def report_cmd(
     from fuzz.repro.upstream import write_upstream
 
     out = write_upstream(bundle, upstream)
-    print(f"upstream report: {out} (issue.md, model.gguf, repro.py; run: python3 {out / 'repro.py'})")
+    print(f"upstream report: {out} ({', '.join(sorted(p.name for p in out.iterdir()))}: issue.md says how to run it)")
     return 0
 
 

@@ -67,7 +67,8 @@ def serve(stdin, stdout, make_worker: Any, frames: bool = False) -> None:
             resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
                     "trace": traceback.format_exc(limit=3)}
         if log is not None:
-            log.write(json.dumps({"ok": resp.get("ok", False)}) + "\n")
+            log.write(json.dumps({"ok": resp.get("ok", False), **({"error": resp["error"]} if "error" in resp
+                                                                   else {})}) + "\n")
         blobs: list[bytes] = []
         resp = _blobs_out(resp, blobs if frames else None)
         if blobs:

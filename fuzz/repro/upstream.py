@@ -7,8 +7,15 @@ A memory finding (a program of decodes, llama_memory_* calls and state copies) b
 llama-cpp-python's bare `llama_cpp` bindings, llama.cpp's own C API one call per line. Its steps are the calls the
 toolkit's run of the bundle made (recorded at the worker protocol, which is that API: targets/PROTOCOL.md), its
 reference the same sequence's history decoded alone in a fresh context, and its check the one the finding failed
-(the positions the memory reports, or the logits against that reference within the run's tolerance). Findings of the
-other oracles are refused (exit 2) until their reproducers are written.
+(the positions the memory reports, or the logits against that reference within the run's tolerance).
+
+An abort of llama.cpp found through the library, by any oracle, becomes the same kind of program: the bundle's case
+run once more with every worker's requests logged (targets.worker_protocol.CALL_LOG), and the calls of the worker
+that died, from its last context's creation to the call it died in, run in a child process — killed by a signal is
+the defect. llama-server aborting as it starts becomes repro.sh: llama-server started on the model with the flags it
+aborted under, its /health asked with curl until it answers (fixed) or the process is killed by a signal (the
+defect). llama-server's other findings (an abort during requests, wrong answers), and calls this writer has no line
+for (a stage fed embeddings, a state file), are refused (exit 2) until their reproducers are written.
 """
 
 from __future__ import annotations
@@ -141,16 +148,28 @@ def write_upstream(bundle_dir: Path, out: Path) -> Path:
     """The upstream-ready report of the bundle in `out` (created; an existing directory's files replaced)."""
     data = read_bundle(bundle_dir)
     crash = data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-cpp"
+    if data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-server":
+        return write_report(bundle_dir, data, out, server_crash_run(bundle_dir), "repro.sh", server_script)
     if data["oracle"] != "memory" and not crash:
         raise UserError(f"{bundle_dir}: a {data['oracle']} finding; `fuzz report --upstream` writes standalone "
                         "reproducers for memory findings and llama.cpp's aborts so far — replay this one with "
                         "`fuzz replay`")
     if str(data.get("target", "")).startswith("mutant:"):
         raise UserError(f"{bundle_dir}: found on {data['target']}, a defect this toolkit put in: nothing to report")
-    run = crash_run(bundle_dir) if crash else memory_run(bundle_dir)
+    if crash:
+        return write_report(bundle_dir, data, out, crash_run(bundle_dir), "repro.py", crash_script)
+    return write_report(bundle_dir, data, out, memory_run(bundle_dir), "repro.py", memory_script)
+
+
+def write_report(bundle_dir: Path, data: dict[str, Any], out: Path, run: dict[str, Any], name: str,
+                 script: Any) -> Path:
+    """out/: the model, the reproducer `name` (script(run, data)), the fix series if one is written, issue.md."""
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
-    (out / "repro.py").write_text(crash_script(run, data) if crash else memory_script(run, data))
+    (out / name).write_text(script(run, data))
+    if name.endswith(".sh"):
+        (out / name).chmod(0o755)
+    run["reproducer"] = name
     fix = fix_of(bundle_dir.resolve().name)
     if fix is not None:
         shutil.rmtree(out / "fix", ignore_errors=True)
@@ -198,15 +217,8 @@ def memory_run(bundle_dir: Path) -> dict[str, Any]:
 def crash_run(bundle_dir: Path) -> dict[str, Any]:
     """The bundle's case run once more on its build with every worker's requests logged (CALL_LOG): the calls of the
     worker that died, from the load of its last context to the request it died in, and how it died."""
-    case, fp = load_case(bundle_dir)
-    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
-    with tempfile.TemporaryDirectory(prefix="family-certify-calls-") as d:
-        os.environ[CALL_LOG] = d  # (a worker is spawned with it: the idle ones, without it, are not taken)
-        try:
-            _, rep = case.run()
-        finally:
-            os.environ.pop(CALL_LOG)
-        logs = [[json.loads(x) for x in p.read_text().splitlines()] for p in sorted(Path(d).glob("*.jsonl"))]
+    case, _ = load_case(bundle_dir)
+    logs, rep = logged_run(bundle_dir)
     died = [[e["request"] for e in log if "request" in e] for log in logs if log and "request" in log[-1]]
     if not died:
         raise UserError(f"{bundle_dir}: no llama.cpp process died running the bundle on its build: nothing to report")
@@ -249,7 +261,8 @@ def crash_title(data: dict[str, Any], run: dict[str, Any]) -> str:
     """An abort in one line: the model, the call that aborts, the check that failed."""
     family = data["spec"]["family"] if data.get("spec") else "model"
     op = run["steps"][-1][0]
-    what = "creating a context" if op == "load" else f"in {API_NAMES.get(op, op)}"
+    what = {"load": "creating a context", "llama-server": "starting llama-server"}.get(
+        op, f"in {API_NAMES.get(op, op)}")
     return f"{family}: llama.cpp aborts {what}: {aborted(run['problem']['message'])}"
 
 
@@ -258,6 +271,69 @@ def aborted(message: str) -> str:
     m = re.search(r"((?:ggml|tools|common)/[^\s:]+:\d+: .*)$", message) or re.search(r"(src/[^\s:]+:\d+: .*)$",
                                                                                       message)
     return m.group(1) if m else message
+
+
+def logged_run(bundle_dir: Path) -> tuple[list[list[dict[str, Any]]], Any]:
+    """The bundle's case run once more on its build, every worker's requests and their outcomes logged (CALL_LOG):
+    each worker's log, and the run's report."""
+    case, _ = load_case(bundle_dir)
+    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
+    with tempfile.TemporaryDirectory(prefix="family-certify-calls-") as d:
+        os.environ[CALL_LOG] = d  # (a worker is spawned with it: the idle ones, without it, are not taken)
+        try:
+            _, rep = case.run()
+        finally:
+            os.environ.pop(CALL_LOG)
+        return [[json.loads(x) for x in p.read_text().splitlines()] for p in sorted(Path(d).glob("*.jsonl"))], rep
+
+
+def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
+    """A llama-server that aborts while it starts: the load whose server died by a signal, as the server worker made
+    it (targets.llama_server_worker: its DEFAULTS, the flags a start adds)."""
+    from targets.llama_server_worker import DEFAULTS
+
+    logs, rep = logged_run(bundle_dir)
+    died = [(a["request"], b.get("error", "")) for log in logs for a, b in zip(log, log[1:], strict=False)
+            if "request" in a and a["request"].get("op") == "load" and "signal" in b.get("error", "")]
+    if not died:
+        raise UserError(f"{bundle_dir}: llama-server did not die starting up on the bundle's build (a crash during "
+                        "requests has no standalone reproducer yet): nothing to report")
+    req, error = died[0]
+    p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
+    flags = ["-np", p["slots"], "-c", p["n_ctx"], "--cache-ram", p["cache_ram"], "-b", p["n_batch"], "-ub",
+             p["n_ubatch"], "-t", p["threads"], "-tb", p["threads"], "--no-webui", "--no-warmup", "-fit", "off",
+             *req.get("args", [])]
+    return {"steps": [("llama-server", {"flags": [str(f) for f in flags]})],
+            "problem": {"check": "crash", "message": error}, "commit": rep.llama_cpp_commit}
+
+
+def server_script(run: dict[str, Any], data: dict[str, Any]) -> str:
+    """repro.sh: llama-server started on the model with the flags that made it abort, and its health asked until it
+    answers (fixed: exit 0) or the process is gone (killed by a signal: the defect, exit 1)."""
+    flags = " ".join(run["steps"][0][1]["flags"])
+    return "\n".join([
+        "#!/bin/sh", f"# {crash_title(data, run)}.", "#",
+        f"# llama.cpp {run['commit']}: llama-server (LLAMA_SERVER, else the one on PATH) started on the model beside",
+        "# this file with the flags below. Exits 1 while the defect is present (llama-server aborts as it starts), 0",
+        "# once it is fixed (it answers /health), 2 when it cannot run (no llama-server, no curl, another failure).",
+        'server=${LLAMA_SERVER:-llama-server}', 'port=${PORT:-18180}', 'dir=$(cd "$(dirname "$0")" && pwd)',
+        'command -v "$server" >/dev/null 2>&1 || { echo "cannot run: no $server (set LLAMA_SERVER)"; exit 2; }',
+        'command -v curl >/dev/null 2>&1 || { echo "cannot run: no curl"; exit 2; }',
+        'log=$(mktemp)  # what llama-server printed',
+        f'GGML_NO_BACKTRACE=1 "$server" -m "$dir/model.gguf" --host 127.0.0.1 --port "$port" {flags} >"$log" 2>&1 &',
+        "pid=$!", "i=0",
+        "while [ $i -lt 600 ]; do",
+        "  if ! kill -0 $pid 2>/dev/null; then",
+        "    wait $pid; rc=$?",
+        '    if [ $rc -gt 128 ]; then echo "DEFECT: llama-server was killed by signal $((rc - 128)) as it started:'
+        ' $(grep -m1 GGML_ASSERT "$log")"; exit 1; fi',
+        '    echo "cannot run: llama-server exited ($rc) as it started; see $log"; exit 2',
+        "  fi",
+        '  if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then',
+        '    kill $pid; wait $pid 2>/dev/null; echo "fixed: llama-server started and answers /health"; exit 0',
+        "  fi",
+        "  sleep 0.1; i=$((i + 1))", "done",
+        'kill $pid 2>/dev/null; echo "cannot run: llama-server neither started nor died in 60 s"; exit 2', ""])
 
 
 def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | None = None) -> str:
@@ -376,19 +452,26 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
                     "alone in a fresh context")
         actual = f"max|Δlogit| {p.get('max_abs_dlogit', float('nan')):.3g}"
     info = inspect_file(str(bundle_dir / data["fixture"]))
-    steps = [f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]
+    model = (f"`model.gguf` beside this file: a {info.arch} model of {info.n_layer} layers, vocabulary "
+             f"{info.n_vocab}, random weights, made for this report.")
+    if run["reproducer"] == "repro.sh":  # llama-server, started with the flags it aborts under
+        steps = [f"{model} Start llama-server on it:", "",
+                 f"    llama-server -m model.gguf {' '.join(run['steps'][0][1]['flags'])}"]
+        where = "llama-server aborts while it starts, before it answers `/health`."
+        reproduce = ["    LLAMA_SERVER=path/to/llama-server sh repro.sh   # built from the commit above"]
+    else:
+        steps = [f"{model} Each step is one call of llama.cpp's C API (through llama-cpp-python's `llama_cpp` "
+                 "bindings in repro.py; `decode` fills one `llama_batch`):", "",
+                 *[f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]]
+        reproduce = ["    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py"]
     return "\n".join([
         f"# {crash_title(data, run) if p['check'] == 'crash' else title_of(data)}", "",
         f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
         "## What is wrong", "", what or p["message"], "",
         "## Expected and actual", "", f"Expected: {expected}.", "", f"Actual: {actual}.", "",
-        "## Steps (minimized)", "",
-        f"`model.gguf` beside this file: a {info.arch} model of {info.n_layer} layers, vocabulary {info.n_vocab}, "
-        "random weights, made for this report. Each step is one call of llama.cpp's C API (through llama-cpp-python's "
-        "`llama_cpp` bindings in repro.py; `decode` fills one `llama_batch`):", "", *steps, "",
+        "## Steps (minimized)", "", *steps, "",
         "## Where it first differs", "", where, "",
-        "## Reproduce", "",
-        "    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py",
+        "## Reproduce", "", *reproduce,
         "", "Exits 1 while the defect is present, 0 once it is fixed.", "", *fix_section(fix)])
 
 
