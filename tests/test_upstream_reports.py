@@ -97,6 +97,9 @@ def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix()
         fix = fix_of(name)
         want = {"issue.md", "model.gguf", "repro.sh" if name in SERVER else "repro.py"} | ({"fix"} if fix else set())
         assert {p.name for p in (REPORTS / name).iterdir()} == want, name
+        for f in ("issue.md", "repro.sh" if name in SERVER else "repro.py"):  # nothing of the machine it was made on
+            text = (REPORTS / name / f).read_text()
+            assert not any(x in text for x in ("/root/", "/tmp/", "/home/", "family-certify/builds")), (name, f)
         if fix:
             assert sorted(p.name for p in (REPORTS / name / "fix").iterdir()) == \
                 sorted(p.name for p in fix.glob("*.patch"))

@@ -467,7 +467,8 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     return "\n".join([
         f"# {crash_title(data, run) if p['check'] == 'crash' else title_of(data)}", "",
         f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
-        "## What is wrong", "", what or p["message"], "",
+        "## What is wrong", "", what or (f"llama.cpp aborts: `{aborted(p['message'])}`." if p["check"] == "crash"
+                                         else p["message"]), "",
         "## Expected and actual", "", f"Expected: {expected}.", "", f"Actual: {actual}.", "",
         "## Steps (minimized)", "", *steps, "",
         "## Where it first differs", "", where, "",
