@@ -138,14 +138,9 @@ def bare_path(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("name", SERVER)
 def test_each_server_reproducer_shows_the_abort_with_the_pinned_llama_server(name, tmp_path):
     """repro.sh as a maintainer runs it: sh, curl and the llama-server built from the pinned tree, nothing else."""
-    from targets.llama_server_worker import server_binary
+    from targets.llama_server_worker import free_port, server_binary
 
-    work = tmp_path / name
-    work.mkdir()
-    for f in ("repro.sh", "model.gguf"):
-        (work / f).write_bytes((REPORTS / name / f).read_bytes())
-    from targets.llama_server_worker import free_port
-
+    work = placed(name, "repro.sh", tmp_path)
     r = subprocess.run(["sh", str(work / "repro.sh")], capture_output=True, text=True, cwd=work, timeout=120,
                        env={"LLAMA_SERVER": str(server_binary()), "PATH": "/usr/bin:/bin", "PORT": str(free_port())})
     assert r.returncode == 1 and r.stdout.startswith("DEFECT: llama-server was killed by signal 6"), \
@@ -175,13 +170,19 @@ def test_the_committed_reports_are_what_the_bundles_give_now(tmp_path):
             assert filecmp.cmp(tmp_path / name / f, REPORTS / name / f, shallow=False), (name, f)
 
 
+def placed(name: str, reproducer: str, tmp_path: Path) -> Path:
+    """A copy of a report's reproducer and model alone in a directory, as a maintainer downloads them."""
+    work = tmp_path / name
+    work.mkdir(parents=True)
+    for f in (reproducer, "model.gguf"):
+        (work / f).write_bytes((REPORTS / name / f).read_bytes())
+    return work
+
+
 def run_reproducer(name: str, tmp_path: Path, bindings: Path | None = None) -> subprocess.CompletedProcess:
     """`python3 repro.py` beside its model, with nothing but llama-cpp-python (the venv's, or a build's bindings
     first on the path) and what it requires: python -S, no site-packages, no editable install of this project."""
-    work = tmp_path / name
-    work.mkdir(parents=True)
-    for f in ("repro.py", "model.gguf"):
-        (work / f).write_bytes((REPORTS / name / f).read_bytes())
+    work = placed(name, "repro.py", tmp_path)
     path = [str(bindings)] if bindings else []
     return subprocess.run([sys.executable, "-S", str(work / "repro.py")], capture_output=True, text=True, cwd=work,
                           env={"PYTHONPATH": ":".join([*path, str(bare_path(tmp_path))]), "PATH": "/usr/bin:/bin"},

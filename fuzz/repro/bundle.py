@@ -523,13 +523,21 @@ def replay(path: Path, target: str | None = None, build: dict[str, Any] | None =
     """(reproduced, recorded fingerprint, the last run's report), on the llama.cpp build the bundle was made on (or
     `build`: {spec, patches}, another one): the case run until it shows the finding, at most its oracle's
     replay_runs times."""
-    case, fp = load_case(path, target)
-    use_recorded_build(build or read_bundle(path).get("build") or {}, path)
+    case, fp = case_on_build(path, target, build)
     for _ in range(get_oracle(case.oracle).replay_runs):
         got, rep = case.run()
         if any(matches(fp, g) for g in got):
             return True, fp, rep
     return False, fp, rep
+
+
+def case_on_build(path: Path, target: str | None = None, build: dict[str, Any] | None = None) \
+        -> tuple[Case, dict[str, Any]]:
+    """A bundle's case and recorded fingerprint (load_case), its build activated: the one the bundle records, or
+    `build` ({spec, patches}, another one)."""
+    case, fp = load_case(path, target)
+    use_recorded_build(build or read_bundle(path).get("build") or {}, path)
+    return case, fp
 
 
 def use_recorded_build(build: dict[str, Any], path: Path) -> None:

@@ -32,7 +32,7 @@ from fuzz.engine.fleet import Fleet
 from fuzz.engine.parity import context_params
 from fuzz.oracles.memory import calibrated
 from fuzz.oracles.memory_machine import Feed, Recompute, run_program
-from fuzz.repro.bundle import load_case, read_bundle, use_recorded_build
+from fuzz.repro.bundle import Case, case_on_build, read_bundle
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -195,8 +195,7 @@ def fix_of(repro: str) -> Path | None:
 def memory_run(bundle_dir: Path) -> dict[str, Any]:
     """The bundle's program run once more on its build, the machine's calls recorded: the steps, the problem it
     failed, the reference's requests (the failing sequence's history alone) and the tolerance."""
-    case, fp = load_case(bundle_dir)
-    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
+    case, fp = case_on_build(bundle_dir)
     cfg = case.config_object(str(bundle_dir))
     kvu = fp.get("phase") == "unified-kv"
     with Fleet("llama-cpp", cfg.timeout) as fleet:
@@ -217,8 +216,7 @@ def memory_run(bundle_dir: Path) -> dict[str, Any]:
 def crash_run(bundle_dir: Path) -> dict[str, Any]:
     """The bundle's case run once more on its build with every worker's requests logged (CALL_LOG): the calls of the
     worker that died, from the load of its last context to the request it died in, and how it died."""
-    case, _ = load_case(bundle_dir)
-    logs, rep = logged_run(bundle_dir)
+    case, logs, rep = logged_run(bundle_dir)
     died = [[e["request"] for e in log if "request" in e] for log in logs if log and "request" in log[-1]]
     if not died:
         raise UserError(f"{bundle_dir}: no llama.cpp process died running the bundle on its build: nothing to report")
@@ -273,18 +271,18 @@ def aborted(message: str) -> str:
     return m.group(1) if m else message
 
 
-def logged_run(bundle_dir: Path) -> tuple[list[list[dict[str, Any]]], Any]:
+def logged_run(bundle_dir: Path) -> tuple[Case, list[list[dict[str, Any]]], Any]:
     """The bundle's case run once more on its build, every worker's requests and their outcomes logged (CALL_LOG):
-    each worker's log, and the run's report."""
-    case, _ = load_case(bundle_dir)
-    use_recorded_build(read_bundle(bundle_dir).get("build") or {}, bundle_dir)
+    the case, each worker's log, and the run's report."""
+    case, _ = case_on_build(bundle_dir)
     with tempfile.TemporaryDirectory(prefix="family-certify-calls-") as d:
         os.environ[CALL_LOG] = d  # (a worker is spawned with it: the idle ones, without it, are not taken)
         try:
             _, rep = case.run()
         finally:
             os.environ.pop(CALL_LOG)
-        return [[json.loads(x) for x in p.read_text().splitlines()] for p in sorted(Path(d).glob("*.jsonl"))], rep
+        return case, [[json.loads(x) for x in p.read_text().splitlines()]
+                      for p in sorted(Path(d).glob("*.jsonl"))], rep
 
 
 def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
@@ -292,7 +290,7 @@ def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
     it (targets.llama_server_worker: its DEFAULTS, the flags a start adds)."""
     from targets.llama_server_worker import DEFAULTS
 
-    logs, rep = logged_run(bundle_dir)
+    _, logs, rep = logged_run(bundle_dir)
     died = [(a["request"], b.get("error", "")) for log in logs for a, b in zip(log, log[1:], strict=False)
             if "request" in a and a["request"].get("op") == "load" and "signal" in b.get("error", "")]
     if not died:
