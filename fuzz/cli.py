@@ -18,7 +18,7 @@ from fuzz.oracles import prefix_cache as pc
 from fuzz.oracles import radix as rx
 from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
 from fuzz.oracles.handoff_state import HandoffConfig
-from fuzz.oracles.memory_model import MemoryConfig, pressure_config
+from fuzz.oracles.memory_model import MemoryConfig, capacity_config, pressure_config
 from fuzz.oracles.registry import get_oracle
 from fuzz.oracles.server_options import ServerOptionsConfig
 from fuzz.oracles.sweep_report import SweepConfig
@@ -352,6 +352,8 @@ def memory_cmd(
                                                      "sequences interleaved in a 256-cell cache, one removed, "
                                                      "another's state imported into its scattered cells: upstream "
                                                      "17527's shape)")] = False,
+    fill: Annotated[bool, Opt("--fill", help="drawn programs fill their KV streams (256 cells) with long decodes, "
+                                             "then ask for more than is left (refused whole)")] = False,
     flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
                                     help="flash attention in the contexts (llama-server's default on the CPU); a "
                                          "MoE routing near-tie it makes is numerics, not a finding")] = False,
@@ -374,18 +376,16 @@ def memory_cmd(
         except (OSError, ValueError) as e:
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
-    cfg = MemoryConfig(programs=programs, steps=steps, n_seq=n_seq, n_rs_seq=n_rs_seq, tol=tol,
-                           noise_factor=noise_factor, program=given,
-                           engine=engine, stage=stage, target=target, timeout=timeout, seed=seed,
-                           flash_attn=flash_attn)
+    common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
+                  flash_attn=flash_attn)
+    cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,
+                                                      engine=engine, stage=stage, **common)
     if pressure:
         if given is not None or stage:
             raise UserError("--pressure runs its own program on the model: drop --program and --stage")
         from synth.inspect import inspect_file
 
-        cfg = pressure_config(inspect_file(str(fixture_path(fixture))).n_vocab, n_rs_seq=n_rs_seq, tol=tol,
-                              noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
-                              flash_attn=flash_attn)
+        cfg = pressure_config(inspect_file(str(fixture_path(fixture))).n_vocab, **common)
     return run_oracle("memory", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 

@@ -105,7 +105,7 @@ def open_target(spec: str = "llama-cpp", *, timeout: float | None = None,
     from targets.target import Target
 
     base = {} if spec.startswith("cmd:") else worker_env()
-    # our workers (and their mutants: targets.mutants.FreshAtUnload) keep nothing past an unload, so an idle one
+    # our workers (and their mutants: worker_protocol.FreshAtUnload) keep nothing past an unload, so an idle one
     # serves the next target; another program may keep state, so it gets a worker of its own. So does every target
     # under a coverage build: its worker writes the counts of everything it ran when it exits, and a reused one that
     # a later program crashed would lose every earlier oracle's

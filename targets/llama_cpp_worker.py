@@ -190,6 +190,8 @@ class LlamaWorker:
                 "rope_type": L.llama_model_rope_type(m), "params": self.params,
                 "can_shift": bool(L.llama_memory_can_shift(L.llama_get_memory(self.ctx))) if self.ctx else None,
                 "n_rs_seq": int(L.llama_n_rs_seq(self.ctx)) if self.ctx else None,
+                "n_ctx_seq": int(L.llama_n_ctx_seq(self.ctx)) if self.ctx else None,
+                "n_ctx_train": int(L.llama_model_n_ctx_train(m)),
                 "llama_cpp_commit": build_commit()}
 
     def wire_roundtrip(self, embd: bytes, wire: str) -> bytes:
@@ -301,6 +303,9 @@ class LlamaWorker:
             L.llama_batch_free(batch)
             nodes = self.capturer.nodes if trace is not None else []
             captured = self.capturer.end()
+        if rc == 1:  # llama.h: no memory slot for the batch; nothing of it was decoded
+            raise RequestError("no_memory_slot", "llama_decode returned 1: no memory slot for the batch "
+                               f"({n} tokens)")
         if rc != 0:
             raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
         rows = [i for i in range(n) if out[i]]

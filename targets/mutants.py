@@ -38,6 +38,10 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
   seq-keep-keeps-neighbour  A seq_keep that keeps one cell of a neighbour: in a unified cache, the last cell of the
                          first other live sequence stays, attached to the kept one (a keep that walks the cells and
                          keeps the one it stops on). No oracle's script calls seq_keep; only `fuzz memory` draws it.
+  refused-decode-keeps-prefix  A runtime that feeds a batch to llama.cpp in pieces of its own (a pipeline stage
+                         decoding micro-batches): when the cache has no room for the whole batch, the pieces before
+                         the one refused stay in the cache while the batch is reported refused. Only a full cache
+                         shows it: no oracle's script fills one; `fuzz memory`'s filling programs do.
   wire-f16-truncated     A split runtime's f16 wire that truncates (rounds toward zero) instead of rounding to
                          nearest: within f16's precision, yet not what f16 is — every stage after a boundary drifts.
   import-clears-context  A sequence-state import that makes room by clearing the whole context first
@@ -58,17 +62,9 @@ catches that class. Run as `python -m targets.mutants NAME`; select with `--targ
                          ubatches show it, on any backend.
   perturb-2-threads      Nondeterminism that appears only under one schedule: with n_threads == 2 every returned
                          logit row gets +1e-3 on token 0 (the B2 class: results depend on thread scheduling).
-  server-dup-leak        H1 at llama-server's surface (targets/llama_server_worker.py): the first concurrent batch
-                         that holds one prompt twice leaves a request for it running forever, so a slot never frees.
-  radix-dup-leak         H1, first half, for schedules (fuzz radix): a completion submitted while another of the same
-                         prompt is still in flight (the engine has not seen it done) is a concurrent duplicate insert;
-                         the first one leaks its record: a request for it keeps one more slot busy forever.
-  radix-replace-live-borrower  H1, second half: a completion submitted while another client's completion that shares
-                         its prefix is live (its first token streamed, not yet done) replaces the cached entry and
-                         resets its reference count: the live borrower's slot is reclaimed mid-request, and its
-                         stream ends after the token it had.
-  radix-restore-reuses-nothing  A slot restore that reports its tokens restored but leaves the slot empty: every
-                         answer stays right (the server re-processes the prompt), the cache reuses nothing.
+
+llama-server's mutants (H1 at its surface and in schedules; a restore that reuses nothing) are in
+targets/server_mutants.py; MUTANTS below names them all.
 
 And one that is not a bug, which the battery must not flag (NOT_BUGS):
   batch-shape-noise      Real weights' numerics, large: every logits row of a batch holding more than one token
@@ -84,7 +80,6 @@ import base64
 import os
 import struct
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +88,13 @@ import numpy as np
 from targets.client import as_bytes
 from targets.kvstate import HEADER, cache_layers, keep_cells, kv_cells
 from targets.llama_cpp_worker import LlamaWorker, main_with
-from targets.llama_server_worker import ServerWorker
+from targets.server_mutants import (
+    RadixDuplicateLeak,
+    RadixReplaceLiveBorrower,
+    RadixRestoreReusesNothing,
+    ServerDuplicateLeak,
+)
+from targets.worker_protocol import FreshAtUnload, RequestError
 
 
 def f32_of(blob: bytes | str) -> np.ndarray:
@@ -191,22 +192,6 @@ def uniform_kv_rows(full: bytes) -> bytes:
     return bytes(b)
 
 
-class FreshAtUnload:
-    """A mutant makes what it adds to its worker at a load, and it is gone at an unload: an idle worker of a mutant
-    (targets.target keeps them, after an unload, for the next target of the same mutant) is as a fresh one. (The
-    workers' own state is theirs to reset: an unload leaves no model, context or server.)"""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.worker_attributes = frozenset(vars(self)) | {"worker_attributes"}
-
-    def op_unload(self, req: dict) -> dict:
-        out = super().op_unload(req)  # (the worker class it is mixed into)
-        for name in set(vars(self)) - self.worker_attributes:
-            delattr(self, name)
-        return out
-
-
 class Mutant(FreshAtUnload, LlamaWorker):
     """The llama.cpp worker with a bug re-created."""
 
@@ -215,10 +200,6 @@ def sequence_blob(req: dict) -> bool:
     """A state request moving one sequence's whole state in llama.cpp's in-memory layout (targets/kvstate.py): what
     the export and import mutants rewrite (a file or whole-context state has another layout)."""
     return req.get("via", "memory") == "memory" and not req.get("partial")
-
-
-class ServerMutant(FreshAtUnload, ServerWorker):
-    """The llama-server worker with a bug re-created."""
 
 
 class B5UniformKvRows(Mutant):
@@ -459,6 +440,22 @@ class SeqRmLeavesOneCell(Mutant):
         return super().op_seq_rm({**req, "p0": p0 + 1} if p0 > 0 else req)
 
 
+class RefusedDecodeKeepsPrefix(Mutant):
+    def op_decode(self, req: dict) -> dict:
+        try:
+            return super().op_decode(req)
+        except RequestError as e:
+            n = len(req.get("tokens") or [])
+            if e.kind != "no_memory_slot" or n < 2 or not isinstance(req.get("pos"), list):
+                raise
+            piece = {k: (v[:n // 2] if isinstance(v, list) and len(v) == n else v) for k, v in req.items()}
+            try:  # the first half as its own piece; what it leaves in the cache stays there
+                super().op_decode({**piece, "logits": "none"})
+            except RequestError:
+                pass
+            raise
+
+
 class SeqKeepKeepsNeighbour(Mutant):
     def op_seq_keep(self, req: dict) -> dict:
         s = int(req["seq"])
@@ -470,94 +467,6 @@ class SeqKeepKeepsNeighbour(Mutant):
                     self.L.llama_memory_seq_cp(mem, other, s, last, last + 1)
                     break
         return super().op_seq_keep(req)
-
-
-class ServerDuplicateLeak(ServerMutant):
-    """H1 (a radix insert racing an identical insert leaks its record): when one concurrent batch holds the same
-    prompt twice, one more request for it is started and never finishes (the server runs with context shift,
-    the request with no token limit), so a slot stays busy after every answer is in — a leaked sequence."""
-
-    def op_load(self, req: dict) -> dict:
-        self.leaked = False
-        return super().op_load({**req, "args": [*req.get("args", []), "--context-shift"]})
-
-    def op_complete(self, req: dict) -> dict:
-        prompts = [tuple(r.get("prompt", [])) for r in req.get("requests", [])]
-        dups = [p for p in dict.fromkeys(prompts) if prompts.count(p) > 1]
-        if req.get("concurrent") and dups and not self.leaked:  # one leaked record per server: it stays leaked
-            self.leaked = True
-            leak = {"prompt": list(dups[0]), "n_predict": -1, "timeout": 3600}
-            threading.Thread(target=self._complete_one, args=(leak,), daemon=True).start()
-        return super().op_complete(req)
-
-
-class RadixBase(ServerMutant):
-    """What the engine has seen of each submitted operation (from its `await`s): a schedule's concurrency is
-    what its script says, not how fast the tiny model happens to answer."""
-
-    def op_load(self, req: dict) -> dict:
-        self.seen: dict[str, str] = {}
-        return super().op_load(req)
-
-    def op_await(self, req: dict) -> dict:
-        out = super().op_await(req)
-        self.seen[str(req.get("name"))] = out["reached"]
-        return out
-
-    def live(self, name: str) -> list[str]:
-        """Streamed operations other than `name` the engine has not seen done."""
-        return [n for n, o in self.ops.items() if n != name and o.req["kind"] in ("complete", "cancel")
-                and self.seen.get(n) != "done"]
-
-
-class RadixDuplicateLeak(RadixBase):
-    def op_load(self, req: dict) -> dict:
-        self.spare = int(req.get("slots", 4))
-        self.leaked = False
-        return super().op_load({**req, "slots": self.spare + 1, "args": [*req.get("args", []), "--context-shift"]})
-
-    def op_submit(self, req: dict) -> dict:
-        out = super().op_submit(req)
-        dup = [n for n in self.live(out["name"]) if self.ops[n].req.get("prompt") == req.get("prompt")]
-        if req.get("kind") == "complete" and dup and not self.leaked:
-            self.leaked = True
-            super().op_submit({"name": "leaked-record", "kind": "complete", "prompt": req["prompt"],
-                               "n_predict": -1, "slot": self.spare, "timeout": 3600})
-            # the record leaks at the insert, not when its request's thread next gets the CPU: on a loaded machine
-            # the schedule could finish, and the slots be looked at, before the server had it
-            self.ops["leaked-record"].reached["prompt"].wait(60)
-        return out
-
-
-class RadixReplaceLiveBorrower(RadixBase):
-    def op_load(self, req: dict) -> dict:
-        self.reclaimed: set[str] = set()
-        return super().op_load(req)
-
-    def op_submit(self, req: dict) -> dict:
-        out = super().op_submit(req)
-        if req.get("kind") == "complete":
-            p = req.get("prompt") or []
-            for n in self.live(out["name"]):
-                q = self.ops[n].req.get("prompt") or []
-                if self.seen.get(n) == "prompt" and len(p) >= 4 and p[:4] == q[:4]:
-                    self.reclaimed.add(n)
-        return out
-
-    def op_await(self, req: dict) -> dict:
-        out = super().op_await(req)
-        if "result" in out and str(req.get("name")) in self.reclaimed:
-            r = out["result"]
-            out["result"] = {**r, "tokens": r.get("tokens", [])[:1], "top": r.get("top", [])[:1]}
-        return out
-
-
-class RadixRestoreReusesNothing(ServerMutant):
-    def _slot_action(self, action: str, slot: int, file: str) -> dict:
-        out = super()._slot_action(action, slot, file)
-        if action == "restore" and "error" not in out:
-            super()._slot_action("erase", slot, file)
-        return out
 
 
 MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-not-exported": B4KidxNotExported,
@@ -572,6 +481,7 @@ MUTANTS: dict[str, Any] = {"b1-first-layer-probe": B1FirstLayerProbe, "b4-kidx-n
                            "token-ids-16-bit": TokenIds16Bit,
                            "seq-rm-leaves-one-cell": SeqRmLeavesOneCell,
                            "seq-keep-keeps-neighbour": SeqKeepKeepsNeighbour,
+                           "refused-decode-keeps-prefix": RefusedDecodeKeepsPrefix,
                            "server-dup-leak": ServerDuplicateLeak, "radix-dup-leak": RadixDuplicateLeak,
                            "radix-replace-live-borrower": RadixReplaceLiveBorrower,
                            "radix-restore-reuses-nothing": RadixRestoreReusesNothing}

@@ -155,3 +155,19 @@ def main_with(worker_cls: Any, llama: bool = True) -> None:
     if os.environ.get(COVERAGE_ENV):
         ctypes.CDLL(None).exit(0)
     os._exit(0)
+
+
+class FreshAtUnload:
+    """A mutant makes what it adds to its worker at a load, and it is gone at an unload: an idle worker of a mutant
+    (targets.target keeps them, after an unload, for the next target of the same mutant) is as a fresh one. (The
+    workers' own state is theirs to reset: an unload leaves no model, context or server.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worker_attributes = frozenset(vars(self)) | {"worker_attributes"}
+
+    def op_unload(self, req: dict) -> dict:
+        out = super().op_unload(req)  # (the worker class it is mixed into)
+        for name in set(vars(self)) - self.worker_attributes:
+            delattr(self, name)
+        return out

@@ -5,6 +5,7 @@ upstream repros (by its cause), and the two mutants no other lane sees are caugh
 
 import base64
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -24,17 +25,22 @@ from fuzz.oracles.memory import (
 )
 from fuzz.oracles.memory_machine import Recompute
 from fuzz.oracles.memory_model import (
+    CAPACITY_CTX,
+    FILL_BATCH,
     PRESSURE_CTX,
     Memory,
     MemoryConfig,
     Model,
     SeededDraws,
+    capacity_config,
     check_positions,
     check_program,
     compare_logits,
     draw_op,
     final_decode,
     format_step,
+    free_cells,
+    overflows,
     precondition_problem,
     pressure_config,
     pressure_program,
@@ -164,9 +170,18 @@ def test_drawing_keeps_to_the_apis_preconditions():
     # a fork across a per-sequence cache's streams copies whole sequences only (llama.cpp asserts otherwise)
     assert all(op["p0"] == op["p1"] == -1 for op in draw(KV, False, 1) if op["op"] == "cp")
     assert any(op["p0"] != -1 for op in draw(KV, True, 1) if op["op"] == "cp")
-    # positions are shifted in an attention cache only, and not under a sliding window
-    for mem in (RECURRENT, SWA):
-        assert not {"add", "div"} & {op["op"] for seed in range(3) for op in draw(mem, True, seed)}
+    # positions are not shifted under a sliding window; with a recurrent part (one position, its last token's) the
+    # whole sequence moves, or its tail moves up
+    assert not {"add", "div"} & {op["op"] for seed in range(3) for op in draw(SWA, True, seed)}
+    rng, m, shifts = SeededDraws(np.random.default_rng(0)), Model(3), Counter()
+    for _ in range(600):
+        op = draw_op(rng, m, RECURRENT, MemoryConfig(), True)
+        if op["op"] in ("add", "div"):
+            whole = op["p0"] == m.span(op["seq"])[0]
+            assert whole or (op["op"] == "add" and op["delta"] >= 0), op
+            shifts[op["op"], whole] += 1
+        m.apply(op, shared=True)
+    assert shifts == {("add", True): 27, ("add", False): 17, ("div", True): 19}, shifts
     assert all(op["p0"] == op["p1"] == -1 for op in draw(RECURRENT, True, 2) if op["op"] == "cp")
 
 
@@ -508,15 +523,15 @@ def test_the_workers_memory_operations(fixtures):
 @pytest.mark.llama
 def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     """The same rules as a Hypothesis RuleBasedStateMachine: in one unified cache it finds the off-by-one removal and
-    shrinks it to three operations ending in the removal (a shared prefix decoded twice, then the removal from
-    position 1: Hypothesis's shrinker stops there; the seeded engine's shortening reaches the two-operation form,
-    test_mutants_are_caught_and_shortened). With one cache per sequence the first failure Hypothesis meets is
+    shrinks it to two operations ending in the removal (a shared prefix decoded, then the removal from position 1;
+    the seeded engine's shortening reaches a two-operation form too, test_mutants_are_caught_and_shortened). With
+    one cache per sequence the first failure Hypothesis meets is
     upstream's own: a keep leaves the other streams' cells (explained by the layout control). On a clean recurrent
     model every example passes."""
     rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(True,),
                                                            target="mutant:seq-rm-leaves-one-cell"))
     (f,) = rep.findings
-    assert [op["op"] for op in f.detail["program"]] == ["coupled", "coupled", "rm"]
+    assert [op["op"] for op in f.detail["program"]] == ["coupled", "rm"]
     assert f.where == "pos" and f.cause is None
     per_seq = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
                                                                target="mutant:seq-rm-leaves-one-cell"))
@@ -702,6 +717,70 @@ def test_the_pressure_program_frees_enough_cells_in_total_but_no_run_long_enough
     r = run_cli("fuzz", "memory", "llama", "--pressure", "--stage", "1:2")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "fuzz: error: --pressure runs its own program on the model: drop --program and --stage"], r.stderr
+
+
+def test_the_cells_left_in_a_stream_are_counted_where_the_model_can_count_them():
+    """One KV cache for every sequence: its cells less every sequence's; one stream each: the sequence's own. Not
+    counted (None): recurrent state, a sliding window, a target that did not say its size, cells shared since a
+    fork or a coupled decode."""
+    kv = Memory(n_vocab=64, recurrent=False, swa=0, can_shift=True, n_rs_seq=0, cells=256)
+    m = Model(3)
+    m.decode(0, [1] * 10)
+    m.decode(1, [2] * 30)
+    assert [free_cells(m, kv, True, s) for s in range(3)] == [216, 216, 216]
+    assert [free_cells(m, kv, False, s) for s in range(3)] == [246, 226, 256]
+    assert overflows(m, kv, True, [[0, [0] * 100], [2, [0] * 116]]) == (False, 216, 216)  # to the brim
+    assert overflows(m, kv, True, [[0, [0] * 100], [2, [0] * 117]]) == (True, 217, 216)
+    assert overflows(m, kv, False, [[1, [0] * 227], [2, [0] * 5]]) == (True, 227, 226)
+    hybrid = Memory(n_vocab=64, recurrent=True, swa=0, can_shift=True, n_rs_seq=0, kind="hybrid", cells=256)
+    assert free_cells(m, hybrid, True, 0) == 216  # (its attention cache's cells)
+    for mem in (Memory(n_vocab=64, recurrent=True, swa=0, can_shift=True, n_rs_seq=0, kind="recurrent", cells=256),
+                Memory(n_vocab=64, recurrent=False, swa=4, can_shift=True, n_rs_seq=0, cells=256), KV):
+        assert free_cells(m, mem, True, 0) is None
+    m.cp(0, 2, -1, -1, shared=True)
+    assert free_cells(m, kv, True, 1) is None and free_cells(m, kv, False, 1) == 226  # (the fork: its stream only)
+    assert overflows(m, kv, True, [[1, [0]]]) is None and overflows(m, kv, True, [[[0, 2], [0]]]) is None
+
+
+def test_a_filling_program_fills_its_streams_and_asks_for_more_than_is_left():
+    """Followed as llama.cpp takes it (a decode with no room refused whole), each of 12 seeded filling programs (six
+    seeds, both KV layouts) asks a stream of CAPACITY_CTX cells for more than it has left; one filling decode gives
+    at most FILL_BATCH tokens, and what a stream takes stays within the positions a sequence holds (max_len)."""
+    cfg = capacity_config()
+    kv = Memory(n_vocab=64, recurrent=False, swa=0, can_shift=True, n_rs_seq=0, cells=CAPACITY_CTX)
+    assert (cfg.context, cfg.n_seq, cfg.steps, cfg.max_len, cfg.fill) == (256, 2, 32, 248, True)
+    asked = []
+    for kvu in (True, False):
+        for seed in range(6):
+            rng, m, refused = SeededDraws(np.random.default_rng([seed, 0, int(kvu)])), Model(cfg.n_seq), 0
+            for _ in range(cfg.steps):
+                op = draw_op(rng, m, kv, cfg, kvu)
+                assert op["op"] not in ("copy_state", "refused_import", "reload")
+                over = overflows(m, kv, kvu, op["parts"]) if op["op"] == "decode" else None
+                if over and over[0]:
+                    refused += 1
+                    continue
+                assert all(len(t) <= FILL_BATCH for _, t in op.get("parts", ()))
+                m.apply(op, shared=kvu)
+                assert all(max(c, default=0) < cfg.max_len + 8 for c in m.cells.values())
+            asked.append(refused > 0)
+    assert asked.count(True) == 12, asked
+
+
+@pytest.mark.llama
+def test_a_decode_the_cache_has_no_room_for_is_refused_whole_and_a_runtime_that_keeps_part_is_caught():
+    """The pinned build refuses a decode no stream has room for (llama_decode returns 1: no_memory_slot) and keeps
+    nothing of it: the filling program passes on llama in one KV cache, 5 decodes refused for room. A runtime that
+    feeds the batch in pieces of its own and leaves the first piece in the cache when the whole is refused is
+    caught: the positions its sequence reports after the refusal are not the ones it held. (With one stream per
+    sequence upstream's seq_keep bug ends the pinned build's program first: corpora/fixes.)"""
+    cfg = capacity_config(kv_unified=(True,))
+    (row,) = report(fixture_path("llama"), cfg).native["results"]
+    assert (row["status"], row["steps"], row["refused"]) == (PASS, 32, {"no slot": 5}), row
+    bad = report(fixture_path("llama"), capacity_config(kv_unified=(True,),
+                                                        target="mutant:refused-decode-keeps-prefix")).native
+    f = bad["findings"][0]
+    assert f["check"] == "pos" and f["reproduced"] and "was refused for room" in f["message"], f
 
 
 @pytest.mark.llama

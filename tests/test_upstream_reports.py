@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.repro.upstream import FIXES, call_line, fix_of, memory_script, plain
+from fuzz.repro.upstream import FIXES, NO_ROOM, call_line, fix_of, memory_script, plain
 
 from conftest import ROOT, run_cli
 
@@ -66,6 +66,20 @@ def test_the_script_checks_what_the_finding_failed_and_compiles():
                             "reference": steps[:2], "tol": 0.25, "commit": "abc"}, {"fingerprint": {}})
     compile(logits, "repro.py", "exec")
     assert "ref = new_context(model, " in logits and "if d > 0.25:" in logits
+    assert "def refused_for_room" not in logits  # (a helper only where a decode was refused for room)
+
+
+def test_a_decode_refused_for_room_is_expected_refused_by_the_reproducer():
+    """A decode the memory refused for room, as it must, is recorded so: the reproducer asks llama_decode for it and
+    requires 1 (nothing decoded), with its helper beside the prelude."""
+    refused = {"tokens": [1, 2, 3], "pos": [250, 251, 252], "seq": 0, "logits": "last", NO_ROOM: True}
+    assert call_line("ctx", "decode", refused, "rows") == \
+        "refused_for_room(ctx, tokens=[1, 2, 3], pos=[250, 251, 252], seqs=[[0], [0], [0]])"
+    steps = [("load", {"n_seq_max": 3}), ("decode", {"tokens": [1], "pos": [0], "seq": 0}), ("decode", refused)]
+    script = memory_script({"steps": steps, "problem": {"check": "pos", "seq": 0, "got": [0, 2], "want": [0, 0]},
+                            "reference": [], "tol": 0.1, "commit": "abc"}, {"fingerprint": {"ops": ["decode"]}})
+    compile(script, "repro.py", "exec")
+    assert "def refused_for_room(ctx, tokens, pos, seqs):" in script and "if rc != 1:" in script
 
 
 def test_an_abort_is_named_by_the_check_llama_cpp_printed_from_the_trees_root():

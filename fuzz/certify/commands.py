@@ -374,6 +374,7 @@ CATCHERS: dict[str, tuple[str, str]] = {
     "token-ids-16-bit": ("llama-wide-vocab", "parity"),  # ids past 16 bits only there
     "seq-rm-leaves-one-cell": ("llama", "memory"),  # no other lane removes a range that starts past 0
     "seq-keep-keeps-neighbour": ("llama", "memory"),  # no other lane calls seq_keep
+    "refused-decode-keeps-prefix": ("llama", "memory"),  # no other lane fills a cache
 }
 
 

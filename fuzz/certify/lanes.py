@@ -20,7 +20,7 @@ from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
-from fuzz.oracles.memory_model import MemoryConfig, pressure_config
+from fuzz.oracles.memory_model import MemoryConfig, capacity_config, pressure_config
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -243,9 +243,10 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts; half as many with flash attention)
     on the model, and on its second half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on
-    attention), and the program under memory pressure (a state imported into cells free in total but in no long enough
-    run), with flash attention and without. A finding that is a committed upstream repro (corpora/repros, matched by
-    its check, operation and cause whatever the family) is known; any other fails the lane."""
+    attention), the program under memory pressure (a state imported into cells free in total but in no long enough
+    run), with flash attention and without, and programs that fill their KV streams and ask for more than is left.
+    A finding that is a committed upstream repro (corpora/repros, matched by its check, operation and cause whatever
+    the family) is known; any other fails the lane."""
     spec = row.spec()
     n = spec.n_layer
     runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec)),
@@ -255,12 +256,13 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
                                                                stage=f"{n // 2}:{n}")))
     for fa in (False, True):  # (flash attention: llama-server's default on the CPU, where a server's cells interleave)
         runs_of.append(oracle_run("memory", path, pressure_config(spec.n_vocab, target=target_spec, flash_attn=fa)))
+    runs_of.append(oracle_run("memory", path, capacity_config(target=target_spec)))
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
-           "and without flash attention), "
+           "and without flash attention, filling the cache), "
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks")
     if new:

@@ -543,6 +543,6 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "context", "n_rs_seq", "kv_unified", "tol",
-                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn"),
+                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op", "cause_then"))

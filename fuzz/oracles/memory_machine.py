@@ -31,6 +31,7 @@ from fuzz.oracles.memory_model import (
     draw_op,
     final_decode,
     op_weights,
+    overflows,
     precondition_problem,
     refuses_coupled,
 )
@@ -234,6 +235,7 @@ class Machine:
                           swa=sliding_window(str(self.fixture)),
                           can_shift=bool(d.get("can_shift")), n_rs_seq=int(d.get("n_rs_seq") or 0),
                           kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv",
+                          cells=int(d.get("n_ctx_seq") or 0),
                           vias=self.vias)
 
     def problem(self, check: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -358,8 +360,11 @@ class Machine:
         """One llama_decode of the parts ([sequence, tokens]; a list of sequences: coupled, the tokens in each),
         positions continuing each sequence; then the positions and every decoded sequence's logits checked."""
         m = self.model
-        parts = [[s, toks] for s, toks in parts if toks and len({m.next_pos(q) for q in ids(s)}) == 1
-                 and m.next_pos(ids(s)[0]) + len(toks) <= self.cfg.max_len + 8]
+        parts = [[s, toks] for s, toks in parts if toks and len({m.next_pos(q) for q in ids(s)}) == 1]
+        over = overflows(m, self.mem, self.kv_unified, parts)
+        if not (over and over[0]):  # (a batch refused for room is never computed: its positions do not matter)
+            parts = [[s, toks] for s, toks in parts if m.next_pos(ids(s)[0]) + len(toks) <= self.cfg.max_len + 8]
+            over = overflows(m, self.mem, self.kv_unified, parts)
         if not parts:
             return None
         tokens, seqs, pos, out = [], [], [], []
@@ -373,9 +378,21 @@ class Machine:
                       **({"trace": "all"} if self.trace else {}))
         if r.ok and self.trace:
             self.traced = (r.data["nodes"], seqs)
+        where = f"a decode of {len(tokens)} tokens for sequences {[s for s, _ in parts]}"
+        if not r.ok and r.failure is not None and r.failure.error_kind == "no_memory_slot" and \
+                (over[0] if over else self.cfg.fill):
+            # refused for room, as it must be (or where the model cannot count cells, in a program that fills):
+            # nothing may have changed (the positions now, every later decode's logits)
+            self.refused["no slot"] += 1
+            bad = check_positions(m, self.mem, self._positions())
+            return self.problem("pos", f"after {where} was refused for room: {bad['message']}", seq=bad["seq"],
+                                got=bad["got"], want=bad["want"]) if bad else None
         if not r.ok:
-            return self.problem("refusal", f"a decode of {len(tokens)} tokens for sequences "
-                                f"{[s for s, _ in parts]} failed: {r.failure.message if r.failure else r.data}")
+            return self.problem("refusal", f"{where} failed: {r.failure.message if r.failure else r.data}"
+                                + (f" ({over[2]} of its KV stream's {self.mem.cells} cells were free)" if over else ""))
+        if over and over[0]:
+            return self.problem("capacity", f"{where} was decoded, {over[1]} tokens into a KV stream with "
+                                f"{over[2]} of its {self.mem.cells} cells free")
         rows = np.frombuffer(as_bytes(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
         self.rows = {q: row for (s, _), row in zip(parts, rows, strict=True) for q in ids(s)}
         for s, toks in parts:
@@ -547,7 +564,7 @@ def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: 
         op.__name__ = kind
         return op
 
-    for kind in OPS:
+    for kind in (*OPS, "fill"):  # (fill: a decode long enough to fill its stream, or to ask for more than is left)
         setattr(MemoryMachine, kind, make(kind))
     try:
         run_state_machine_as_test(MemoryMachine, settings=settings(

@@ -32,6 +32,7 @@ class MemoryConfig:
     n_seq: int = 3
     max_len: int = 40  # positions a sequence holds at most (cells well inside every layout's context)
     context: int = 0  # the context's cells (0: 256 per sequence, the control's included); small: memory pressure
+    fill: bool = False  # long decodes fill a KV stream and ask it for more than it has left (capacity_config)
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
@@ -206,6 +207,7 @@ class Memory:
     n_rs_seq: int  # the rollback snapshots the context took
 
     kind: str = "kv"  # kv | recurrent | hybrid
+    cells: int = 0  # the cells of one KV stream (llama_n_ctx_seq; 0: the target did not say)
     vias: tuple[str, ...] = ("memory",)  # how the target moves state (hello's state_via; targets/PROTOCOL.md)
 
     def state_vias(self, whole: bool) -> list[str]:
@@ -341,16 +343,66 @@ def op_weights(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool = 
     token in several sequences) needs one unified cache and a memory with cells to share; elsewhere llama.cpp must
     refuse it, and it is drawn less often, as a refusal (refuses_coupled)."""
     groups = coupled_groups(model, cfg)
-    coupled = 0.0 if not groups else 0.3 if refuses_coupled(mem, kv_unified) else 1.0
+    coupled = 0.0 if not groups else 0.3 if refuses_coupled(mem, kv_unified) or cfg.fill else 1.0
     if not model.live():
         return {"decode": 1.0, "coupled": coupled}
     room = any(model.next_pos(s) + 6 <= cfg.max_len for s in model.cells)
-    # positions are shifted in an attention cache, on a sequence that shares no cells: a recurrent state holds one
-    # position (its last token's), a sliding window would un-mask cells a fresh context never pruned, and a cell
-    # shared since a fork moves for both sequences
-    shifts = any(not model.shares[s] for s in model.live()) and mem.can_shift and not mem.swa and not mem.recurrent
-    return {"decode": 5.0 if room else 0.0, "coupled": coupled, "rm": 2.5, "cp": 1.5, "keep": 0.8, "copy_state": 1.0,
-            "refused_import": 0.5, "reload": 0.6, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0}
+    # positions are shifted where the memory says it can, on a sequence that shares no cells and not under a sliding
+    # window: a window would un-mask cells a fresh context never pruned, and a cell shared since a fork moves for both
+    # sequences (a recurrent state's one position: draw_op)
+    shifts = any(not model.shares[s] for s in model.live()) and mem.can_shift and not mem.swa
+    fill = 8.0 if cfg.fill and fillable(model, mem, cfg, kv_unified) else 0.0
+    # (an import into a stream with too few cells left is refused: the filling programs move no state, remove less,
+    # and fork and couple less — cells shared since a fork or a coupled decode cannot be counted)
+    moves = 0.0 if cfg.fill else 1.0
+    return {"decode": 5.0 if room else 0.0, "coupled": coupled, "rm": 1.5 if cfg.fill else 2.5,
+            "cp": 0.5 if cfg.fill else 1.5, "keep": 0.8, "copy_state": moves, "refused_import": 0.5 * moves,
+            "reload": 0.6 * moves, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0, "fill": fill}
+
+
+FILL_BATCH = 64  # the most tokens one filling decode gives (the machine's n_batch: context_params)
+
+
+def free_cells(model: Model, mem: Memory, kv_unified: bool, s: int) -> int | None:
+    """The cells left in sequence s's KV stream (one cache for every sequence, or its own), or None where the model
+    cannot count them: a memory without a KV cache whose cells tokens take (recurrent state is one cell a sequence),
+    a sliding window (llama.cpp reuses cells the window masks), a target that did not say its size, or cells shared
+    since a fork or a coupled decode (the model keeps positions, not which cells hold them)."""
+    if not mem.cells or mem.swa or mem.kind == "recurrent":
+        return None
+    stream = list(model.cells) if kv_unified else [s]
+    if any(model.shares[q] for q in stream):
+        return None
+    return mem.cells - sum(len(model.cells[q]) for q in stream)
+
+
+def overflows(model: Model, mem: Memory, kv_unified: bool, parts: list[list[Any]]) -> tuple[bool, int, int] | None:
+    """Whether a decode of `parts` ([sequence, tokens]) asks some KV stream for more cells than it has left, with
+    the tokens asked of the stream with the least room and its free cells; None where free_cells cannot count (or a
+    part is coupled). llama.cpp places every ubatch of a batch before it computes any (init_batch), so a batch that
+    does not fit fails whole: llama_decode returns 1 and nothing changes."""
+    if not parts or any(isinstance(s, list) for s, _ in parts):
+        return None
+    asked: dict[int, int] = {}
+    for s, toks in parts:
+        key = parts[0][0] if kv_unified else s
+        asked[key] = asked.get(key, 0) + len(toks)
+    room = [(free_cells(model, mem, kv_unified, s), n) for s, n in asked.items()]
+    if any(free is None for free, _ in room):
+        return None
+    free, n = min(room, key=lambda fn: fn[0] - fn[1])  # type: ignore[operator]
+    return n > free, n, free  # type: ignore[operator]
+
+
+def fillable(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool) -> list[int]:
+    """The sequences a filling decode may go to: their stream's free cells countable, and either few enough left
+    for one decode to ask for more, or room to fill within the positions a sequence holds."""
+    out = []
+    for s in model.cells:
+        free = free_cells(model, mem, kv_unified, s)
+        if free is not None and (free < FILL_BATCH or min(free, cfg.max_len - model.next_pos(s)) >= 1):
+            out.append(s)
+    return out
 
 
 def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool,
@@ -366,6 +418,19 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
         seqs = draw.subset(group)
         seqs = seqs if len(seqs) > 1 else sorted({*seqs, *[q for q in group if q not in seqs][:1]})
         return {"op": "coupled", "seqs": seqs, "tokens": [draw.int(0, mem.n_vocab) for _ in range(draw.int(1, 7))]}
+    if kind == "fill":  # a long decode into one sequence: its stream filled, and then asked for more than is left
+        can = fillable(model, mem, cfg, kv_unified)
+        fullest = min(can, key=lambda q: free_cells(model, mem, kv_unified, q) or 0)
+        s = fullest if draw.pick((True, True, False)) else draw.pick(can)  # (mostly the one nearest full)
+        free = free_cells(model, mem, kv_unified, s) or 0
+        fits = min(free, cfg.max_len - model.next_pos(s), FILL_BATCH)
+        if free < FILL_BATCH and (fits < 1 or draw.pick((True, True, False))):  # more than is left: refused whole
+            n = draw.int(free + 1, min(free + 4, FILL_BATCH) + 1)
+        elif free < FILL_BATCH and fits == free:  # to the brim: the stream full, every later decode refused
+            n = free
+        else:
+            n = draw.int(max(1, 3 * fits // 4), fits + 1)
+        return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab) for _ in range(n)]]]}
     if kind == "decode":
         room = [s for s in model.cells if model.next_pos(s) + 6 <= cfg.max_len]
         return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab) for _ in range(draw.int(1, 7))]]
@@ -395,11 +460,18 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
         return {"op": "cp", "src": s, "dst": draw.pick(other), "p0": p0, "p1": p1}
     if kind == "keep":
         return {"op": "keep", "seq": s}
+    # a recurrent state holds one position, its last token's: llama.cpp moves that one. A shift of part of a sequence
+    # that puts it below positions left behind (down, or divided) leaves the memory's parts disagreeing on where the
+    # sequence ends, so with a recurrent part the whole sequence moves, or its tail moves up
     if kind == "add":
         p0 = draw.int(lo, hi + 1)
-        return {"op": "add", "seq": s, "p0": p0, "p1": -1, "delta": draw.int(-min(p0, 8), 9)}
+        if mem.recurrent and draw.pick((False, True)):
+            p0 = lo
+        return {"op": "add", "seq": s, "p0": p0, "p1": -1,
+                "delta": draw.int(0 if mem.recurrent and p0 > lo else -min(p0, 8), 9)}
     if kind == "div":
-        return {"op": "div", "seq": s, "p0": draw.int(lo, hi + 1), "p1": -1, "d": draw.int(2, 4)}
+        return {"op": "div", "seq": s, "p0": lo if mem.recurrent else draw.int(lo, hi + 1), "p1": -1,
+                "d": draw.int(2, 4)}
     if kind == "reload":  # every sequence under a drawn id, or the whole context at once (ids kept)
         perm, vias = draw.perm(n), mem.state_vias(whole=True)
         via = draw.pick(vias) if len(vias) > 1 else "sequences"
@@ -458,6 +530,18 @@ def pressure_config(n_vocab: int, **common: Any) -> MemoryConfig:
     """The config that runs the memory-pressure program."""
     return MemoryConfig(program=pressure_program(n_vocab), n_seq=3, context=PRESSURE_CTX, kv_unified=(True,),
                         max_len=PRESSURE_BLOCK * PRESSURE_ROUNDS + 1, **common)
+
+
+# A cache that runs full: CAPACITY_CTX cells a KV stream (one for every sequence, or one each), filled by long
+# decodes and then asked for more than it has left, between the other operations; positions stay within synth's
+# trained context (n_ctx_train 256; a decode refused for room is never computed)
+CAPACITY_CTX = 256
+
+
+def capacity_config(**common: Any) -> MemoryConfig:
+    """The config whose drawn programs fill their KV streams (fill), in both layouts."""
+    return MemoryConfig(**{"programs": 1, "steps": 32, "n_seq": 2, "context": CAPACITY_CTX, "max_len": CAPACITY_CTX - 8,
+                           "fill": True, **common})
 
 
 def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:

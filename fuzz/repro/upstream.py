@@ -124,6 +124,24 @@ def positions(ctx, seq):
 '''
 
 
+NO_ROOM = "refused_for_room"  # a recorded decode the memory refused for room, as it must (llama_decode returned 1)
+NO_ROOM_HELPER = '''
+
+def refused_for_room(ctx, tokens, pos, seqs):
+    """A decode the cache has no room for: llama_decode must return 1 and decode none of it."""
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, max(len(s) for s in seqs))
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.logits[i], batch.n_seq_id[i] = tokens[i], pos[i], 0, len(seqs[i])
+        for j, s in enumerate(seqs[i]):
+            batch.seq_id[i][j] = s
+    rc = L.llama_decode(ctx, batch)
+    L.llama_batch_free(batch)
+    if rc != 1:
+        cannot(f"a decode of {n} tokens with no room in the cache returned {rc}, not 1")'''
+
+
 class Recorder:
     """A target whose state-changing calls are kept, in order, as (op, request): what a reproducer replays."""
 
@@ -136,9 +154,11 @@ class Recorder:
         return self.t.load(path, **params)
 
     def call(self, op: str, **args: Any) -> Any:
-        if op not in QUERIES:
-            self.steps.append((op, args))
-        return self.t.call(op, **args)
+        r = self.t.call(op, **args)
+        if op not in QUERIES:  # (a decode refused for room, as the oracle expected: the reproducer expects it too)
+            no_room = op == "decode" and r.failure is not None and r.failure.error_kind == "no_memory_slot"
+            self.steps.append((op, {**args, NO_ROOM: True} if no_room else args))
+        return r
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.t, name)
@@ -355,6 +375,8 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
         out = req.get("logits", "last")
         outs = [i == n - 1 for i in range(n)] if out == "last" else [True] * n if out == "all" \
             else [False] * n if out == "none" else [bool(x) for x in out]
+        if req.get(NO_ROOM):
+            return f"refused_for_room({ctx}, tokens={req['tokens']}, pos={req['pos']}, seqs={seqs})"
         return (f"{rows} = decode({ctx}, tokens={req['tokens']}, pos={req['pos']}, seqs={seqs}, "
                 f"outputs={[int(o) for o in outs]})")
     if op in MEMORY_CALLS:  # (a position or sequence not given: -1, the API's "all")
@@ -375,7 +397,8 @@ def memory_script(run: dict[str, Any], data: dict[str, Any]) -> str:
     lines = [f'"""{title_of(data)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
              "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
              "Exits 1 while the defect is present, 0 once it is fixed, 2 when this program cannot run.", '"""', "",
-             PRELUDE, "", "model = load_model()", "# the steps, as the memory program ran them"]
+             PRELUDE, *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in run["steps"]) else []), "",
+             "model = load_model()", "# the steps, as the memory program ran them"]
     lines += [call_line("ctx", op, req, "rows") for op, req in run["steps"]]
     if p["check"] == "pos":
         want_min, want_max = p["want"]
