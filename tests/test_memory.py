@@ -385,6 +385,12 @@ def test_a_coupled_decode_a_memory_cannot_split_is_refused_and_changes_nothing(f
         rep = report(fixtures(family, layers=2), MemoryConfig(program=program, kv_unified=layouts))
         assert rep.status == PASS, (family, [f.message for f in rep.findings])
         assert all(r["refused"].get("coupled") == 2 for r in rep.results), [r["refused"] for r in rep.results]
+    # a memory that takes them anyway is held to them as to any decode: DeepSeek-V4's cache splits a coupled set
+    # into ubatches of its own (llama-kv-cache-dsv4.cpp, split_seq), and each sequence goes on as recomputed alone
+    rep = report(fixture_path("deepseek4"), MemoryConfig(program=program, kv_unified=(False,)))
+    (row,) = rep.results
+    # (taken, the first puts sequences 0 and 1 ahead of 2, so the second couples sequences no longer in line)
+    assert (rep.status, row["refused"], row["checks"]) == (PASS, {"skipped": 1}, 7), row
 
 
 @pytest.mark.llama

@@ -339,8 +339,10 @@ class Machine:
         return self.problem("pos", bad["message"], seq=bad["seq"], got=bad["got"], want=bad["want"]) if bad else None
 
     def _refused_coupled(self, op: dict[str, Any]) -> dict[str, Any] | None:
-        """A coupled decode a memory split per sequence must refuse (refuses_coupled): the decode fails, and nothing
-        may have changed (the checks of every later operation)."""
+        """A coupled decode where llama.cpp's usual split refuses it (refuses_coupled: a sequential split of a batch
+        sequence by sequence): refused, nothing may have changed (the checks of every later operation); a memory
+        that takes it anyway (DeepSeek-V4's splits coupled sets into ubatches of their own) must then hold the tokens
+        in each sequence, as any decode (its own cells in each stream; one state cell shared in a recurrent memory)."""
         m = self.model
         p = m.next_pos(op["seqs"][0])
         if any(m.next_pos(q) != p for q in op["seqs"]):
@@ -350,9 +352,7 @@ class Machine:
         r = self.call("decode", **self.recompute.feed.args(toks), seq=[list(op["seqs"])] * len(toks),
                       pos=list(range(p, p + len(toks))), logits=[False] * (len(toks) - 1) + [True])
         if r.ok:
-            return self.problem("refusal", f"a coupled decode of {len(toks)} tokens into sequences {op['seqs']} was "
-                                "taken by a memory that splits a batch sequence by sequence (llama.cpp must refuse "
-                                "it: a sequential split of coupled tokens)")
+            return self._decoded([[list(op["seqs"]), toks]], r, shared=self.kv_unified or self.mem.recurrent)
         self.refused["coupled"] += 1
         return None
 
@@ -393,11 +393,17 @@ class Machine:
         if over and over[0]:
             return self.problem("capacity", f"{where} was decoded, {over[1]} tokens into a KV stream with "
                                 f"{over[2]} of its {self.mem.cells} cells free")
+        return self._decoded(parts, r, shared=self.kv_unified)
+
+    def _decoded(self, parts: list[list[Any]], r: Reply, *, shared: bool) -> dict[str, Any] | None:
+        """A decode of `parts` the memory took (its reply r): the model follows (`shared`: a coupled token's cell is
+        one for all its sequences), then the positions and every decoded sequence's logits are checked."""
+        m = self.model
         rows = np.frombuffer(as_bytes(r.data["logits"]), "<f4").reshape(-1, r.data["n_vocab"])
         self.rows = {q: row for (s, _), row in zip(parts, rows, strict=True) for q in ids(s)}
         for s, toks in parts:
             if isinstance(s, list):
-                m.coupled(s, toks, shared=self.kv_unified)
+                m.coupled(s, toks, shared=shared)
             else:
                 m.decode(s, toks)
         got_pos = self._positions()
