@@ -23,6 +23,7 @@ from fuzz.oracles.registry import get_oracle
 from fuzz.oracles.server_options import ServerOptionsConfig
 from fuzz.oracles.sweep_report import SweepConfig
 from fuzz.repro import bundle as bd
+from fuzz.repro.oracle_command import current_build_label, run_oracle, use_build
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from targets import TARGETS_HELP, open_target
@@ -150,43 +151,6 @@ def sweep_cmd(
     return run_oracle("sweep", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
-def current_build_label(commit: str | None) -> str:
-    """The llama.cpp a target runs, in a few words: its commit, and the build's spec when it is not the pinned one."""
-    from fuzz.engine import contract
-    from targets.builds import current_identity
-
-    return contract.build_label({**current_identity(), "llama_cpp_commit": commit}, tick="", short=9)
-
-
-def use_build(spec: str | None, patches: Path | None, backend: str | None = None) -> None:
-    """--llama-cpp / --patches / --backend: the build every worker of this command runs, built (or taken from the
-    cache) and its API checked before anything else runs."""
-    from targets.builds import use
-
-    b = use(spec, patches, backend)
-    if b.seconds:
-        print(f"built {b.spec} in {b.seconds:.0f} s (cached for later runs)")
-
-
-def run_oracle(name: str, fixture: str, cfg: object, report: Path | None, bundle: Path | None,
-               build: tuple[str | None, Path | None, str | None] = (None, None, None)) -> int:
-    """Every oracle command's body: the build, then run, print, write the report, bundle each distinct finding;
-    exit 1 on any."""
-    use_build(*build)
-    oracle = get_oracle(name)
-    rep = oracle.run(fixture_path(fixture), cfg)
-    print(oracle.format(rep))
-    write_report(report, rep.to_dict())
-    if bundle and rep.findings:
-        report_bundles(bd.bundle_findings(rep, oracle.case_config(cfg), bundle))
-    return rep.exit_code
-
-
-def report_bundles(paths: list[Path]) -> None:
-    for p in paths:
-        print(f"bundle: {p}  (replay: fuzz replay {p})")
-
-
 @app.command("replay")
 def replay_cmd(
     bundle: Annotated[Path, typer.Argument(help="a directory written by an oracle's --bundle")],
@@ -219,12 +183,6 @@ def report_cmd(
     out = write_upstream(bundle, upstream)
     print(f"upstream report: {out} ({', '.join(sorted(p.name for p in out.iterdir()))}: issue.md says how to run it)")
     return 0
-
-
-def write_report(report: Path | None, data: dict) -> None:
-    if report:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(data, indent=2))
 
 
 @app.command("handoff")
@@ -354,6 +312,9 @@ def memory_cmd(
                                                      "17527's shape)")] = False,
     fill: Annotated[bool, Opt("--fill", help="drawn programs fill their KV streams (256 cells) with long decodes, "
                                              "then ask for more than is left (refused whole)")] = False,
+    cache_types: Annotated[str, Opt(help="the KV cache's types, K[,V]: f16 (llama.cpp's default), q8_0, q4_0, ... "
+                                         "(a quantized V needs --flash-attn; a head a whole number of its blocks)")]
+    = "f16",
     flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
                                     help="flash attention in the contexts (llama-server's default on the CPU); a "
                                          "MoE routing near-tie it makes is numerics, not a finding")] = False,
@@ -376,8 +337,9 @@ def memory_cmd(
         except (OSError, ValueError) as e:
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
+    k, _, v = cache_types.partition(",")
     common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
-                  flash_attn=flash_attn)
+                  flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v)
     cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,
                                                       engine=engine, stage=stage, **common)
     if pressure:

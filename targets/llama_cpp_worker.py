@@ -31,6 +31,9 @@ from targets.worker_build import (
 )
 from targets.worker_protocol import PROTOCOL_VERSION, RequestError, main_with
 
+# the KV cache types a context may take (llama.cpp's own list: common's kv_cache_types)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
             "capture": True, "trace": False, "n_rs_seq": 0}
@@ -107,7 +110,12 @@ class LlamaWorker:
         if not path or not Path(path).is_file():
             self._unload()
             raise RequestError("bad_request", f"load: no such file: {path!r}")
-        params = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
+        params = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req},
+                  **{k: str(req[k]) for k in ("type_k", "type_v") if k in req}}
+        bad = [params[k] for k in ("type_k", "type_v") if k in params and params[k] not in CACHE_TYPES]
+        if bad:
+            self._unload()
+            raise RequestError("bad_request", f"load: cache type {bad[0]!r}; one of {', '.join(CACHE_TYPES)}")
         if params["n_batch"] < params["n_seq_max"]:
             self._unload()
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
@@ -145,6 +153,9 @@ class LlamaWorker:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = self.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
+        for k in ("type_k", "type_v"):  # the KV cache's types (llama.cpp: a quantized V needs flash attention)
+            if k in params:
+                setattr(cp, k, getattr(L, "GGML_TYPE_" + params[k].upper()))
         cp.no_perf = True  # no performance counters: llama_perf_* is never read here
         self.capturer = self.native
         if params["trace"]:  # every node of a layer on request: the Python callback (slow, for localizing)
@@ -157,7 +168,9 @@ class LlamaWorker:
         if not ctx:
             L.llama_model_free(model)
             self.model = self.model_key = None
-            raise RequestError("load_failed", "load: " + self._last_error("failed to create context"))
+            said = [ln.split(": ", 1)[1] for ln in self.native.log_lines() if ln.startswith("llama_init_from_model: ")]
+            raise RequestError("load_failed", "load: " + (f"failed to create context: {said[-1]}" if said else
+                                                          self._last_error("failed to create context")))
         self.model, self.model_key, self.ctx, self.params = model, key, ctx, params
         self.info = self._model_info()
         return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6), "model_reused": model_reused,

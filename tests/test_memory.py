@@ -13,8 +13,8 @@ import pytest
 
 from fuzz.certify.corpus import fixture_for
 from fuzz.certify.lanes import lane_memory
-from fuzz.engine.contract import KNOWN, PASS
-from fuzz.engine.fixtures import fixture_path
+from fuzz.engine.contract import KNOWN, PASS, UNSUPPORTED
+from fuzz.engine.fixtures import fixture_path, quant_head_fixture
 from fuzz.oracles.memory import (
     ORDER_ROUNDING,
     lineage,
@@ -213,8 +213,9 @@ def test_a_recorded_program_is_checked_and_reduced():
         check_program([{"op": "decode", "parts": [[0, [1]]]}, {"op": "explode"}], 3)
     with pytest.raises(UserError, match="sequence id"):
         check_program([{"op": "keep", "seq": 7}], 3)
-    with pytest.raises(UserError, match="non-empty list"):
-        check_program([], 3)
+    with pytest.raises(UserError, match="must be a list of operations"):
+        check_program({"op": "keep", "seq": 0}, 3)
+    assert check_program([], 3) == []  # (the contexts alone: a finding made creating one records no operation)
     prog = [{"op": "decode", "parts": [[0, [1, 2]]]}, {"op": "keep", "seq": 0},
             {"op": "decode", "parts": [[0, [3]]]}]
     assert [len(c["program"]) for c in reduce_config({"program": prog})] == [2, 2]  # the last (failing) one stays
@@ -246,7 +247,8 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
                              "llama-memory-add-lost-by-export", "llama-memory-stream-copy-lost-by-export",
                              "lfm2-memory-rollback-stale-snapshot-26695", "lfm2-memory-rollback-moves-fork",
                              "qwen4exp-memory-qsa-shared-prefix", "qwen4exp-memory-qsa-block-tie",
-                             "minimax-m3-memory-msa-dense-unified-kv", "minimax-m3-memory-msa-dense-coupled"}
+                             "minimax-m3-memory-msa-dense-unified-kv", "minimax-m3-memory-msa-dense-coupled",
+                             "glm4-memory-quantized-k-shift", "deepseek4-memory-quantized-coupled"}
     # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
     # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
     dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
@@ -282,6 +284,11 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
     bare = [{**lfm2, "key": {k: v for k, v in lfm2["key"].items() if k != "cause"}}]
     f = F(**{k: v for k, v in lfm2["key"].items() if k not in ("cause", "oracle", "status", "phase")})
     assert known_repro(bare, "lfm2", f) == "lfm2-memory-rollback-moves-fork" and known_repro(bare, "llama", f) is None
+    # an abort of scope "any" (the KV cache's shift of a quantized cache): by the check it names, in any family and
+    # either layout
+    shift = F(status="crash", where="crash", op="decode", cause="cache-type", phase="per-seq-kv")
+    shift.status, shift.message = "crash", "ggml/src/ggml-cpu/ops.cpp:321: not implemented"
+    assert known_repro(known, "qwen3next", shift) == "glm4-memory-quantized-k-shift"
 
 
 # ---- against the pinned llama.cpp ------------------------------------------------------------------------------
@@ -787,6 +794,27 @@ def test_a_decode_the_cache_has_no_room_for_is_refused_whole_and_a_runtime_that_
                                                         target="mutant:refused-decode-keeps-prefix")).native
     f = bad["findings"][0]
     assert f["check"] == "pos" and f["reproduced"] and "was refused for room" in f["message"], f
+
+
+@pytest.mark.llama
+def test_a_quantized_cache_runs_on_64_wide_heads_and_its_shift_is_upstreams_abort_on_partial_rotary(tmp_path):
+    """The memory lane's quantized-cache programs run on the row's fixture with heads 64 wide (a q8_0 cache needs a
+    head a whole number of its blocks): on llama (whole-head rotary) a whole-sequence shift of a q8_0 cache passes;
+    on glm4 (half the head rotary) it aborts, and the cache-type control names the cache (f16 passes). llama.cpp
+    refusing the types on a model (an MLA head of 48) is unsupported, with its reason."""
+    rows = load_manifest().rows
+    shift = [{"op": "decode", "parts": [[0, [1, 2, 3, 4, 5]]]}, {"op": "add", "seq": 0, "p0": 0, "p1": -1, "delta": 3},
+             {"op": "decode", "parts": [[0, [6]]]}]
+    q8 = {"type_k": "q8_0", "type_v": "q8_0", "flash_attn": True, "kv_unified": (True,), "program": shift}
+    llama = quant_head_fixture(rows["llama"], tmp_path)
+    assert llama is not None and llama.name == "llama-heads64.gguf"
+    assert report(llama, MemoryConfig(**q8)).status == PASS
+    glm4 = report(quant_head_fixture(rows["glm4"], tmp_path), MemoryConfig(**q8))
+    (f,) = glm4.findings
+    assert f.status == "crash" and "ops.cpp" in f.message and f.cause["kind"] == "cache-type", f.message
+    mla = report(quant_head_fixture(rows["deepseek3"], tmp_path), MemoryConfig(**q8))
+    assert mla.status == UNSUPPORTED and "does not divide n_embd_head_k=48" in mla.results[0]["reason"]
+    assert quant_head_fixture(rows["mamba"], tmp_path) is None
 
 
 @pytest.mark.llama

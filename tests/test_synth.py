@@ -6,7 +6,7 @@ import pytest
 
 from synth.errors import UserError
 from synth.families import FAMILIES, get_family
-from synth.make import resolve, write_fixture
+from synth.make import resolve, with_head_size, write_fixture
 from synth.spec import Knobs, parse_pattern
 
 
@@ -172,3 +172,14 @@ def test_a_truncated_gguf_is_a_one_line_user_error(tmp_path):
         (tmp_path / "t.gguf").write_bytes(data[:cut])
         with pytest.raises(UserError, match="not a readable GGUF file"):
             GGUFFile(tmp_path / "t.gguf")
+
+
+def test_a_family_widens_its_heads_by_the_first_knob_that_gets_there():
+    """Heads 64 wide (what a quantized KV cache needs): by the head size where the family takes one (llama, deepseek2:
+    the width unchanged), else two heads of a model twice as wide (qwen2, gpt2: their head size is the width over
+    the heads); None for a family without attention heads (mamba)."""
+    got = {f: with_head_size(f, Knobs(), 64) for f in ("llama", "deepseek2", "qwen2", "gpt2", "mamba")}
+    assert {f: s and (s.head_dim, s.n_head, s.n_embd) for f, s in got.items()} == {
+        "llama": (64, 4, 32), "deepseek2": (64, 4, 32), "qwen2": (64, 2, 128), "gpt2": (64, 2, 128), "mamba": None}
+    assert resolve("llama").head_dim == 8  # (the default fixture's, which no quantized cache divides)
+

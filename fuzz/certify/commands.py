@@ -47,8 +47,9 @@ from fuzz.certify.lanes import LaneOptions, LaneResult, lane_load
 from fuzz.certify.mutate import mutate_command
 from fuzz.certify.outputs import build_name, manifest_identity, merge, read_run, run_report, write_outputs
 from fuzz.certify.shards import DURATIONS, load_durations, measured, plan_shards, refresh_durations
-from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt, use_build
+from fuzz.cli import BackendOpt, LlamaCppOpt, PatchesOpt
 from fuzz.engine.contract import FAILING, FINDING, MISSING, PASS, UNSUPPORTED
+from fuzz.repro.oracle_command import use_build
 from synth.cliutil import new_app, run
 from synth.errors import UserError
 from synth.make import write_fixture

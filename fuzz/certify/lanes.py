@@ -16,6 +16,7 @@ import numpy as np
 from fuzz.certify.lane_result import LaneResult, known_findings, no_new_findings, oracle_run
 from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
 from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.engine.fixtures import quant_head_fixture
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
@@ -244,7 +245,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     """Drawn programs of memory operations (fuzz memory's defaults, both KV layouts; half as many with flash attention)
     on the model, and on its second half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on
     attention), the program under memory pressure (a state imported into cells free in total but in no long enough
-    run), with flash attention and without, and programs that fill their KV streams and ask for more than is left.
+    run), with flash attention and without, programs that fill their KV streams and ask for more than is left, and
+    (where the family's heads widen to 64 within a megabyte) programs on a q8_0 KV cache with flash attention.
     A finding that is a committed upstream repro (corpora/repros, matched by its check, operation and cause whatever
     the family) is known; any other fails the lane."""
     spec = row.spec()
@@ -257,12 +259,17 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     for fa in (False, True):  # (flash attention: llama-server's default on the CPU, where a server's cells interleave)
         runs_of.append(oracle_run("memory", path, pressure_config(spec.n_vocab, target=target_spec, flash_attn=fa)))
     runs_of.append(oracle_run("memory", path, capacity_config(target=target_spec)))
+    wide = quant_head_fixture(row, path.parent)
+    if wide is not None:  # (a quantized KV cache, as llama-server's -ctk/-ctv: on heads a whole number of blocks)
+        runs_of.append(oracle_run("memory", wide, MemoryConfig(target=target_spec, programs=2, flash_attn=True,
+                                                               type_k="q8_0", type_v="q8_0")))
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
-           "and without flash attention, filling the cache), "
+           "and without flash attention, filling the cache" + (", a q8_0 cache on 64-wide heads" if wide else "")
+           + "), "
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks")
     if new:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from synth.errors import UserError
 from synth.families import ALIASES, FAMILIES
-from synth.make import resolve, write_fixture
-from synth.manifest import default_manifest_path, load_manifest
+from synth.make import resolve, with_head_size, write_fixture
+from synth.manifest import Row, default_manifest_path, load_manifest
 from synth.spec import Knobs
 
 WORKDIR = Path("build") / "fixtures"
@@ -35,6 +35,22 @@ def fixture_path(arg: str, workdir: Path = WORKDIR) -> Path:
     out = workdir / f"{name}.gguf"
     write_fixture(spec, out)
     return out
+
+
+QUANT_HEAD = 64  # a head a whole number of every quantized cache type's blocks, and what its rotation needs
+FIXTURE_MAX = 1 << 20  # synth's fixtures stay within a megabyte
+
+
+def quant_head_fixture(row: Row, workdir: Path = WORKDIR) -> Path | None:
+    """The row's fixture with every attention head QUANT_HEAD wide, made under workdir: what a quantized KV cache
+    runs on (llama.cpp needs a head a whole number of the type's blocks; its fixtures' heads are 8 or 16 wide).
+    None when the family cannot widen its heads, or only past FIXTURE_MAX."""
+    spec = with_head_size(str(row.recipe["family"]), row.knobs(), QUANT_HEAD)
+    if spec is None:
+        return None
+    out = workdir / f"{row.key}-heads{QUANT_HEAD}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out if write_fixture(spec, out) <= FIXTURE_MAX else None
 
 
 def parse_tokens(text: str) -> list[int]:

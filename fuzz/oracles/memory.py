@@ -32,6 +32,7 @@ layout. A difference the other sequences' mere presence explains (their data pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import time
 from collections import Counter
@@ -68,6 +69,7 @@ from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, ids
 from fuzz.oracles.memory_model import (
     Memory,
     MemoryConfig,
+    cache_params,
     check_program,
     format_step,
     op_name,
@@ -210,7 +212,26 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     if passes(kv_unified=not kv_unified):
         return {"kind": "layout", "detail": f"the same program passes with {layout(not kv_unified)}: the operation "
                 f"behaves otherwise with {'one stream per sequence' if not kv_unified else 'one unified cache'}"}
-    return None
+    return cache_type(t, fixture, cfg, kv_unified, recompute, program)
+
+
+def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
+               program: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cache-type control (a config with quantized KV cache types; crashes too): the same program on llama.cpp's
+    default f16 cache, its recompute alike, must pass. None without cache types, or when it fails there too."""
+    if not cache_params(cfg):
+        return None
+    plain = dataclasses.replace(cfg, type_k="", type_v="")
+    params = {k: v for k, v in recompute.params.items() if k not in ("type_k", "type_v")}
+    try:
+        _, again, mach = run_program(t, fixture, plain, kv_unified, Recompute(recompute.t, recompute.fixture, params,
+                                     recompute.feed, tol=recompute.tol), program, None)
+    except UserError:
+        return None
+    if again is not None or mach.refused.get("skipped"):
+        return None
+    return {"kind": "cache-type", "detail": f"the same program passes with llama.cpp's default f16 KV cache: it "
+            f"fails with a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache only"}
 
 
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
@@ -356,6 +377,17 @@ def layout(kv_unified: bool) -> str:
     return "unified-kv" if kv_unified else "per-seq-kv"
 
 
+def refused_cache(t: Target, fixture: Path, cfg: MemoryConfig, params: dict[str, Any]) -> str | None:
+    """Why llama.cpp refuses a context with the config's KV cache types on this model (a head size their block does
+    not divide, different K and V types on an MLA cache, ...), or None: it takes them (or none were asked)."""
+    if not cache_params(cfg):
+        return None
+    r = t.load(str(fixture), **params)
+    if r.ok or r.failure is None or r.failure.kind != "error" or r.failure.error_kind != "load_failed":
+        return None  # (a crash or another failure: the machine's own load meets it and says so)
+    return f"llama.cpp refuses a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache here: {r.failure.message}"
+
+
 def stage_of(stack: contextlib.ExitStack, fixture: Path, stage: str, n_layer: int, t: Target,
              params: dict[str, Any]) -> tuple[Path, Feed, str | None]:
     """The file the machine runs (the model, or the stage A:B sliced from it for the run), what its decodes feed it,
@@ -391,7 +423,10 @@ def calibrated(recompute: Recompute, cfg: MemoryConfig, n_vocab: int,
         if shift is not None:
             tolerance["shift"] = shift
     recompute.tol = tolerance["tolerance"]
-    recompute.faithful_shifts = cfg.noise_factor * tolerance.get("shift", np.inf) <= tolerance["tolerance"]
+    # (a shift of a quantized K cache quantizes the rotated keys again, which keys decoded at the new positions never
+    # are: there the recompute replays the shift)
+    recompute.faithful_shifts = cfg.noise_factor * tolerance.get("shift", np.inf) <= tolerance["tolerance"] and \
+        not cfg.type_k
     return tolerance
 
 
@@ -406,11 +441,13 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     results, findings, numerics = [], [], []
     commit = None
-    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq, flash_attn=cfg.flash_attn)
+    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq, flash_attn=cfg.flash_attn,
+                                **cache_params(cfg))
     source = Path(fixture)
     with contextlib.ExitStack() as stack:
         t, tr = stack.enter_context(Fleet(cfg.target, cfg.timeout)).open(2)
         fixture, feed, why = stage_of(stack, Path(fixture), cfg.stage, info.n_layer, tr, ref_params)
+        why = why or refused_cache(tr, fixture, cfg, ref_params)
         if why:
             results.append({"status": UNSUPPORTED, "reason": why, "kv_unified": None, "program": None, "steps": 0,
                             "checks": 0, "max_abs_dlogit": 0.0, "ops": {}, "refused": {}})
@@ -441,8 +478,8 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                     final = last or problem
                     row["status"] = CRASH if problem["check"] == "crash" else FINDING
                     cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows,
-                                    ran.model.log) \
-                        if mach.mem and problem["check"] != "crash" else None
+                                    ran.model.log) if mach.mem and problem["check"] != "crash" else \
+                        cache_type(t, fixture, cfg, kvu, recompute, short) if problem["check"] == "crash" else None
                     if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
                         row["status"] = NUMERICS
                     (numerics if row["status"] == NUMERICS else findings).append({
@@ -496,11 +533,12 @@ def format_report(rep: dict[str, Any]) -> str:
              f"{cfg.get('noise_factor', 0):g} × the batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
     noise = rep.get("noise") or {}
     if "shift" in noise:
-        faithful = cfg.get("noise_factor", 0) * noise["shift"] <= noise.get("tolerance", 0)
+        faithful = cfg.get("noise_factor", 0) * noise["shift"] <= noise.get("tolerance", 0) and not cfg.get("type_k")
         lines.append(f"  a whole-sequence shift moves the model by {noise['shift']:.2g} against its tokens decoded at "
                      "the new positions: " + ("shifted sequences are recomputed there" if faithful else
-                                              "not faithful, so shifts are replayed in the recompute (checked for "
-                                              "consistency only)"))
+                                              "shifts are replayed in the recompute (checked for consistency only: "
+                                              + ("a quantized K cache's shift quantizes the keys again)"
+                                                 if cfg.get("type_k") else "not faithful)")))
     lines += [f"  unsupported: {r['reason']}" for r in rep["results"] if r["status"] == UNSUPPORTED]
     for kvu in cfg["kv_unified"]:
         rows = [r for r in rep["results"] if r["kv_unified"] == kvu]
@@ -543,6 +581,7 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "context", "n_rs_seq", "kv_unified", "tol",
-                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill"),
+                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill", "type_k",
+                             "type_v"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op", "cause_then"))

@@ -26,6 +26,7 @@ from fuzz.oracles.memory_model import (
     Model,
     SeededDraws,
     burst,
+    cache_params,
     check_positions,
     compare_logits,
     draw_op,
@@ -215,7 +216,8 @@ class Machine:
     def params(self) -> dict[str, Any]:
         n = self.cfg.n_seq + 1
         return context_params(n_seq=n, n_ctx=self.cfg.context or n * 256, kv_unified=self.kv_unified, capture=False,
-                              n_rs_seq=self.cfg.n_rs_seq, flash_attn=self.cfg.flash_attn, trace=self.trace_load)
+                              n_rs_seq=self.cfg.n_rs_seq, flash_attn=self.cfg.flash_attn, trace=self.trace_load,
+                              **cache_params(self.cfg))
 
     def start(self) -> None:
         r = self.t.load(str(self.fixture), **self.params())

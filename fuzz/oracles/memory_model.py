@@ -33,6 +33,8 @@ class MemoryConfig:
     max_len: int = 40  # positions a sequence holds at most (cells well inside every layout's context)
     context: int = 0  # the context's cells (0: 256 per sequence, the control's included); small: memory pressure
     fill: bool = False  # long decodes fill a KV stream and ask it for more than it has left (capacity_config)
+    type_k: str = ""  # the KV cache's K type in every context ("": llama.cpp's f16; targets/PROTOCOL.md `load`)
+    type_v: str = ""  # and its V type (quantized: only with flash attention, as llama.cpp requires)
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
@@ -384,9 +386,8 @@ def overflows(model: Model, mem: Memory, kv_unified: bool, parts: list[list[Any]
     if not parts or any(isinstance(s, list) for s, _ in parts):
         return None
     asked: dict[int, int] = {}
-    for s, toks in parts:
-        key = parts[0][0] if kv_unified else s
-        asked[key] = asked.get(key, 0) + len(toks)
+    for s, toks in parts:  # (one cache: every part asks the first part's stream)
+        asked[parts[0][0] if kv_unified else s] = asked.get(parts[0][0] if kv_unified else s, 0) + len(toks)
     room = [(free_cells(model, mem, kv_unified, s), n) for s, n in asked.items()]
     if any(free is None for free, _ in room):
         return None
@@ -397,12 +398,9 @@ def overflows(model: Model, mem: Memory, kv_unified: bool, parts: list[list[Any]
 def fillable(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool) -> list[int]:
     """The sequences a filling decode may go to: their stream's free cells countable, and either few enough left
     for one decode to ask for more, or room to fill within the positions a sequence holds."""
-    out = []
-    for s in model.cells:
-        free = free_cells(model, mem, kv_unified, s)
-        if free is not None and (free < FILL_BATCH or min(free, cfg.max_len - model.next_pos(s)) >= 1):
-            out.append(s)
-    return out
+    free = {s: free_cells(model, mem, kv_unified, s) for s in model.cells}
+    return [s for s, n in free.items()
+            if n is not None and (n < FILL_BATCH or min(n, cfg.max_len - model.next_pos(s)) >= 1)]
 
 
 def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool,
@@ -544,10 +542,15 @@ def capacity_config(**common: Any) -> MemoryConfig:
                            "fill": True, **common})
 
 
+def cache_params(cfg: MemoryConfig) -> dict[str, str]:
+    """The load params of the config's KV cache types (none where llama.cpp's default is kept)."""
+    return {k: getattr(cfg, k) for k in ("type_k", "type_v") if getattr(cfg, k)}
+
+
 def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
     """A recorded program, validated (a bundle's, or one given by hand): bad input is a UserError."""
-    if not isinstance(program, list) or not program:
-        raise UserError("--program: must be a non-empty list of operations")
+    if not isinstance(program, list):  # (empty: the contexts alone, as a finding made creating one records it)
+        raise UserError("--program: must be a list of operations")
     for i, op in enumerate(program):
         if not isinstance(op, dict) or op.get("op") not in OPS:
             raise UserError(f"program step {i}: {op!r} is not one of the operations {', '.join(OPS)}")

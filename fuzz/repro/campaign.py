@@ -112,8 +112,9 @@ def known_upstream() -> list[dict[str, Any]]:
                         # "scope": "family" — the behaviour is the arch's own (its graph's code, not a memory's
                         # every family shares): matched in its own family even where it names a cause
                         "family_only": data.get("scope") == "family",
-                        # "scope": "any" — an abort in code every family shares (llama-server's batch): matched
-                        # by the check it names in any family
+                        # "scope": "any" — an abort in code every family shares (llama-server's batch, the KV
+                        # cache's shift) or one a layout does not decide: matched by the check it names in any
+                        # family and either KV layout
                         "any_family": data.get("scope") == "any"})
     return out
 
@@ -151,7 +152,7 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
     family where they name a cause (in the repro's own family where none does, or where the repro's scope is its
     family: bundle.json "scope": "family"); an abort whose repro's scope is "any" by the check it names in any
-    family; anything else by the family, the
+    family and either layout; anything else by the family, the
     oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
@@ -167,7 +168,7 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
         if (x["family"] != family and not (x["any_family"] and x["abort"])) or k.get("status") != fp.get("status"):
             continue
         a, b = x.get("layout"), layout_family(fp.get("phase")) or layout
-        if a and b and a != b:
+        if a and b and a != b and not (x["any_family"] and x["abort"]):
             continue
         if x["abort"] and k.get("status") == CRASH:
             if abort == x["abort"]:

@@ -32,6 +32,7 @@ from fuzz.engine.fleet import Fleet
 from fuzz.engine.parity import context_params
 from fuzz.oracles.memory import calibrated
 from fuzz.oracles.memory_machine import Feed, Recompute, run_program
+from fuzz.oracles.memory_model import cache_params
 from fuzz.repro.bundle import Case, case_on_build, read_bundle
 from synth.errors import UserError
 from synth.inspect import inspect_file
@@ -122,6 +123,31 @@ def positions(ctx, seq):
     mem = L.llama_get_memory(ctx)
     return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
 '''
+
+
+TYPED_HELPER = '''
+
+def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    cp.type_k, cp.type_v = getattr(L, "GGML_TYPE_" + type_k.upper()), getattr(L, "GGML_TYPE_" + type_v.upper())
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")'''
+
+
+def typed(req: dict[str, Any]) -> bool:
+    """A load whose KV cache types are not llama.cpp's default."""
+    return any(req.get(k, "f16") != "f16" for k in ("type_k", "type_v"))
+
+
+def helpers(steps: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The prelude's additions these steps need (each only where used: the other reports' scripts unchanged)."""
+    return [*([TYPED_HELPER] if any(op == "load" and typed(req) for op, req in steps) else []),
+            *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in steps) else [])]
 
 
 NO_ROOM = "refused_for_room"  # a recorded decode the memory refused for room, as it must (llama_decode returned 1)
@@ -221,7 +247,7 @@ def memory_run(bundle_dir: Path) -> dict[str, Any]:
     with Fleet("llama-cpp", cfg.timeout) as fleet:
         t, tr = fleet.open(2)
         recompute = Recompute(tr, case.fixture, context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq,
-                                                               flash_attn=cfg.flash_attn), Feed())
+                                                               flash_attn=cfg.flash_attn, **cache_params(cfg)), Feed())
         calibrated(recompute, cfg, inspect_file(str(case.fixture)).n_vocab)
         rec = Recorder(t)
         _, problem, mach = run_program(rec, case.fixture, cfg, kvu, recompute, cfg.program, None)
@@ -258,7 +284,7 @@ def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
         f'"""{crash_title(data, run)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
         "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
         "Exits 1 while the defect is present (llama.cpp aborts), 0 once it is fixed, 2 when this program cannot run.",
-        '"""', "", "import signal", "import subprocess", PRELUDE, "",
+        '"""', "", "import signal", "import subprocess", PRELUDE, *helpers(run["steps"]), "",
         "def steps():", "    model = load_model()", *body, "", "",
         'if __name__ == "__main__":',
         '    if os.environ.get("REPRO_STEPS"):  # the child: the steps, as the toolkit ran them (VERBOSE=1: with',
@@ -364,7 +390,10 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
                             "reproducer yet")
         p = {**WORKER_DEFAULTS, **req}
         p.setdefault("kv_unified", p["n_seq_max"] > 1)
-        return f"{ctx} = new_context(model, " + ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS) + ")"
+        args = ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS)
+        if typed(req):
+            return f"{ctx} = new_typed_context(model, {p.get('type_k', 'f16')!r}, {p.get('type_v', 'f16')!r}, {args})"
+        return f"{ctx} = new_context(model, {args})"
     if op == "decode":
         if "tokens" not in req:
             raise UserError("a decode fed embeddings (a stage past the first): no standalone reproducer yet")
@@ -397,7 +426,7 @@ def memory_script(run: dict[str, Any], data: dict[str, Any]) -> str:
     lines = [f'"""{title_of(data)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
              "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
              "Exits 1 while the defect is present, 0 once it is fixed, 2 when this program cannot run.", '"""', "",
-             PRELUDE, *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in run["steps"]) else []), "",
+             PRELUDE, *helpers(run["steps"] + run["reference"]), "",
              "model = load_model()", "# the steps, as the memory program ran them"]
     lines += [call_line("ctx", op, req, "rows") for op, req in run["steps"]]
     if p["check"] == "pos":
