@@ -538,9 +538,8 @@ def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     """The same rules as a Hypothesis RuleBasedStateMachine: in one unified cache it finds the off-by-one removal and
     shrinks it to two operations ending in the removal (a shared prefix decoded, then the removal from position 1;
     the seeded engine's shortening reaches a two-operation form too, test_mutants_are_caught_and_shortened). With
-    one cache per sequence the first failure Hypothesis meets is
-    upstream's own: a keep leaves the other streams' cells (explained by the layout control). On a clean recurrent
-    model every example passes."""
+    one cache per sequence too: a decode, then the removal (the rollback of the cell the mutant leaves), no control
+    explaining it. On a clean recurrent model every example passes."""
     rep = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(True,),
                                                            target="mutant:seq-rm-leaves-one-cell"))
     (f,) = rep.findings
@@ -549,7 +548,7 @@ def test_the_hypothesis_engine_finds_and_shrinks_a_mutant(fixtures):
     per_seq = report(fixtures("llama", layers=2), MemoryConfig(engine="hypothesis", programs=60, kv_unified=(False,),
                                                                target="mutant:seq-rm-leaves-one-cell"))
     (g,) = per_seq.findings
-    assert [op["op"] for op in g.detail["program"]] == ["decode", "keep"] and g.cause["kind"] == "layout"
+    assert [op["op"] for op in g.detail["program"]] == ["decode", "rm"] and g.where == "pos" and g.cause is None
     clean = report(fixtures("mamba2", layers=2), MemoryConfig(engine="hypothesis", programs=20, kv_unified=(True,)))
     assert clean.status == PASS and clean.results[0]["examples"] >= 20 and clean.results[0]["checks"] > 50
 
