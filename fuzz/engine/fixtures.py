@@ -3,6 +3,7 @@ name) into a file, token ids, lists of integers and flash-attention settings."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from synth.errors import UserError
@@ -44,13 +45,19 @@ FIXTURE_MAX = 1 << 20  # synth's fixtures stay within a megabyte
 def quant_head_fixture(row: Row, workdir: Path = WORKDIR) -> Path | None:
     """The row's fixture with every attention head QUANT_HEAD wide, made under workdir: what a quantized KV cache
     runs on (llama.cpp needs a head a whole number of the type's blocks; its fixtures' heads are 8 or 16 wide).
-    None when the family cannot widen its heads, or only past FIXTURE_MAX."""
-    spec = with_head_size(str(row.recipe["family"]), row.knobs(), QUANT_HEAD)
-    if spec is None:
-        return None
+    None when the family cannot widen its heads, or only past FIXTURE_MAX (then with two layers too, where the
+    family takes that and keeps an attention layer: a model twice as wide is four times the weights)."""
     out = workdir / f"{row.key}-heads{QUANT_HEAD}.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
-    return out if write_fixture(spec, out) <= FIXTURE_MAX else None
+    for knobs in (row.knobs(), dataclasses.replace(row.knobs(), layers=2)):
+        try:
+            spec = with_head_size(str(row.recipe["family"]), knobs, QUANT_HEAD)
+        except UserError:
+            spec = None
+        if spec is not None and any(spec.is_attn(i) for i in range(spec.n_layer)) and \
+                write_fixture(spec, out) <= FIXTURE_MAX:
+            return out
+    return None
 
 
 def parse_tokens(text: str) -> list[int]:
