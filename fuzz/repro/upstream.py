@@ -280,11 +280,18 @@ def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
     defect, every step done is the fix."""
     body = [f"    {call_line('ctx', op, req, 'rows', run['model'])}" for op, req in run["steps"]]
     last = call_line("ctx", *run["steps"][-1], "rows")
+    # an abort creating a context is fixed as much by a refusal (NULL: an error the caller can report) as by a context
+    refusal = run["steps"][-1][0] == "load"
+    if refusal:
+        body[-1:] = ["    try:", '        with contextlib.redirect_stdout(None):  # (its "cannot run" is the fix)',
+                     "        " + body[-1], "    except SystemExit:  # llama_init_from_model returned NULL",
+                     "        sys.exit(3)"]
     return "\n".join([
         f'"""{crash_title(data, run)}.', "", f"llama.cpp {run['commit']}, its C API through llama-cpp-python's bare "
         "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
         "Exits 1 while the defect is present (llama.cpp aborts), 0 once it is fixed, 2 when this program cannot run.",
-        '"""', "", "import signal", "import subprocess", PRELUDE, *helpers(run["steps"]), "",
+        '"""', "", *(["import contextlib"] if refusal else []), "import signal", "import subprocess", PRELUDE,
+        *helpers(run["steps"]), "",
         "def steps():", "    model = load_model()", *body, "", "",
         'if __name__ == "__main__":',
         '    if os.environ.get("REPRO_STEPS"):  # the child: the steps, as the toolkit ran them (VERBOSE=1: with',
@@ -297,6 +304,9 @@ def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
         '        print(f"DEFECT: llama.cpp aborted (signal {signal.Signals(-child.returncode).name}) in: "',
         f"              {last!r})",
         "        sys.exit(1)",
+        *(['    if child.returncode == 3:',
+           '        print("fixed: llama.cpp refused the context with an error code, no abort")',
+           "        sys.exit(0)"] if refusal else []),
         '    print("fixed: every step ran" if child.returncode == 0 else "cannot run: the steps failed otherwise")',
         "    sys.exit(0 if child.returncode == 0 else 2)", ""])
 
