@@ -66,6 +66,8 @@ def read_cache(b: bytes, off: int, *, has_v: bool = True) -> tuple[list[dict[str
                 layer["v"] = (off, cells, row)
                 off += cells * row
         layers += stream
+    if off > len(b):  # (counts read from a blob of another layout: rows past its end, never to be read)
+        raise struct.error(f"the cache's rows run to byte {off}, past the blob's {len(b)}")
     return layers, positions, off
 
 
@@ -134,6 +136,7 @@ def keep_cells(blob: bytes, cache: int, keep: Any) -> bytes:
         for _ in range(cache):
             _, _, off = read_cache(blob, off)
         start = off
+        _, _, end = read_cache(blob, start)  # (the layout first: counts of another one would run past the blob)
         (n_stream,) = struct.unpack_from("<I", blob, off)
         off += 4
         out = [blob[:start], struct.pack("<I", n_stream)]
@@ -174,7 +177,6 @@ def keep_cells(blob: bytes, cache: int, keep: Any) -> bytes:
                     off += 12
                     out += [blob[off + c * row:off + (c + 1) * row] for c in kept]
                     off += cells * row
-        _, _, end = read_cache(blob, start)
         if end != off:
             return blob
         return b"".join(out) + blob[off:]
