@@ -105,7 +105,8 @@ class WorkerClient:
         self.starts += 1
         self._out = bytearray()
         self.stderr = deque(maxlen=60)
-        threading.Thread(target=_pump, args=(self.proc.stderr, self._stderr_line), daemon=True).start()
+        self._stderr_pump = threading.Thread(target=_pump, args=(self.proc.stderr, self._stderr_line), daemon=True)
+        self._stderr_pump.start()
 
     def _stderr_line(self, line: str | None) -> None:
         if line is not None:
@@ -336,7 +337,7 @@ class WorkerClient:
             except subprocess.TimeoutExpired:
                 self._kill()
                 rc = self.proc.returncode
-        time.sleep(0.05)  # let the stderr pump drain the last lines
+            self._stderr_pump.join(timeout=1.0)  # its last lines: the pump ends where the dead worker's stderr does
         tail = list(self.stderr)
         lines = [ln.strip() for ln in tail if ln.strip()]
         why = next((ln for ln in reversed(lines) if any(m in ln for m in _INFORMATIVE)), lines[-1] if lines else "")
