@@ -31,8 +31,9 @@ from targets.worker_build import (
 )
 from targets.worker_protocol import PROTOCOL_VERSION, RequestError, main_with
 
-# the KV cache types a context may take (llama.cpp's own list: common's kv_cache_types)
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# the KV cache types a context may take (llama.cpp's own list: common's kv_cache_types), by their ggml_type (ggml.h's
+# enum, stable across builds: the bindings do not name every one, e.g. BF16)
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
@@ -155,7 +156,7 @@ class LlamaWorker:
         cp.kv_unified = self.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
         for k in ("type_k", "type_v"):  # the KV cache's types (llama.cpp: a quantized V needs flash attention)
             if k in params:
-                setattr(cp, k, getattr(L, "GGML_TYPE_" + params[k].upper()))
+                setattr(cp, k, CACHE_TYPES[params[k]])
         cp.no_perf = True  # no performance counters: llama_perf_* is never read here
         self.capturer = self.native
         if params["trace"]:  # every node of a layer on request: the Python callback (slow, for localizing)

@@ -94,6 +94,9 @@ def test_an_abort_is_named_by_the_check_llama_cpp_printed_from_the_trees_root():
 def test_the_explanation_loses_the_toolkits_own_words():
     assert plain("Decode first and it passes (the settle control). Found by `fuzz memory` on its own; no upstream "
                  "report found.") == "Decode first and it passes."
+    # (to the sentence's end, not to the period of "llama.cpp" inside it)
+    assert plain("It aborts.\n\nFound by the memory lane; no upstream report found (ggml-org/llama.cpp#5652 is the "
+                 "same shape). Then more.") == "It aborts. Then more."
 
 
 def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
@@ -106,7 +109,7 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER)) == (19, 3) and sorted(p.name for p in REPORTS.iterdir()) == REPORTED
+    assert (len(REPORTED), len(SERVER)) == (20, 3) and sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)
         want = {"issue.md", "model.gguf", "repro.sh" if name in SERVER else "repro.py"} | ({"fix"} if fix else set())
@@ -136,9 +139,11 @@ def test_every_fix_is_in_the_series_of_all_fixes_and_names_real_repros():
 def bare_path(tmp_path: Path) -> Path:
     """A directory holding llama-cpp-python and only the packages it requires (its METADATA): what
     `pip install llama-cpp-python` gives a fresh environment. This toolkit's packages are not there."""
-    import llama_cpp
+    import sysconfig
 
-    site = Path(llama_cpp.__file__).parents[1]
+    # (the environment's site-packages, where pip put it: not wherever `llama_cpp` was imported from in this process,
+    # which a test loading a build's own bindings moves)
+    site = Path(sysconfig.get_paths()["purelib"])
     out = tmp_path / "bare"
     out.mkdir(parents=True, exist_ok=True)
     for name in ("llama_cpp", "numpy", "numpy.libs", "typing_extensions.py", "diskcache", "jinja2", "markupsafe"):

@@ -127,6 +127,10 @@ def positions(ctx, seq):
 
 TYPED_HELPER = '''
 
+# ggml.h's enum ggml_type (the bindings do not name every one)
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+
+
 def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
     """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
     cp = L.llama_context_default_params()
@@ -134,7 +138,7 @@ def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
-    cp.type_k, cp.type_v = getattr(L, "GGML_TYPE_" + type_k.upper()), getattr(L, "GGML_TYPE_" + type_v.upper())
+    cp.type_k, cp.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
     ctx = L.llama_init_from_model(model, cp)
     return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")'''
 
@@ -485,7 +489,8 @@ def title_of(data: dict[str, Any]) -> str:
 def plain(text: str) -> str:
     """A finding's explanation without this toolkit's own words: its controls' names, how it was found."""
     text = re.sub(r"\s*\([^()]*\b(?:control|fuzz|lane|oracle)\b[^()]*\)", "", text)
-    return re.sub(r"\s*Found by [^.]*(?:\.|$)", "", text).strip()
+    # (to the sentence's end: a period before a space, a line's end or the text's, not the one in "llama.cpp")
+    return re.sub(r"\s*Found by (?:[^.]|\.(?=\S))*(?:\.|$)", "", text).strip()
 
 
 def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path | None) -> str:

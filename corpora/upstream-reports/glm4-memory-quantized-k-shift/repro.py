@@ -84,6 +84,10 @@ def positions(ctx, seq):
 
 
 
+# ggml.h's enum ggml_type (the bindings do not name every one)
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+
+
 def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
     """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
     cp = L.llama_context_default_params()
@@ -91,7 +95,7 @@ def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
-    cp.type_k, cp.type_v = getattr(L, "GGML_TYPE_" + type_k.upper()), getattr(L, "GGML_TYPE_" + type_v.upper())
+    cp.type_k, cp.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
     ctx = L.llama_init_from_model(model, cp)
     return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")
 
