@@ -263,15 +263,36 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     if wide is not None:  # (a quantized KV cache, as llama-server's -ctk/-ctv: on heads a whole number of blocks)
         runs_of.append(oracle_run("memory", wide, MemoryConfig(target=target_spec, programs=2, flash_attn=True,
                                                                type_k="q8_0", type_v="q8_0")))
+    # and a bf16 one (-ctk/-ctv bf16: a float type without blocks, any head, flash attention off)
+    runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=1, type_k="bf16",
+                                                           type_v="bf16")))
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
+    # a program that met a known finding is spent on upstream's bug: as many are drawn again with other seeds (up to
+    # three rounds), so a row's exploration does not end where a known bug begins
+    met = sum(1 for v in repros.values() if v)
+    spent, past, clean = met, 0, 0
+    for again in range(1, 4):
+        if new or not spent:
+            break
+        rep, case = oracle_run("memory", path, MemoryConfig(target=target_spec, programs=-(-spent // 2),
+                                                            seed=again))
+        reps.append(rep)
+        cases.append(case)
+        more = known_findings(row, [rep])
+        repros.update(more)
+        new = [f for f in rep.findings if more[id(f)] is None]
+        spent = sum(1 for v in more.values() if v)
+        past += len(rep.results)
+        clean += len(rep.results) - len(rep.findings)
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
            "and without flash attention, filling the cache" + (", a q8_0 cache on 64-wide heads" if wide else "")
-           + "), "
+           + ", a bf16 cache), "
            f"{sum(r['steps'] for r in runs)} operations, "
-           f"{sum(r['checks'] for r in runs)} logits checks")
+           f"{sum(r['checks'] for r in runs)} logits checks"
+           + (f"; {past} drawn past {met} known findings, {clean} of them clean" if past else ""))
     if new:
         f = new[0]
         cause = f"; cause: {f.cause['kind']}" if f.cause else ""
