@@ -305,6 +305,30 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
         ["unchanged"]
 
 
+
+def test_a_lane_known_on_both_builds_is_fixed_in_part_where_the_candidate_meets_fewer_repros_in_runs_drawn_alike():
+    """A known lane whose candidate no longer meets one of the base's repros (in the runs both drew with the same
+    config) and meets none the base did not: `fixed`, the gone and the remaining named. A run drawn otherwise on the
+    two builds (the rounds past known findings draw as many programs as met one) does not count."""
+    from fuzz.certify import bump as bp
+
+    def lane(runs, configs):
+        return {"row": "llama", "lane": "memory", "status": "known", "detail": "known",
+                "data": {"known_runs": runs},
+                "reports": [{"oracle": "memory", "target": "llama-cpp", "config": c, "findings": []} for c in configs]}
+
+    base = lane([["a", "bf16"], ["a"], ["bf16"]], [{"seed": 0}, {"type_k": "bf16"}, {"seed": 1, "programs": 8}])
+    fixed = lane([["a"], ["a"], []], [{"seed": 0}, {"type_k": "bf16"}, {"seed": 1, "programs": 7}])
+    (v,) = bp.verdicts({"results": [base]}, {"results": [fixed]}, {})
+    assert (v["verdict"], v["detail"]) == ("fixed", "fixed: bf16 no longer met; still known: a | known"), v
+    # met only in a run drawn otherwise on the candidate: not counted
+    only_there = lane([["a"], ["a"], ["bf16"]], [{"seed": 0}, {"type_k": "bf16"}, {"seed": 1, "programs": 8}])
+    assert bp.fewer_known(only_there, fixed) is None
+    # one gone, another new: not fixed (more_known judges the new one)
+    swapped = lane([["a"], ["a", "c"], []], [{"seed": 0}, {"type_k": "bf16"}, {"seed": 1, "programs": 7}])
+    assert bp.fewer_known(base, swapped) is None
+    assert [v["verdict"] for v in bp.verdicts({"results": [base]}, {"results": [base]}, {})] == ["unchanged"]
+
 def test_a_crossing_moves_no_more_than_the_builds_differ():
     """State or hidden states crossing two builds: bit-exact, or the same greedy choices within 4x what the two
     builds' own runs differ by; builds that agree bit for bit must cross bit for bit."""

@@ -228,6 +228,9 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         more = more_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None
         if more:
             v, detail = BROKE, f"{more} | {detail}"
+        fewer = fewer_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None
+        if fewer:
+            v, detail = FIXED, f"{fewer} | {detail}"
         gone = known_fixed(a) if v == UNCHANGED and a["status"] == KNOWN and b["status"] in (PASS, NUMERICS) else None
         if gone:
             v, detail = FIXED, f"{gone} | {detail}"
@@ -266,6 +269,24 @@ def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
     first = next(f for i, f in library_findings(candidate) if case_key(i, f) in new)
     return (f"known, and more: {sum(new.values())} findings the base does not have, each of a known upstream "
             f"finding's class; first: {first.get('message', '')}")
+
+
+def fewer_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """A lane known on both builds whose candidate no longer meets some of the base's known upstream repros, in the
+    runs both builds drew alike (the same config: a lane that draws again past known findings draws fewer programs
+    where fewer met one), and meets none the base did not: those repros are fixed there, the rest still known (or
+    None). Library oracles' runs only, as more_known."""
+    runs_a, runs_b = (x.get("data", {}).get("known_runs") for x in (base, candidate))
+    reps_a, reps_b = base.get("reports", []), candidate.get("reports", [])
+    if not runs_a or not runs_b or len(runs_a) != len(reps_a) or len(runs_b) != len(reps_b):
+        return None
+    alike = [i for i in range(min(len(reps_a), len(reps_b))) if reps_a[i].get("target") != "llama-server"
+             and reps_a[i].get("config") == reps_b[i].get("config")]
+    gone = sorted({n for i in alike for n in runs_a[i]} - {n for i in alike for n in runs_b[i]})
+    if not gone or any(set(runs_b[i]) - set(runs_a[i]) for i in alike):
+        return None
+    still = sorted({n for r in runs_b for n in r})
+    return f"fixed: {', '.join(gone)} no longer met; still known: {', '.join(still)}"
 
 
 def known_fixed(base: dict[str, Any]) -> str | None:

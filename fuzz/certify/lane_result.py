@@ -64,6 +64,9 @@ def no_new_findings(row: Row, lane: str, did: str, what: str, reps: list[Report]
     has any; else the worst status of its runs."""
     names = sorted({n for n in repros.values() if n})
     if names:
+        # (and which repros each run met: a bump compares the runs both builds drew alike)
+        runs = [sorted({repros[id(f)] for f in rep.findings if repros.get(id(f))}) for rep in reps]
         return LaneResult(row.key, lane, KNOWN, f"{did}; only upstream's known {what}: {', '.join(names)}",
-                          data={"known": [f"corpora/repros/{n}" for n in names]}, reports=reps, cases=cases)
+                          data={"known": [f"corpora/repros/{n}" for n in names], "known_runs": runs},
+                          reports=reps, cases=cases)
     return LaneResult(row.key, lane, worst([r.status for r in reps]), did, reports=reps, cases=cases)
