@@ -9,6 +9,7 @@ within the model's own rounding control; the memory programs and llama-server's 
 known defects, what the model's kernels move with the batch's shape told apart by controls on the model itself."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,27 @@ def test_prefix_cache_finds_only_upstreams_known_defect_and_tells_the_kernels_ap
     assert all(f.cause["kind"] == BATCHING for f in rep.numerics)
     shapes = [f for f in rep.numerics if f.phase == "rewind-diverged" and "at ubatch" in f.cause["detail"]]
     assert len(shapes) >= 4, [f.message for f in rep.numerics]
+
+
+# The unmodified llama.cpp worker behind `cmd:` (a runtime certified through the protocol): the oracles that take a
+# model file say of it what they say of the built-in target — no excuse that only the built-in target's data gives.
+THROUGH_CMD = f"cmd:{sys.executable} -m targets.llama_cpp_worker"
+
+
+@pytest.mark.parametrize("oracle,cfg", [
+    ("sweep", SweepConfig(cuts="1,9,17", tokens=8, timeout=600)),
+    ("handoff", HandoffConfig(timeout=600)),
+    ("isolation", IsolationConfig(tokens=4, timeout=600)),
+    ("determinism", DeterminismConfig(tokens=8, repeats=2, timeout=600)),
+    ("memory", MemoryConfig(programs=4, timeout=600)),
+], ids=["sweep", "handoff", "isolation", "determinism", "memory"])
+def test_through_cmd_every_oracle_is_as_clean_as_on_the_built_in_target(model, oracle, cfg):
+    from dataclasses import replace
+
+    from fuzz.repro.campaign import known_repro, known_upstream
+
+    rep = ORACLES[oracle].run(model, replace(cfg, target=THROUGH_CMD))
+    known = known_upstream()
+    unknown = [f.message for f in rep.findings if known_repro(known, "gemma3", f) is None]
+    assert not unknown and rep.results, unknown
+    assert rep.target == THROUGH_CMD
