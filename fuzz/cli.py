@@ -18,7 +18,8 @@ from fuzz.oracles import prefix_cache as pc
 from fuzz.oracles import radix as rx
 from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
 from fuzz.oracles.handoff_state import HandoffConfig
-from fuzz.oracles.memory_model import MemoryConfig, capacity_config, pressure_config
+from fuzz.oracles.memory_configs import capacity_config, pressure_config
+from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.registry import get_oracle
 from fuzz.oracles.server_options import ServerOptionsConfig
 from fuzz.oracles.sweep_report import SweepConfig
@@ -315,6 +316,8 @@ def memory_cmd(
     cache_types: Annotated[str, Opt(help="the KV cache's types, K[,V]: f16 (llama.cpp's default), q8_0, q4_0, ... "
                                          "(a quantized V needs --flash-attn; a head a whole number of its blocks)")]
     = "f16",
+    swa_full: Annotated[bool, Opt("--swa-full", help="a sliding-window model's window cache full-size (its cells "
+                                                     "past the window kept), as llama-server's --swa-full")] = False,
     flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
                                     help="flash attention in the contexts (llama-server's default on the CPU); a "
                                          "MoE routing near-tie it makes is numerics, not a finding")] = False,
@@ -339,7 +342,8 @@ def memory_cmd(
                             "report's finding records it (detail.program)") from None
     k, _, v = cache_types.partition(",")
     common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
-                  flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v)
+                  flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v,
+                  swa_full=swa_full)
     cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,
                                                       engine=engine, stage=stage, **common)
     if pressure:

@@ -37,7 +37,7 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, 
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
-            "capture": True, "trace": False, "n_rs_seq": 0}
+            "capture": True, "trace": False, "n_rs_seq": 0, "swa_full": False}
 
 
 def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int] | None:
@@ -154,6 +154,7 @@ class LlamaWorker:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
             else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = self.kv_unified = bool(req.get("kv_unified", params["n_seq_max"] > 1))
+        cp.swa_full = bool(params["swa_full"])  # a full-size sliding-window cache (llama-server's --swa-full)
         for k in ("type_k", "type_v"):  # the KV cache's types (llama.cpp: a quantized V needs flash attention)
             if k in params:
                 setattr(cp, k, CACHE_TYPES[params[k]])

@@ -16,17 +16,15 @@ from fuzz.certify.lanes import lane_memory
 from fuzz.engine.contract import KNOWN, PASS, UNSUPPORTED
 from fuzz.engine.fixtures import fixture_path, quant_head_fixture
 from fuzz.oracles.memory import reduce_config, report
+from fuzz.oracles.memory_configs import CAPACITY_CTX, PRESSURE_CTX, capacity_config, pressure_config, pressure_program
 from fuzz.oracles.memory_controls import ORDER_ROUNDING, lineage, other_neighbours, without_neighbours
 from fuzz.oracles.memory_machine import Recompute
 from fuzz.oracles.memory_model import (
-    CAPACITY_CTX,
     FILL_BATCH,
-    PRESSURE_CTX,
     Memory,
     MemoryConfig,
     Model,
     SeededDraws,
-    capacity_config,
     check_positions,
     check_program,
     compare_logits,
@@ -36,9 +34,8 @@ from fuzz.oracles.memory_model import (
     free_cells,
     overflows,
     precondition_problem,
-    pressure_config,
-    pressure_program,
     refuses_coupled,
+    window_room,
 )
 from fuzz.oracles.registry import get_oracle
 from fuzz.repro.campaign import known_repro, known_upstream
@@ -612,6 +609,17 @@ def test_a_shifted_keys_second_f16_rounding_is_numerics_within_the_bound_its_own
 
 
 @pytest.mark.llama
+def test_a_sliding_window_model_fills_its_window_cache_wrapping_and_full_size(tmp_path):
+    """laguna (full/SWA/SWA/SWA): three sequences filling one 768-cell cache, whose window cache llama.cpp sizes 256
+    cells (padded) — it reuses cells past the window — and full-size with swa_full: both pass."""
+    fixture = fixture_for(load_manifest().rows["laguna"], tmp_path)
+    for full in (False, True):
+        rep = report(fixture, capacity_config(n_seq=3, context=768, kv_unified=(True,), swa_full=full))
+        assert rep.status == PASS and not rep.findings, [f.message for f in rep.findings]
+        assert rep.config["swa_full"] is full and rep.results[0]["steps"] == 32
+
+
+@pytest.mark.llama
 def test_a_routing_near_tie_under_flash_attention_is_numerics_not_a_finding(tmp_path):
     """laguna's tier-1 row (a MoE router; K/V heads 1 on layer 0, 2 elsewhere) in one unified cache with flash
     attention, as llama-server runs it: sequence 1's state imported as sequence 0 (its cells beside the source's),
@@ -822,6 +830,22 @@ def test_a_filling_program_fills_its_streams_and_asks_for_more_than_is_left():
             asked.append(refused > 0)
     assert asked.count(True) == 12, asked
 
+
+
+def test_a_filling_program_on_a_sliding_window_fills_short_of_the_full_cache_and_asks_nothing_past_it():
+    """A sliding-window model's window cache reuses the cells the window masks (none counted), so its filling
+    decodes are long ones short of the full cache by a batch (window_room) and never ask for more than is left:
+    three sequences in a 768-cell cache take past 256 cells (the window cache's size: it wraps), never past 704."""
+    cfg = capacity_config(n_seq=3, context=768, kv_unified=(True,))
+    swa = Memory(n_vocab=64, recurrent=False, swa=8, can_shift=True, n_rs_seq=0, cells=768)
+    rng, m, peak = SeededDraws(np.random.default_rng([0, 0, 1])), Model(cfg.n_seq), 0
+    for _ in range(cfg.steps):
+        op = draw_op(rng, m, swa, cfg, True)
+        assert overflows(m, swa, True, op.get("parts", ())) is None  # (nothing counted: nothing asked past it)
+        m.apply(op, shared=True)
+        peak = max(peak, sum(len(c) for c in m.cells.values()))
+        assert peak <= 768 - FILL_BATCH and window_room(m, swa, True, 0) >= 0
+    assert peak > 256, peak
 
 @pytest.mark.llama
 def test_a_decode_the_cache_has_no_room_for_is_refused_whole_and_a_runtime_that_keeps_part_is_caught():

@@ -21,7 +21,9 @@ from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
-from fuzz.oracles.memory_model import MemoryConfig, capacity_config, pressure_config
+from fuzz.oracles.memory_configs import capacity_config, pressure_config
+from fuzz.oracles.memory_machine import sliding_window
+from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -266,6 +268,11 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     # and a bf16 one (-ctk/-ctv bf16: a float type without blocks, any head, flash attention off)
     runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=1, type_k="bf16",
                                                            type_v="bf16")))
+    window = sliding_window(str(path)) > 0
+    for full in (False, True) if window else ():  # three sequences filling one 768-cell cache: the window's cache
+        # (256 cells, padded) reuses cells past the window; full-size (llama-server's --swa-full) it keeps them
+        runs_of.append(oracle_run("memory", path, capacity_config(target=target_spec, n_seq=3, context=768,
+                                                                  kv_unified=(True,), swa_full=full)))
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
@@ -289,7 +296,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
            "and without flash attention, filling the cache" + (", a q8_0 cache on 64-wide heads" if wide else "")
-           + ", a bf16 cache), "
+           + ", a bf16 cache" + (", three sequences filling a window's cache, and a full-size one" if window
+                                   else "") + "), "
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks"
            + (f"; {past} drawn past {met} known findings, {clean} of them clean" if past else ""))

@@ -63,10 +63,9 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_controls import cache_type, explain, layout, quantized
-from fuzz.oracles.memory_machine import Feed, Recompute, hypothesis_program, run_program
+from fuzz.oracles.memory_machine import Feed, Recompute, cache_params, hypothesis_program, run_program
 from fuzz.oracles.memory_model import (
     MemoryConfig,
-    cache_params,
     check_program,
     format_step,
     op_name,

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from fuzz.engine.parity import first_token_flip, routing_near_tie, token_rows
-from fuzz.oracles.memory_machine import Recompute, ids, run_program
-from fuzz.oracles.memory_model import Memory, MemoryConfig, cache_params, format_step, refuses_coupled, step_class
+from fuzz.oracles.memory_machine import Recompute, cache_params, ids, run_program
+from fuzz.oracles.memory_model import Memory, MemoryConfig, format_step, refuses_coupled, step_class
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -164,12 +164,13 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
 
 def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
                program: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The cache-type control (a config with quantized KV cache types; crashes too): the same program on llama.cpp's
-    default f16 cache, its recompute alike, must pass. None without cache types, or when it fails there too."""
+    """The cache-type control (a config with KV cache types or a full-size window; crashes too): the same program on
+    llama.cpp's default cache (f16, windowed), its recompute alike, must pass. None without such a config, or when
+    it fails there too."""
     if not cache_params(cfg):
         return None
-    plain = dataclasses.replace(cfg, type_k="", type_v="")
-    params = {k: v for k, v in recompute.params.items() if k not in ("type_k", "type_v")}
+    plain = dataclasses.replace(cfg, type_k="", type_v="", swa_full=False)
+    params = {k: v for k, v in recompute.params.items() if k not in ("type_k", "type_v", "swa_full")}
     try:
         _, again, mach = run_program(t, fixture, plain, kv_unified, Recompute(recompute.t, recompute.fixture, params,
                                      recompute.feed, tol=recompute.tol), program, None)
@@ -177,8 +178,9 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
         return None
     if again is not None or mach.refused.get("skipped"):
         return None
+    full = ", full-size window" if cfg.swa_full else ""
     return {"kind": "cache-type", "detail": f"the same program passes with llama.cpp's default f16 KV cache: it "
-            f"fails with a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache only"}
+            f"fails with a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache{full} only"}
 
 
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,

@@ -26,7 +26,6 @@ from fuzz.oracles.memory_model import (
     Model,
     SeededDraws,
     burst,
-    cache_params,
     check_positions,
     compare_logits,
     draw_op,
@@ -41,6 +40,12 @@ from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
 from targets import Reply, Target, as_bytes
 from targets.kvstate import other_width
+
+
+def cache_params(cfg: MemoryConfig) -> dict[str, Any]:
+    """The load params of the config's KV cache: its types and a full-size window (none where llama.cpp's default is
+    kept)."""
+    return {k: getattr(cfg, k) for k in ("type_k", "type_v", "swa_full") if getattr(cfg, k)}
 
 
 # ---- running a program ---------------------------------------------------------------------------------------

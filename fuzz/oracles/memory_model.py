@@ -35,6 +35,7 @@ class MemoryConfig:
     fill: bool = False  # long decodes fill a KV stream and ask it for more than it has left (capacity_config)
     type_k: str = ""  # the KV cache's K type in every context ("": llama.cpp's f16; targets/PROTOCOL.md `load`)
     type_v: str = ""  # and its V type (quantized: only with flash attention, as llama.cpp requires)
+    swa_full: bool = False  # a full-size sliding-window cache (llama-server's --swa-full): the window's cells kept
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
@@ -395,12 +396,21 @@ def overflows(model: Model, mem: Memory, kv_unified: bool, parts: list[list[Any]
     return n > free, n, free  # type: ignore[operator]
 
 
+def window_room(model: Model, mem: Memory, kv_unified: bool, s: int) -> int:
+    """On a sliding-window model (its window cache reuses the cells the window masks: none counted), the cells a long
+    decode may take in sequence s's stream, short of the full cache by a batch (shared cells counted twice)."""
+    return mem.cells - FILL_BATCH - sum(len(model.cells[q]) for q in (list(model.cells) if kv_unified else [s]))
+
+
 def fillable(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool) -> list[int]:
     """The sequences a filling decode may go to: their stream's free cells countable, and either few enough left
-    for one decode to ask for more, or room to fill within the positions a sequence holds."""
-    free = {s: free_cells(model, mem, kv_unified, s) for s in model.cells}
+    for one decode to ask for more, or room to fill within the positions a sequence holds (a sliding-window model:
+    room short of the full cache, window_room; nothing asked past it)."""
+    window = bool(mem.swa and mem.cells and mem.kind != "recurrent")
+    free = {s: window_room(model, mem, kv_unified, s) if window else free_cells(model, mem, kv_unified, s)
+            for s in model.cells}
     return [s for s, n in free.items()
-            if n is not None and (n < FILL_BATCH or min(n, cfg.max_len - model.next_pos(s)) >= 1)]
+            if n is not None and ((n < FILL_BATCH and not window) or min(n, cfg.max_len - model.next_pos(s)) >= 1)]
 
 
 def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool,
@@ -420,11 +430,11 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
         can = fillable(model, mem, cfg, kv_unified)
         fullest = min(can, key=lambda q: free_cells(model, mem, kv_unified, q) or 0)
         s = fullest if draw.pick((True, True, False)) else draw.pick(can)  # (mostly the one nearest full)
-        free = free_cells(model, mem, kv_unified, s) or 0
+        free = window_room(model, mem, kv_unified, s) if mem.swa else free_cells(model, mem, kv_unified, s) or 0
         fits = min(free, cfg.max_len - model.next_pos(s), FILL_BATCH)
-        if free < FILL_BATCH and (fits < 1 or draw.pick((True, True, False))):  # more than is left: refused whole
-            n = draw.int(free + 1, min(free + 4, FILL_BATCH) + 1)
-        elif free < FILL_BATCH and fits == free:  # to the brim: the stream full, every later decode refused
+        if free < FILL_BATCH and not mem.swa and (fits < 1 or draw.pick((True, True, False))):  # more than is left
+            n = draw.int(free + 1, min(free + 4, FILL_BATCH) + 1)  # (refused whole)
+        elif free < FILL_BATCH and fits == free and not mem.swa:  # to the brim: the stream full, later ones refused
             n = free
         else:
             n = draw.int(max(1, 3 * fits // 4), fits + 1)
@@ -503,48 +513,6 @@ def burst(rng: np.random.Generator, done: list[dict[str, Any]], mach: Any, cfg: 
 def final_decode(draw: SeededDraws, model: Model, mem: Memory) -> dict[str, Any]:
     """Every live sequence one token further, in one batch (sequence 0 alone when none is live)."""
     return {"op": "decode", "parts": [[s, [draw.int(0, mem.n_vocab)]] for s in model.live() or [0]]}
-
-
-# Memory pressure (upstream 17527): three sequences decoded in PRESSURE_ROUNDS rounds of PRESSURE_BLOCK tokens each,
-# one batch a round, so their cells interleave block by block and fill all but one block of PRESSURE_CTX (one cache
-# for every sequence); sequence 1 removed leaves its cells free in blocks; sequence 0's state imported as sequence 1
-# needs as many cells as are free in total, more than any run of them holds; then every sequence one token on.
-PRESSURE_CTX, PRESSURE_BLOCK, PRESSURE_ROUNDS = 256, 16, 5
-
-
-def pressure_program(n_vocab: int, seed: int = 0) -> list[dict[str, Any]]:
-    """The memory-pressure program (its config: n_seq 3, n_ctx PRESSURE_CTX, one KV cache, max_len its length)."""
-    rng = np.random.default_rng([seed, 17527])
-
-    def toks(n: int) -> list[int]:
-        return [int(t) for t in rng.integers(0, n_vocab, n)]
-
-    rounds = [{"op": "decode", "parts": [[q, toks(PRESSURE_BLOCK)] for q in range(3)]} for _ in range(PRESSURE_ROUNDS)]
-    return [*rounds, {"op": "rm", "seq": 1, "p0": -1, "p1": -1}, {"op": "copy_state", "src": 0, "dst": 1},
-            {"op": "decode", "parts": [[q, toks(1)] for q in range(3)]}]
-
-
-def pressure_config(n_vocab: int, **common: Any) -> MemoryConfig:
-    """The config that runs the memory-pressure program."""
-    return MemoryConfig(program=pressure_program(n_vocab), n_seq=3, context=PRESSURE_CTX, kv_unified=(True,),
-                        max_len=PRESSURE_BLOCK * PRESSURE_ROUNDS + 1, **common)
-
-
-# A cache that runs full: CAPACITY_CTX cells a KV stream (one for every sequence, or one each), filled by long
-# decodes and then asked for more than it has left, between the other operations; positions stay within synth's
-# trained context (n_ctx_train 256; a decode refused for room is never computed)
-CAPACITY_CTX = 256
-
-
-def capacity_config(**common: Any) -> MemoryConfig:
-    """The config whose drawn programs fill their KV streams (fill), in both layouts."""
-    return MemoryConfig(**{"programs": 1, "steps": 32, "n_seq": 2, "context": CAPACITY_CTX, "max_len": CAPACITY_CTX - 8,
-                           "fill": True, **common})
-
-
-def cache_params(cfg: MemoryConfig) -> dict[str, str]:
-    """The load params of the config's KV cache types (none where llama.cpp's default is kept)."""
-    return {k: getattr(cfg, k) for k in ("type_k", "type_v") if getattr(cfg, k)}
 
 
 def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:

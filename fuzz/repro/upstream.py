@@ -31,8 +31,7 @@ from typing import Any
 from fuzz.engine.fleet import Fleet
 from fuzz.engine.parity import context_params
 from fuzz.oracles.memory import calibrated
-from fuzz.oracles.memory_machine import Feed, Recompute, run_program
-from fuzz.oracles.memory_model import cache_params
+from fuzz.oracles.memory_machine import Feed, Recompute, cache_params, run_program
 from fuzz.repro.bundle import Case, case_on_build, read_bundle
 from synth.errors import UserError
 from synth.inspect import inspect_file
