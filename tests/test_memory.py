@@ -240,7 +240,8 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
                              "qwen4exp-memory-qsa-shared-prefix", "qwen4exp-memory-qsa-block-tie",
                              "minimax-m3-memory-msa-dense-unified-kv", "minimax-m3-memory-msa-dense-coupled",
                              "glm4-memory-quantized-k-shift", "deepseek4-memory-quantized-coupled",
-                             "llama-memory-quantized-k-undivided-head", "llama-memory-bf16-k-shift"}
+                             "llama-memory-quantized-k-undivided-head", "llama-memory-bf16-k-shift",
+                             "qwen4exp-memory-qsa-block-tie-layout"}
     # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
     # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
     dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
