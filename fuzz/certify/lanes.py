@@ -250,7 +250,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     run), with flash attention and without, programs that fill their KV streams and ask for more than is left, and
     (where the family's heads widen to 64 within a megabyte) programs on a q8_0 KV cache with flash attention.
     A finding that is a committed upstream repro (corpora/repros, matched by its check, operation and cause whatever
-    the family) is known; any other fails the lane."""
+    the family) is known, and as many programs as met one are drawn again with other seeds (up to three rounds); any
+    other finding fails the lane."""
     spec = row.spec()
     n = spec.n_layer
     runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec)),
