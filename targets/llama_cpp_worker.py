@@ -29,11 +29,7 @@ from targets.worker_build import (
     ggml_devices,
     llama_bindings,
 )
-from targets.worker_protocol import PROTOCOL_VERSION, RequestError, main_with
-
-# the KV cache types a context may take (llama.cpp's own list: common's kv_cache_types), by their ggml_type (ggml.h's
-# enum, stable across builds: the bindings do not name every one, e.g. BF16)
-CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+from targets.worker_protocol import CACHE_TYPES, PROTOCOL_VERSION, RequestError, main_with
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,

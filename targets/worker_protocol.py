@@ -21,6 +21,10 @@ from targets.client import COVERAGE_ENV, ENGINE_PID, FRAMES
 
 PROTOCOL_VERSION = 1
 
+# the KV cache types a `load` may ask for (llama.cpp's own list: common's kv_cache_types), by their ggml_type (ggml.h's
+# enum, stable across builds: the bindings do not name every one, e.g. BF16)
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+
 
 class RequestError(Exception):
     """The request cannot be served (bad arguments, load failure, decode error). Reported, not fatal."""

@@ -36,7 +36,7 @@ from fuzz.repro.bundle import Case, case_on_build, read_bundle
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
-from targets.worker_protocol import CALL_LOG
+from targets.worker_protocol import CACHE_TYPES, CALL_LOG
 
 FIXES = Path(__file__).resolve().parents[2] / "corpora" / "fixes"  # the fix series written for upstream findings
 QUERIES = frozenset({"hello", "info", "seq_pos", "seq_pos_max"})  # calls that read and change nothing: not steps
@@ -127,7 +127,7 @@ def positions(ctx, seq):
 TYPED_HELPER = '''
 
 # ggml.h's enum ggml_type (the bindings do not name every one)
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+GGML_TYPES = ''' + repr(CACHE_TYPES) + '''
 
 
 def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):

@@ -85,7 +85,7 @@ def positions(ctx, seq):
 
 
 # ggml.h's enum ggml_type (the bindings do not name every one)
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+GGML_TYPES = {'f32': 0, 'f16': 1, 'bf16': 30, 'q8_0': 8, 'q4_0': 2, 'q4_1': 3, 'iq4_nl': 20, 'q5_0': 6, 'q5_1': 7}
 
 
 def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
