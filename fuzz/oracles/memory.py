@@ -62,7 +62,7 @@ from fuzz.engine.parity import (
     pos_per_token,
 )
 from fuzz.engine.stages import FixtureStages
-from fuzz.oracles.memory_controls import cache_type, explain, layout, quantized
+from fuzz.oracles.memory_controls import cache_name, cache_type, explain, layout, quantized
 from fuzz.oracles.memory_machine import Feed, Recompute, cache_params, hypothesis_program, run_program
 from fuzz.oracles.memory_model import (
     MemoryConfig,
@@ -149,7 +149,7 @@ def refused_cache(t: Target, fixture: Path, cfg: MemoryConfig, params: dict[str,
     r = t.load(str(fixture), **params)
     if r.ok or r.failure is None or r.failure.kind != "error" or r.failure.error_kind != "load_failed":
         return None  # (a crash or another failure: the machine's own load meets it and says so)
-    return f"llama.cpp refuses a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache here: {r.failure.message}"
+    return f"llama.cpp refuses {cache_name(cfg)} here: {r.failure.message}"
 
 
 def stage_of(stack: contextlib.ExitStack, fixture: Path, stage: str, n_layer: int, t: Target,

@@ -21,6 +21,11 @@ from synth.inspect import inspect_file
 from targets import Target
 
 
+def cache_name(cfg: MemoryConfig) -> str:
+    """The config's KV cache in words: "a q8_0 K / f16 V cache", ", full-size window" where swa_full."""
+    return f"a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache" + (", full-size window" if cfg.swa_full else "")
+
+
 def quantized(cache_type: str) -> bool:
     """A KV cache type of blocks with a scale (q8_0, q4_0, ...): not llama.cpp's f16 default, f32 or bf16."""
     return cache_type not in ("", "f32", "f16", "bf16")
@@ -178,9 +183,8 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
         return None
     if again is not None or mach.refused.get("skipped"):
         return None
-    full = ", full-size window" if cfg.swa_full else ""
     return {"kind": "cache-type", "detail": f"the same program passes with llama.cpp's default f16 KV cache: it "
-            f"fails with a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache{full} only"}
+            f"fails with {cache_name(cfg)} only"}
 
 
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
