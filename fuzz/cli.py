@@ -321,6 +321,9 @@ def memory_cmd(
     flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
                                     help="flash attention in the contexts (llama-server's default on the CPU); a "
                                          "MoE routing near-tie it makes is numerics, not a finding")] = False,
+    aborts: Annotated[bool, Opt("--aborts", help="drawn programs cancel decodes too (llama.cpp's abort callback "
+                                                 "stops a decode after a drawn number of graph nodes): each "
+                                                 "sequence must hold what its reported positions say")] = False,
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
     patches: PatchesOpt = None,
@@ -343,7 +346,7 @@ def memory_cmd(
     k, _, v = cache_types.partition(",")
     common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
                   flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v,
-                  swa_full=swa_full)
+                  swa_full=swa_full, aborts=aborts)
     cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,
                                                       engine=engine, stage=stage, **common)
     if pressure:

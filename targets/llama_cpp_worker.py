@@ -78,6 +78,14 @@ class LlamaWorker:
         self.device: tuple[ctypes.Array, str] | None = None
         self.decode_seconds = 0.0  # time llama.cpp spent in llama_decode since the last report
         self.callback_seconds = 0.0  # part of it spent in a Python eval callback (subtracted)
+        # a decode's `abort_after`: llama.cpp's abort callback (checked after every graph node) says stop from its
+        # N-th call on; set only for that decode
+        self.abort_calls, self.abort_after = 0, 0
+        self.abort_callback = L.ggml_abort_callback(self._abort_now)
+
+    def _abort_now(self, _data: Any) -> bool:
+        self.abort_calls += 1
+        return self.abort_calls >= self.abort_after
 
     def _pick_device(self) -> tuple[ctypes.Array, str]:
         """The first device of the build's backend; none is a load failure (the build cannot run here)."""
@@ -96,6 +104,7 @@ class LlamaWorker:
                 "llama_cpp_python": self.L.__version__, "llama_cpp_commit": build_commit(),
                 "pinned": self.L.__version__ == PINNED_LLAMA_CPP_PYTHON and not os.environ.get("FAMILY_CERTIFY_BUILD"),
                 "helpers": self.native.kind, "backend": self.backend, "state_via": list(state_io.VIAS),
+                "abort_after": True,
                 "system_info": self.L.llama_print_system_info().decode(errors="replace")}
 
     def op_load(self, req: dict) -> dict:
@@ -252,6 +261,9 @@ class LlamaWorker:
                 pos.append(nxt[s])
                 nxt[s] += 1
         n_pos = int(req.get("n_pos_per_token", 1))  # 4 for M-RoPE archs fed embeddings
+        abort_after = int(req.get("abort_after", 0))
+        if abort_after < 0:
+            raise RequestError("bad_request", f"decode: abort_after {abort_after}: a count of graph nodes, >= 1")
         outputs = req.get("logits", "last")
         if outputs == "last":
             out = [i == n - 1 for i in range(n)]
@@ -306,7 +318,14 @@ class LlamaWorker:
                     for i in range(n):
                         batch.pos[j * n + i] = pos[i] if j < 3 else 0
             t0, cb0 = time.perf_counter(), self.capturer.seconds
-            rc = L.llama_decode(ctx, batch)
+            if abort_after:
+                self.abort_calls, self.abort_after = 0, abort_after
+                L.llama_set_abort_callback(ctx, self.abort_callback, None)
+            try:
+                rc = L.llama_decode(ctx, batch)
+            finally:
+                if abort_after:
+                    L.llama_set_abort_callback(ctx, ctypes.cast(None, L.ggml_abort_callback), None)
             cb = self.capturer.seconds - cb0
             self.decode_seconds += time.perf_counter() - t0 - cb
             self.callback_seconds += cb
@@ -317,6 +336,9 @@ class LlamaWorker:
         if rc == 1:  # llama.h: no memory slot for the batch; nothing of it was decoded
             raise RequestError("no_memory_slot", "llama_decode returned 1: no memory slot for the batch "
                                f"({n} tokens)")
+        if rc == 2:  # llama.h: aborted; the ubatches processed before stay in memory
+            raise RequestError("aborted", f"llama_decode returned 2: aborted at the abort callback's call "
+                               f"{abort_after} ({self.abort_calls} calls)")
         if rc != 0:
             raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
         rows = [i for i in range(n) if out[i]]

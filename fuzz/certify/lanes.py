@@ -248,7 +248,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     on the model, and on its second half as a stage (fed rows: a stage's own context, a hybrid's perhaps starting on
     attention), the program under memory pressure (a state imported into cells free in total but in no long enough
     run), with flash attention and without, programs that fill their KV streams and ask for more than is left, and
-    (where the family's heads widen to 64 within a megabyte) programs on a q8_0 KV cache with flash attention.
+    (where the family's heads widen to 64 within a megabyte) programs on a q8_0 KV cache with flash attention, a bf16
+    cache, and programs that cancel decodes part way (llama.cpp's abort callback).
     A finding that is a committed upstream repro (corpora/repros, matched by its check, operation and cause whatever
     the family) is known, and as many programs as met one are drawn again with other seeds (up to three rounds); any
     other finding fails the lane."""
@@ -269,6 +270,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     # and a bf16 one (-ctk/-ctv bf16: a float type without blocks, any head, flash attention off)
     runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=1, type_k="bf16",
                                                            type_v="bf16")))
+    # decodes the runtime cancels (llama.cpp's abort callback, after a drawn number of graph nodes)
+    runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=2, aborts=True)))
     window = sliding_window(str(path)) > 0
     for full in (False, True) if window else ():  # three sequences filling one 768-cell cache: the window's cache
         # (256 cells, padded) reuses cells past the window; full-size (llama-server's --swa-full) it keeps them
@@ -297,8 +300,8 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     runs = [r for rep in reps for r in rep.results]
     did = (f"{len(runs)} programs (model, with flash attention too, stage {n // 2}:{n}, under memory pressure with "
            "and without flash attention, filling the cache" + (", a q8_0 cache on 64-wide heads" if wide else "")
-           + ", a bf16 cache" + (", three sequences filling a window's cache, and a full-size one" if window
-                                   else "") + "), "
+           + ", a bf16 cache, cancelled decodes"
+           + (", three sequences filling a window's cache, and a full-size one" if window else "") + "), "
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks"
            + (f"; {past} drawn past {met} known findings, {clean} of them clean" if past else ""))

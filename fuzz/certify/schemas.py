@@ -77,7 +77,10 @@ FINGERPRINT = {"type": "object", "required": ["oracle", "status", "phase"], "des
                                            "description": "memory: the operation the cause names (deferred work)"},
                               "cause_then": {"type": "string",
                                              "description": "memory: what ran before that deferred work was done "
-                                                            "(export: any state read-out; else the operation)"}},
+                                                            "(export: any state read-out; else the operation); "
+                                                            "abort: whether the memory the aborted decode left "
+                                                            "holds recurrent state (recurrent) or a KV cache only "
+                                                            "(kv)"}},
                "additionalProperties": False}
 
 FINDING = {"type": "object", "required": ["oracle", "status", "message"], "additionalProperties": False,

@@ -63,13 +63,14 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_controls import cache_name, cache_type, explain, layout, quantized
-from fuzz.oracles.memory_machine import Feed, Recompute, cache_params, hypothesis_program, run_program
+from fuzz.oracles.memory_machine import cache_params, hypothesis_program, run_program
 from fuzz.oracles.memory_model import (
     MemoryConfig,
     check_program,
     format_step,
     op_name,
 )
+from fuzz.oracles.memory_recompute import Feed, Recompute
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import Unsupported

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from fuzz.engine.parity import first_token_flip, routing_near_tie, token_rows
-from fuzz.oracles.memory_machine import Recompute, cache_params, ids, run_program
+from fuzz.oracles.memory_machine import cache_params, ids, run_program
 from fuzz.oracles.memory_model import Memory, MemoryConfig, format_step, refuses_coupled, step_class
+from fuzz.oracles.memory_recompute import Recompute
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -95,8 +96,9 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     rollback — every partial seq_rm of a recurrent state done as a recompute instead (the rolled-back state is not
     the state of the tokens kept); deferred — a settle (a decode elsewhere) after one operation (llama.cpp defers that
     operation's data work, a shift's key rotation or a copy between streams, to the next decode, and the operation
-    after it saw the cache without it); layout — the other KV layout (the operation means something else with one
-    stream per sequence). None when no control explains it."""
+    after it saw the cache without it); abort — the same decodes not aborted (what an aborted decode leaves is not
+    what the positions each sequence then reports say it holds); layout — the other KV layout (the operation means
+    something else with one stream per sequence). None when no control explains it."""
     def passes(**control: Any) -> bool:
         """The program with one thing changed runs through, every operation as asked (one the other layout cannot do,
         skipped or refused there — a partial fork, a coupled decode — is not a pass)."""
@@ -157,10 +159,18 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
         # the latest operation whose settle is enough: the work still pending when a later step read the cache (an
         # earlier one's settle may pass too, where what it leaves pending moves the logits less)
         i = next((i for i in reversed(gaps) if passes(settle=frozenset([i]))), gaps[0])
-        return {"kind": "deferred", "op": program[i]["op"], "step": i, "then": step_class(program[i + 1]["op"]),
+        then = step_class(program[i + 1]["op"]) + (" aborted" if program[i + 1].get("abort") else "")
+        return {"kind": "deferred", "op": program[i]["op"], "step": i, "then": then,
                 "detail": f"the same program passes with a decode elsewhere right after step {i} "
                           f"({format_step(program[i])}): the work llama.cpp defers to the next decode was not done "
                           f"when step {i + 1} ({format_step(program[i + 1])}) ran"}
+    aborted = [i for i, op in enumerate(program) if op.get("abort")]
+    if aborted and passes(program=[{k: v for k, v in op.items() if k != "abort"} for op in program]):
+        i = aborted[-1]
+        return {"kind": "abort", "op": program[i]["op"], "step": i, "then": "recurrent" if mem.recurrent else "kv",
+                "detail": f"the same program passes with its decodes not aborted: after step {i} "
+                          f"({format_step(program[i])}) a sequence does not hold what its reported positions say "
+                          f"(llama.h: an aborted decode keeps the ubatches it finished, and the positions tell which)"}
     if passes(kv_unified=not kv_unified):
         return {"kind": "layout", "detail": f"the same program passes with {layout(not kv_unified)}: the operation "
                 f"behaves otherwise with {'one stream per sequence' if not kv_unified else 'one unified cache'}"}

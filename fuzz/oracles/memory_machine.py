@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import base64
 import functools
-import json
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from fuzz.oracles.memory_model import (
     precondition_problem,
     refuses_coupled,
 )
+from fuzz.oracles.memory_recompute import Recompute
 from synth.errors import UserError
 from synth.gguf_io import GGUFFile
 from synth.inspect import inspect_file
@@ -46,141 +45,6 @@ def cache_params(cfg: MemoryConfig) -> dict[str, Any]:
     """The load params of the config's KV cache: its types and a full-size window (none where llama.cpp's default is
     kept)."""
     return {k: getattr(cfg, k) for k in ("type_k", "type_v", "swa_full") if getattr(cfg, k)}
-
-
-# ---- running a program ---------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4096)
-def row_of(token: int, width: int) -> bytes:
-    """The residual-stream row a stage past the first receives for a drawn id: seeded by the id, so the machine and
-    its recompute give a context the same rows."""
-    return np.random.default_rng([token, width]).standard_normal(width).astype("<f4").tobytes()
-
-
-@dataclass(frozen=True)
-class Feed:
-    """What a decode gives the context: token ids (a model, a first stage), or rows (a stage past the first)."""
-
-    width: int = 0  # n_embd_inp of a stage fed rows; 0: token ids
-    n_pos: int = 1  # positions per token (4 for M-RoPE archs fed rows)
-
-    def args(self, tokens: list[int]) -> dict[str, Any]:
-        if not self.width:
-            return {"tokens": tokens}
-        rows = b"".join(row_of(int(t), self.width) for t in tokens)
-        return {"embd": base64.b64encode(rows).decode(), "n_pos_per_token": self.n_pos}
-
-
-class Recompute:
-    """A sequence's log replayed alone in a fresh context: the logits its last decode gives (cached by log)."""
-
-    def __init__(self, t: Target, fixture: Path, params: dict[str, Any], feed: Feed = Feed(), tol: float = 0.1):
-        self.t, self.fixture, self.params, self.feed = t, fixture, params, feed
-        self.memo: dict[str, np.ndarray | str] = {}
-        self.runs = 0
-        self.tol = tol  # the run's tolerance (tolerance())
-        self.faithful_shifts = False  # the model's own shift moves it within the tolerance (shift_move)
-
-    def with_params(self, **changed: Any) -> Recompute:
-        """The same recompute (tolerance, what it measured of the model's shifts) in contexts loaded with some
-        params changed; its own cache of logits."""
-        other = Recompute(self.t, self.fixture, {**self.params, **changed}, self.feed, tol=self.tol)
-        other.faithful_shifts = self.faithful_shifts
-        return other
-
-    def batch_shape_move(self, n_vocab: int) -> float:
-        """The model's own batch-shape numerics: one seeded sequence of 12 tokens, decoded as one batch and one token
-        at a time, alone in fresh contexts: how far its last logits move (0 on every fixture's f32 weights; a real
-        model's quantized matmuls move them more, and so does everything a batch holds)."""
-        toks = [int(x) for x in np.random.default_rng(12).integers(0, n_vocab, 12)]
-        one = self.logits([["d", [[p, t] for p, t in enumerate(toks)]]])
-        each = self.logits([["d", [[p, t]]] for p, t in enumerate(toks)])
-        if isinstance(one, str) or isinstance(each, str):
-            return 0.0
-        return float(np.max(np.abs(one.astype(np.float64) - each.astype(np.float64))))
-
-    def shift_move(self, n_vocab: int) -> float | None:
-        """The model's own shift against a recompute: one seeded sequence of 12 tokens shifted whole by +5, then one
-        more token, against the 12 decoded at the shifted positions in a fresh context: how far its logits move
-        (2-6e-3 on the rotary fixtures; None where the memory cannot shift)."""
-        toks = [int(x) for x in np.random.default_rng(13).integers(0, n_vocab, 13)]
-        shifted = self.logits([["d", [[p, t] for p, t in enumerate(toks[:12])]], ["add", 0, -1, 5],
-                               ["d", [[17, toks[12]]]]])
-        direct = self.logits([["d", [[p + 5, t] for p, t in enumerate(toks[:12])]], ["d", [[17, toks[12]]]]])
-        if isinstance(shifted, str) or isinstance(direct, str):
-            return None
-        return float(np.max(np.abs(shifted.astype(np.float64) - direct.astype(np.float64))))
-
-    def requests(self, log: list[list[Any]], trace: bool = False, hold: bool = False,
-                 capture: int = 0) -> list[tuple[str, dict[str, Any]]]:
-        """The log as requests to a fresh context. trace: loaded for tracing, its last decode traced. hold: the cells
-        each removal frees are taken at once by a filler sequence (one more sequence, one unified cache), so the
-        sequence's later tokens never sit below its earlier ones: its cells in position order, as where other
-        sequences still hold them (the cell-order control). capture: the last decode's first `capture` layers'
-        outputs returned."""
-        load = {"path": str(self.fixture), **self.params, **({"trace": True} if trace else {}),
-                **({"n_seq_max": 2, "kv_unified": True} if hold else {}), **({"capture": True} if capture else {})}
-        reqs: list[tuple[str, dict[str, Any]]] = [("load", load)]
-        last = max((i for i, e in enumerate(log) if e[0] == "d"), default=-1)
-        held: list[int] = []  # the sequence's positions, one per cell (hold: what a removal frees)
-        filler = 0  # the filler sequence's next position
-        for i, e in enumerate(log):
-            if e[0] == "d":
-                reqs.append(("decode", {**self.feed.args([t for _, t in e[1]]), "pos": [p for p, _ in e[1]],
-                                        "seq": 0, "logits": "last", **({"trace": "all"} if trace and i == last
-                                                                       else {}),
-                                        **({"capture": list(range(capture))} if capture and i == last else {})}))
-                held += [p for p, _ in e[1]]
-                continue
-            lo, hi = (e[1] if e[1] >= 0 else 0), (e[2] if e[2] >= 0 else np.inf)
-            inside = [p for p in held if lo <= p < hi]
-            outside = [p for p in held if not lo <= p < hi]
-            if e[0] == "rm":
-                reqs.append(("seq_rm", {"seq": 0, "p0": e[1], "p1": e[2]}))
-                held = outside
-                if hold and inside:
-                    reqs.append(("decode", {**self.feed.args([0] * len(inside)), "seq": 1, "logits": "last",
-                                            "pos": list(range(filler, filler + len(inside)))}))
-                    filler += len(inside)
-            elif e[0] == "add":
-                reqs.append(("seq_add", {"seq": 0, "p0": e[1], "p1": e[2], "delta": e[3]}))
-                held = outside + [p + e[3] for p in inside]
-            else:
-                reqs.append(("seq_div", {"seq": 0, "p0": e[1], "p1": e[2], "d": e[3]}))
-                held = outside + [p // e[3] for p in inside]
-        return reqs
-
-    def replay(self, reqs: list[tuple[str, dict[str, Any]]]) -> Reply | str:
-        """Requests (requests()) sent to a fresh context: the reply to the sequence's last decode, or why it failed."""
-        replies = self.t.pipeline(reqs)
-        bad = next((r for r in replies if not r.ok), None)
-        if bad is not None or len(replies) < len(reqs):
-            why = bad.failure.message if bad is not None and bad.failure else "no reply"
-            return f"the recompute in a fresh context failed: {why}"
-        return next(r for r in reversed(replies) if r.request.get("op") == "decode" and r.request.get("seq") == 0)
-
-    def logits(self, log: list[list[Any]]) -> np.ndarray | str:
-        key = json.dumps(log)
-        if key not in self.memo:
-            self.runs += 1
-            last = self.replay(self.requests(log))
-            self.memo[key] = last if isinstance(last, str) else np.frombuffer(as_bytes(last.data["logits"]), "<f4")
-        return self.memo[key]
-
-    def layers(self, log: list[list[Any]], n_layer: int, hold: bool = False) \
-            -> tuple[np.ndarray, dict[int, np.ndarray]] | None:
-        """The log's last logits and its last decode's layer outputs (captured), replayed in a fresh context — with
-        the freed cells held (hold: requests) or not; None if the replay failed."""
-        last = self.replay(self.requests(log, hold=hold, capture=n_layer))
-        if isinstance(last, str):
-            return None
-        return (np.frombuffer(as_bytes(last.data["logits"]), "<f4"),
-                {int(k): np.frombuffer(as_bytes(v), "<f4") for k, v in last.data["captures"].items()})
-
-    def traced(self, log: list[list[Any]]) -> list[dict[str, Any]] | None:
-        """Every graph node of the log's last decode, replayed alone in a fresh context loaded for tracing (the
-        routing control); None if the replay failed."""
-        last = self.replay(self.requests(log, trace=True))
-        return None if isinstance(last, str) else last.data["nodes"]
 
 
 def sliding_window(path: str) -> int:
@@ -210,6 +74,7 @@ class Machine:
         self.model.faithful_shifts = recompute.faithful_shifts
         self.mem: Memory | None = None
         self.vias: tuple[str, ...] | None = None  # how the target moves state (hello's state_via)
+        self.aborts = False  # its decodes take abort_after (hello's)
         self.checks = 0
         self.refused: Counter[str] = Counter()
         self.worst = 0.0
@@ -238,12 +103,13 @@ class Machine:
         if self.vias is None:  # (the target's: asked once)
             hello = self.t.hello()
             self.vias = tuple(hello.data.get("state_via") or ("memory",)) if hello.ok else ("memory",)
+            self.aborts = bool(hello.ok and hello.data.get("abort_after"))
         self.mem = Memory(n_vocab=d["n_vocab"], recurrent=bool(d["is_recurrent"] or d["is_hybrid"]),
                           swa=sliding_window(str(self.fixture)),
                           can_shift=bool(d.get("can_shift")), n_rs_seq=int(d.get("n_rs_seq") or 0),
                           kind="hybrid" if d["is_hybrid"] else "recurrent" if d["is_recurrent"] else "kv",
                           cells=int(d.get("n_ctx_seq") or 0),
-                          vias=self.vias)
+                          vias=self.vias, aborts=self.aborts)
 
     def problem(self, check: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"check": check, "message": message, **extra}
@@ -259,6 +125,8 @@ class Machine:
         """Run one operation, update the model, check; a problem (the first check that failed) or None."""
         m, kind = self.model, op["op"]
         try:
+            if op.get("abort"):
+                return self._aborted(op)
             if kind == "decode":
                 return self._decode(op["parts"])
             if kind == "coupled" and refuses_coupled(self.mem, self.kv_unified):
@@ -363,6 +231,59 @@ class Machine:
         self.refused["coupled"] += 1
         return None
 
+    def _aborted(self, op: dict[str, Any]) -> dict[str, Any] | None:
+        """A decode the runtime cancels: llama.cpp's abort callback says stop from its op["abort"]-th call (one a graph
+        node). llama.h: the ubatches it finished stay in memory, and the positions each sequence reports say what it
+        holds — so the model takes each sequence's tokens up to its reported end (none beyond the decode's, none
+        below where it began; or none at all where the memory reports it empty, a sequence it could not keep dropped
+        whole, which a runtime decodes again), and every later check holds the sequence to that."""
+        m = self.model
+        if op["op"] == "coupled":
+            if refuses_coupled(self.mem, self.kv_unified) or len({m.next_pos(q) for q in op["seqs"]}) > 1:
+                self.refused["skipped"] += 1  # (a replayed program whose sequences no longer line up)
+                return None
+            parts = [[list(op["seqs"]), op["tokens"]]]
+        else:
+            parts = [[s, toks] for s, toks in op["parts"]
+                     if toks and m.next_pos(s) + len(toks) <= self.cfg.max_len + 8]
+        if not parts:
+            return None
+        tokens, seqs, pos, out = batch_of(m, parts)
+        r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out,
+                      abort_after=op["abort"])
+        shared = self.kv_unified or self.mem.recurrent
+        if r.ok:  # (the decode ended before the callback's call)
+            return self._decoded(parts, r, shared=shared)
+        where = f"a decode of {len(tokens)} tokens for sequences {[s for s, _ in parts]} aborted at graph node " \
+            f"{op['abort']}"
+        if r.failure is None or r.failure.error_kind != "aborted":
+            return self.problem("refusal", f"{where} failed otherwise: {r.failure.message if r.failure else r.data}")
+        self.refused["aborted"] += 1
+        got = self._positions()
+        begun = {q: m.next_pos(q) for s, _ in parts for q in ids(s)}
+        for s, toks in parts:
+            kept = {q: got[str(q)][1] + 1 - begun[q] for q in ids(s)}
+            for q, k in kept.items():
+                if k < 0 and got[str(q)] == [-1, -1]:
+                    m.clear(q)
+                    self.refused["dropped"] += 1
+                    kept[q] = 0
+                elif not 0 <= k <= len(toks):
+                    return self.problem("pos", f"after {where}, sequence {q} reports positions {got[str(q)]}: the "
+                                        f"decode gave it {begun[q]}..{begun[q] + len(toks) - 1}, and it held up to "
+                                        f"{begun[q] - 1} before", seq=q, got=got[str(q)],
+                                        want=[begun[q] - 1, begun[q] + len(toks) - 1])
+            if isinstance(s, list) and len(set(kept.values())) == 1:
+                if kept[s[0]]:
+                    m.coupled(s, toks[:kept[s[0]]], shared=shared)
+                continue
+            for q, k in kept.items():
+                if k:
+                    m.decode(q, toks[:k])
+        bad = check_positions(m, self.mem, got)
+        return self.problem("pos", f"after {where}: {bad['message']}", seq=bad["seq"], got=bad["got"],
+                            want=bad["want"]) if bad else None
+
     def _decode(self, parts: list[list[Any]]) -> dict[str, Any] | None:
         """One llama_decode of the parts ([sequence, tokens]; a list of sequences: coupled, the tokens in each),
         positions continuing each sequence; then the positions and every decoded sequence's logits checked."""
@@ -374,13 +295,7 @@ class Machine:
             over = overflows(m, self.mem, self.kv_unified, parts)
         if not parts:
             return None
-        tokens, seqs, pos, out = [], [], [], []
-        for s, toks in parts:
-            p = m.next_pos(ids(s)[0])
-            tokens += toks
-            seqs += [s] * len(toks)
-            pos += list(range(p, p + len(toks)))
-            out += [False] * (len(toks) - 1) + [True]
+        tokens, seqs, pos, out = batch_of(m, parts)
         r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out,
                       **({"trace": "all"} if self.trace else {}))
         if r.ok and self.trace:
@@ -488,6 +403,19 @@ class Machine:
                 self.refused["window"] += 1
 
 
+def batch_of(m: Model, parts: list[list[Any]]) -> tuple[list[int], list[Any], list[int], list[bool]]:
+    """One batch of the parts ([sequence or coupled sequences, tokens]), positions continuing each sequence, the last
+    token of each part an output: its tokens, sequences, positions and outputs."""
+    tokens, seqs, pos, out = [], [], [], []
+    for s, toks in parts:
+        p = m.next_pos(ids(s)[0])
+        tokens += toks
+        seqs += [s] * len(toks)
+        pos += list(range(p, p + len(toks)))
+        out += [False] * (len(toks) - 1) + [True]
+    return tokens, seqs, pos, out
+
+
 def ids(s: int | list[int]) -> list[int]:
     """A decode part's sequences: one, or a coupled decode's several."""
     return s if isinstance(s, list) else [s]
@@ -577,7 +505,9 @@ def hypothesis_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: 
         op.__name__ = kind
         return op
 
-    for kind in (*OPS, "fill"):  # (fill: a decode long enough to fill its stream, or to ask for more than is left)
+    # (fill: a decode long enough to fill its stream, or to ask for more than is left; aborted: one cancelled, a rule
+    # only where the config draws them — any rule more changes which examples Hypothesis draws)
+    for kind in (*OPS, "fill", *(("aborted",) if cfg.aborts else ())):
         setattr(MemoryMachine, kind, make(kind))
     try:
         run_state_machine_as_test(MemoryMachine, settings=settings(

@@ -36,6 +36,7 @@ class MemoryConfig:
     type_k: str = ""  # the KV cache's K type in every context ("": llama.cpp's f16; targets/PROTOCOL.md `load`)
     type_v: str = ""  # and its V type (quantized: only with flash attention, as llama.cpp requires)
     swa_full: bool = False  # a full-size sliding-window cache (llama-server's --swa-full): the window's cells kept
+    aborts: bool = False  # decodes cancelled by the runtime drawn too (llama.cpp's abort callback; `aborted` below)
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
@@ -212,6 +213,7 @@ class Memory:
     kind: str = "kv"  # kv | recurrent | hybrid
     cells: int = 0  # the cells of one KV stream (llama_n_ctx_seq; 0: the target did not say)
     vias: tuple[str, ...] = ("memory",)  # how the target moves state (hello's state_via; targets/PROTOCOL.md)
+    aborts: bool = False  # the target's decodes take abort_after (hello's abort_after)
 
     def state_vias(self, whole: bool) -> list[str]:
         """The ways a copy (one sequence) or a reload (`whole`: every sequence) may move state: per sequence in memory
@@ -326,8 +328,8 @@ def precondition_problem(program: list[dict[str, Any]], mem: Memory, cfg: Memory
         k = op["op"]
         if k in ("add", "div") and m.shares[op["seq"]]:
             return f"step {i} ({format_step(op)}) shifts cells sequence {op['seq']} shares since a fork"
-        if k == "coupled" and refuses_coupled(mem, kv_unified):
-            continue  # (refused: nothing changes)
+        if k == "coupled" and refuses_coupled(mem, kv_unified) or op.get("abort"):
+            continue  # (refused: nothing changes; aborted: what it keeps only the run knows)
         if k == "coupled" and len({m.history(q) for q in op["seqs"]}) > 1:
             return f"step {i} ({format_step(op)}) couples sequences whose histories differ"
         m.apply(op, shared=kv_unified or mem.recurrent)
@@ -360,7 +362,14 @@ def op_weights(model: Model, mem: Memory, cfg: MemoryConfig, kv_unified: bool = 
     moves = 0.0 if cfg.fill else 1.0
     return {"decode": 5.0 if room else 0.0, "coupled": coupled, "rm": 1.5 if cfg.fill else 2.5,
             "cp": 0.5 if cfg.fill else 1.5, "keep": 0.8, "copy_state": moves, "refused_import": 0.5 * moves,
-            "reload": 0.6 * moves, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0, "fill": fill}
+            "reload": 0.6 * moves, "add": 1.0 if shifts else 0.0, "div": 0.5 if shifts else 0.0, "fill": fill,
+            "aborted": 2.0 if cfg.aborts and mem.aborts and (room or groups) else 0.0}
+
+
+# An aborted decode: the runtime's abort callback (llama.cpp calls it after every graph node it computes) says stop
+# from its N-th call on, N drawn up to ABORT_NODES: early (within a pending K shift's graph, or the first layers of the
+# first ubatch) or anywhere in the decode (a later ubatch; past its last node the decode simply finishes)
+ABORT_EARLY, ABORT_NODES = 12, 160
 
 
 FILL_BATCH = 64  # the most tokens one filling decode gives (the machine's n_batch: context_params)
@@ -421,6 +430,12 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
     accepted."""
     kind = kind or draw.kind(op_weights(model, mem, cfg, kv_unified))
     n = len(model.cells)
+    if kind == "aborted":  # a decode (or a coupled one, where llama.cpp takes it) the runtime cancels part way
+        can = coupled_groups(model, cfg) and not refuses_coupled(mem, kv_unified)
+        room = any(model.next_pos(s) + 6 <= cfg.max_len for s in model.cells)
+        op = draw_op(draw, model, mem, cfg, kv_unified, "coupled" if can and (not room or draw.pick((0, 1))) else
+                     "decode")
+        return {**op, "abort": draw.int(1, draw.pick((ABORT_EARLY, ABORT_NODES)) + 1)}
     if kind == "coupled":  # a shared prefix: the same tokens into two or more sequences at one position
         group = draw.pick(coupled_groups(model, cfg))
         seqs = draw.subset(group)
@@ -533,6 +548,10 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
         if op.get("how", "cut") not in ("cut", "width") or ("how" in op and op["op"] != "refused_import"):
             raise UserError(f"program step {i}: how {op.get('how')!r}: only refused_import spoils a state, by cut or "
                             "width")
+        if "abort" in op and (op["op"] not in ("decode", "coupled") or not isinstance(op["abort"], int)
+                              or op["abort"] < 1):
+            raise UserError(f"program step {i}: abort {op['abort']!r}: only a decode is aborted, after a number of "
+                            "graph nodes >= 1")
         if op["op"] == "reload" and op.get("via", "sequences") != "sequences" and op["perm"] != sorted(op["perm"]):
             raise UserError(f"program step {i}: a whole-context reload keeps every id (perm {op['perm']} is not "
                             "the identity)")
@@ -541,18 +560,20 @@ def check_program(program: Any, n_seq: int) -> list[dict[str, Any]]:
 
 def op_name(op: dict[str, Any]) -> str:
     """An operation's kind as counted and fingerprinted: a state move through another way than the default names it
-    (copy_state via file, reload via context)."""
+    (copy_state via file, reload via context), and a decode the runtime aborted says so."""
     via = op.get("via")
-    return op["op"] + (f" via {via}" if via and via not in ("memory", "sequences") else "")
+    return op["op"] + (f" via {via}" if via and via not in ("memory", "sequences") else "") + \
+        (" aborted" if op.get("abort") else "")
 
 
 def format_step(op: dict[str, Any]) -> str:
     """One operation as a reader writes it."""
     k = op["op"]
+    stop = f", aborted at graph node {op['abort']}" if op.get("abort") else ""
     if k == "decode":
-        return "decode " + " + ".join(f"s{s}×{len(t)}" for s, t in op["parts"])
+        return "decode " + " + ".join(f"s{s}×{len(t)}" for s, t in op["parts"]) + stop
     if k == "coupled":
-        return "decode " + "+".join(f"s{s}" for s in op["seqs"]) + f"×{len(op['tokens'])} (one token in each)"
+        return "decode " + "+".join(f"s{s}" for s in op["seqs"]) + f"×{len(op['tokens'])} (one token in each{stop})"
     if k in ("rm", "add", "div"):
         extra = {"add": f" {op.get('delta', 0):+d}", "div": f" /{op.get('d')}"}.get(k, "")
         return f"seq_{k} s{op['seq']} [{op['p0']}, {op['p1']}){extra}"

@@ -1,0 +1,133 @@
+"""jamba: wrong logits after a llama_decode of tokens in several sequences aborted by its abort callback, llama_decode (a unified KV cache).
+
+llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, its C API through llama-cpp-python's bare `llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).
+Exits 1 while the defect is present, 0 once it is fixed, 2 when this program cannot run.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import llama_cpp as L
+
+MODEL = Path(__file__).with_name("model.gguf")
+QUIET = L.llama_log_callback(lambda level, text, user_data: None)
+if not os.environ.get("VERBOSE"):  # llama.cpp's own log: VERBOSE=1 shows it
+    L.llama_log_set(QUIET, None)
+
+
+def cannot(why):
+    """The reproducer itself could not run (not the defect): exit 2."""
+    print(f"cannot run: {why}")
+    sys.exit(2)
+
+
+def load_model():
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0  # the CPU, as the finding was made
+    model = L.llama_model_load_from_file(str(MODEL).encode(), mp)
+    return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
+
+
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot("llama_init_from_model failed")
+
+
+def decode(ctx, tokens, pos, seqs, outputs):
+    """One llama_decode: token i at pos[i] in the sequences seqs[i], logits asked where outputs[i]; each output's
+    logits, by sequence."""
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, max(len(s) for s in seqs))
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.logits[i], batch.n_seq_id[i] = tokens[i], pos[i], outputs[i], len(seqs[i])
+        for j, s in enumerate(seqs[i]):
+            batch.seq_id[i][j] = s
+    rc = L.llama_decode(ctx, batch)
+    L.llama_batch_free(batch)
+    if rc != 0:
+        cannot(f"llama_decode returned {rc}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(L.llama_get_model(ctx)))
+    rows = {}
+    for i in range(n):
+        if outputs[i]:
+            p = L.llama_get_logits_ith(ctx, i)
+            for s in seqs[i]:
+                rows[s] = [p[k] for k in range(n_vocab)]
+    return rows
+
+
+def export_seq(ctx, seq):
+    size = L.llama_state_seq_get_size_ext(ctx, seq, 0)
+    buf = (L.ctypes.c_uint8 * max(size, 1))()
+    return buf, L.llama_state_seq_get_data_ext(ctx, buf, size, seq, 0)
+
+
+def import_seq(ctx, seq, blob):
+    buf, size = blob
+    if L.llama_state_seq_set_data_ext(ctx, buf, size, seq, 0) == 0:
+        cannot(f"llama_state_seq_set_data_ext into sequence {seq} read nothing")
+
+
+def positions(ctx, seq):
+    mem = L.llama_get_memory(ctx)
+    return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
+
+
+
+
+def aborted_decode(ctx, tokens, pos, seqs, abort_after):
+    """A decode the caller cancels: the abort callback, which llama.cpp calls after every graph node it computes,
+    answers stop from its abort_after-th call on; llama_decode must return 2 (aborted). llama.h: the ubatches it
+    finished stay in memory, and llama_memory_seq_pos_min/max say what each sequence holds."""
+    calls = [0]
+
+    @L.ggml_abort_callback
+    def stop(_data):
+        calls[0] += 1
+        return calls[0] >= abort_after
+
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, max(len(s) for s in seqs))
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.logits[i], batch.n_seq_id[i] = tokens[i], pos[i], i == n - 1, len(seqs[i])
+        for j, s in enumerate(seqs[i]):
+            batch.seq_id[i][j] = s
+    L.llama_set_abort_callback(ctx, stop, None)
+    rc = L.llama_decode(ctx, batch)
+    L.llama_set_abort_callback(ctx, L.ctypes.cast(None, L.ggml_abort_callback), None)
+    L.llama_batch_free(batch)
+    if rc != 2:
+        cannot(f"a decode aborted at the abort callback's call {abort_after} returned {rc}, not 2")
+
+model = load_model()
+# the steps, as the memory program ran them
+ctx = new_context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=False, kv_unified=True)
+aborted_decode(ctx, tokens=[39, 51, 7, 44], pos=[0, 1, 2, 3], seqs=[[0, 1], [0, 1], [0, 1], [0, 1]], abort_after=5)
+
+# what sequence 0 holds now, as llama.cpp reports it (llama.h: after an aborted decode, ask)
+end = positions(ctx, 0)[1]
+held = [(p, t) for p, t in [[0, 39], [1, 51], [2, 7], [3, 44]] if p <= end]  # its tokens so far, at their positions
+nxt = [10]
+pos = list(range(end + 1, end + 1 + len(nxt)))
+rows = decode(ctx, tokens=nxt, pos=pos, seqs=[[0]] * len(nxt), outputs=[0] * (len(nxt) - 1) + [1])
+
+# the reference: what sequence 0 says it holds, and the same tokens, decoded alone in a fresh context
+ref = new_context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False)
+ref_rows = decode(ref, tokens=[t for _, t in held] + nxt, pos=[p for p, _ in held] + pos, seqs=[[0]] * (len(held) + len(nxt)), outputs=[0] * (len(held) + len(nxt) - 1) + [1])
+
+# the check: sequence 0's logits against the reference's
+d = max(abs(a - b) for a, b in zip(rows[0], ref_rows[0]))
+if d > 0.1:
+    print(f"DEFECT: sequence 0 does not hold what its positions say: its logits differ from those tokens decoded alone: max|Δlogit| {d:.3g} > 0.1")
+    sys.exit(1)
+print(f"fixed: sequence 0 holds what its positions say (max|Δlogit| {d:.3g} against them decoded alone)")
+sys.exit(0)
