@@ -243,7 +243,8 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
                              "llama-memory-quantized-k-undivided-head", "llama-memory-bf16-k-shift",
                              "qwen4exp-memory-qsa-block-tie-layout", "llama-memory-abort-coupled-keeps-cells",
                              "jamba-memory-abort-coupled-hybrid", "mamba-memory-abort-keeps-recurrent-tokens",
-                             "llama-memory-abort-during-k-shift-add", "llama-memory-abort-during-k-shift-div"}
+                             "llama-memory-abort-during-k-shift-add", "llama-memory-abort-during-k-shift-div",
+                             "deepseek32-memory-shift-indexer-keys"}
     # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
     # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
     dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
@@ -897,3 +898,21 @@ def test_the_pressure_program_passes_on_the_pinned_build_and_its_import_is_judge
     (row,) = d["results"]
     assert row["status"] == PASS and (row["steps"], row["checks"]) == (8, 18), row
     assert row["ops"] == {"decode": 6, "rm": 1, "copy_state": 1} and not d["findings"]
+
+
+def test_a_shift_on_a_model_with_rotary_positions_must_equal_decoding_at_the_new_positions():
+    """Whether a shift is recomputed as the same tokens decoded at the new positions (else replayed in the recompute,
+    checked for consistency only) follows from what the model is, not from measuring the shift under test: a rotary
+    model's shift that moves it (DeepSeek-V3.2's indexer keys: 4.0) is a finding, not an excuse. Without rotary
+    positions (gpt2's absolute embeddings, rope type -1) or a rope type (a target that does not say) the measured move
+    decides; a quantized K cache is always replayed (its shift quantizes the rotated keys again)."""
+    from fuzz.oracles.memory import shifts_faithful
+
+    rotary = {"tolerance": 0.1, "shift": 4.0, "rope_type": 0}
+    absolute = {"tolerance": 0.1, "shift": 2.5, "rope_type": -1}
+    assert shifts_faithful(rotary, 4.0, "") and shifts_faithful({**rotary, "rope_type": 2}, 4.0, "bf16")
+    assert not shifts_faithful(absolute, 4.0, "") and shifts_faithful({**absolute, "shift": 0.0}, 4.0, "")
+    assert not shifts_faithful(rotary, 4.0, "q8_0")
+    unsaid = {"tolerance": 0.1, "shift": 0.003}
+    assert shifts_faithful(unsaid, 4.0, "") and not shifts_faithful({**unsaid, "shift": 0.2}, 4.0, "")
+    assert not shifts_faithful({"tolerance": 0.1, "rope_type": 0}, 4.0, "")  # (no shift measured: it cannot shift)

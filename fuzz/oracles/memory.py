@@ -187,12 +187,25 @@ def calibrated(recompute: Recompute, cfg: MemoryConfig, n_vocab: int,
         shift = recompute.shift_move(n_vocab)
         if shift is not None:
             tolerance["shift"] = shift
+        if recompute.rope_type is not None:
+            tolerance["rope_type"] = recompute.rope_type
     recompute.tol = tolerance["tolerance"]
-    # (a shift of a quantized K cache quantizes the rotated keys again, which keys decoded at the new positions never
-    # are: there the recompute replays the shift; an f16 one rounds them again: the shift-rounding control)
-    recompute.faithful_shifts = cfg.noise_factor * tolerance.get("shift", np.inf) <= tolerance["tolerance"] and \
-        not quantized(cfg.type_k)
+    recompute.faithful_shifts = shifts_faithful(tolerance, cfg.noise_factor, cfg.type_k)
     return tolerance
+
+
+def shifts_faithful(noise: dict[str, float], noise_factor: float, type_k: str) -> bool:
+    """Whether a shift must equal decoding the same tokens at the new positions (the recompute then decodes them
+    there; otherwise it replays the shift). A model whose positions are rotary (its rope type, as the target reports
+    it, not LLAMA_ROPE_TYPE_NONE): a rotation by the shift is the whole of what the new positions change, so a shift
+    that moves it is llama.cpp's to answer for, not excused by measuring it; a model without rotary positions (gpt2's
+    absolute embeddings, ALiBi, recurrent state) and a target that does not say fall back to the measured move (its
+    own shift within the tolerance). A shift of a quantized K cache quantizes the rotated keys again, which keys
+    decoded at the new positions never are: replayed there (an f16 one rounds them again: the shift-rounding
+    control)."""
+    if quantized(type_k) or "shift" not in noise:
+        return False
+    return noise.get("rope_type", -1) >= 0 or noise_factor * noise["shift"] <= noise["tolerance"]
 
 
 def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
@@ -298,12 +311,13 @@ def format_report(rep: dict[str, Any]) -> str:
              f"{cfg.get('noise_factor', 0):g} × the batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
     noise = rep.get("noise") or {}
     if "shift" in noise:
-        faithful = cfg.get("noise_factor", 0) * noise["shift"] <= noise.get("tolerance", 0) and not cfg.get("type_k")
+        faithful = shifts_faithful(noise, cfg.get("noise_factor", 0), cfg.get("type_k") or "")
         lines.append(f"  a whole-sequence shift moves the model by {noise['shift']:.2g} against its tokens decoded at "
                      "the new positions: " + ("shifted sequences are recomputed there" if faithful else
                                               "shifts are replayed in the recompute (checked for consistency only: "
                                               + ("a quantized K cache's shift quantizes the keys again)"
-                                                 if cfg.get("type_k") else "not faithful)")))
+                                                 if quantized(cfg.get("type_k") or "") else
+                                                 "its positions are not rotary)")))
     lines += [f"  unsupported: {r['reason']}" for r in rep["results"] if r["status"] == UNSUPPORTED]
     for kvu in cfg["kv_unified"]:
         rows = [r for r in rep["results"] if r["kv_unified"] == kvu]

@@ -61,7 +61,7 @@ class Model:
         # with both ids; a recurrent fork shares the state cell): a shift or division of one moves the other's too
         self.shares: dict[int, set[int]] = {s: set() for s in range(n_seq)}
         self.reported: dict[str, list[int]] = {}  # [pos_min, pos_max] per sequence as the memory last reported
-        self.faithful_shifts = False  # the model's own shift measured faithful (Recompute.shift_move): see add()
+        self.faithful_shifts = False  # a shift must equal decoding at the new positions (shifts_faithful): add()
 
     def live(self) -> list[int]:
         return [s for s, c in self.cells.items() if c]
@@ -132,8 +132,9 @@ class Model:
                 and all(e[0] == "d" for e in self.log[s]):
             # the whole sequence moved (rotary attention sees positions relative to each other, so nothing it
             # computed changes): its recompute decodes the same tokens at the new positions — not the shift
-            # replayed, which would carry a shift bug into the recompute too. Only on a model whose own shift was
-            # measured faithful: absolute position embeddings (gpt2) or a position-dependent scaling are not
+            # replayed, which would carry a shift bug into the recompute too. Only on a model whose positions are
+            # rotary, or whose own shift measured faithful: absolute position embeddings (gpt2) are not
+            # (memory.shifts_faithful)
             self.cells[s] = moved
             self.log[s] = [["d", [[pos + delta, tok] for pos, tok in e[1]]] for e in self.log[s]]
             return

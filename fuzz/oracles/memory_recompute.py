@@ -44,13 +44,14 @@ class Recompute:
         self.memo: dict[str, np.ndarray | str] = {}
         self.runs = 0
         self.tol = tol  # the run's tolerance (tolerance())
-        self.faithful_shifts = False  # the model's own shift moves it within the tolerance (shift_move)
+        self.faithful_shifts = False  # a shift must equal decoding at the new positions (memory.calibrated)
+        self.rope_type: int | None = None  # the model's, as the target's load reports it (llama_model_rope_type)
 
     def with_params(self, **changed: Any) -> Recompute:
         """The same recompute (tolerance, what it measured of the model's shifts) in contexts loaded with some
         params changed; its own cache of logits."""
         other = Recompute(self.t, self.fixture, {**self.params, **changed}, self.feed, tol=self.tol)
-        other.faithful_shifts = self.faithful_shifts
+        other.faithful_shifts, other.rope_type = self.faithful_shifts, self.rope_type
         return other
 
     def batch_shape_move(self, n_vocab: int) -> float:
@@ -118,6 +119,8 @@ class Recompute:
     def replay(self, reqs: list[tuple[str, dict[str, Any]]]) -> Reply | str:
         """Requests (requests()) sent to a fresh context: the reply to the sequence's last decode, or why it failed."""
         replies = self.t.pipeline(reqs)
+        if replies and replies[0].ok and replies[0].request.get("op") == "load" and "rope_type" in replies[0].data:
+            self.rope_type = int(replies[0].data["rope_type"])
         bad = next((r for r in replies if not r.ok), None)
         if bad is not None or len(replies) < len(reqs):
             why = bad.failure.message if bad is not None and bad.failure else "no reply"
