@@ -156,3 +156,14 @@ def test_the_prefix_cache_lane_runs_the_drawn_options_per_slot_seeded_by_its_row
     assert f"{PER_BUMP_OPTIONS} drawn server-option schedules" in res.detail
     other = draw(64, zlib.crc32(b"qwen3") % 100_000, 0, list(SPEC_TYPES), None)
     assert reps[0].results[0]["options"] != " ".join(other.args)
+
+
+def test_a_wrong_answer_that_is_an_error_is_judged_not_raised():
+    """An answer the server gives as an error (no tokens: a mutated server once did) is a problem of the schedule;
+    the margin the judge adds is computed only where there are tokens to part from the reference."""
+    from fuzz.oracles.server_options import margin_at
+
+    ref = {"tokens": [3, 1, 4], "top": [[[3, 2.0], [1, 1.5]], [[1, 2.0], [5, 0.5]], [[4, 1.0], [2, 0.9]]]}
+    assert margin_at(ref, {"error": "500: the slot failed"}) == ""
+    assert margin_at(ref, {"tokens": [3, 1, 9]}) == " (the reference's margin there 0.1)"
+    assert margin_at(ref, {"tokens": [3, 1]}) == ""

@@ -398,8 +398,9 @@ def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[
 
 
 def margin_at(ref: dict[str, Any], got: dict[str, Any]) -> str:
-    """The reference's top-2 margin where got leaves it ("" where it does not, or lists no two candidates)."""
-    k = parted(ref, got)
+    """The reference's top-2 margin where got leaves it ("" where it does not, lists no two candidates, or got is an
+    error without tokens)."""
+    k = parted(ref, got) if "tokens" in got else None
     top = ref["top"][k] if k is not None and k < len(ref["top"]) else []
     return f" (the reference's margin there {top[0][1] - top[1][1]:.2g})" if len(top) >= 2 else ""
 
