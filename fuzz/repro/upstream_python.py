@@ -188,9 +188,7 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
         if "tokens" not in req:
             raise UserError("a decode fed embeddings (a stage past the first): no standalone reproducer yet")
         n = len(req["tokens"])
-        seq = req.get("seq", 0)
-        seqs = [[int(s)] if not isinstance(s, list) else [int(x) for x in s] for s in seq] \
-            if isinstance(seq, list) else [[int(seq)]] * n
+        seqs = token_seqs(req)
         out = req.get("logits", "last")
         outs = [i == n - 1 for i in range(n)] if out == "last" else [True] * n if out == "all" \
             else [False] * n if out == "none" else [bool(x) for x in out]
@@ -261,18 +259,22 @@ def after_abort(run: dict[str, Any]) -> tuple[int, list[list[int]]] | None:
         return None
     last = steps[-1][1]
     if steps[-1][0] != "decode" or "tokens" not in last or not isinstance(last.get("pos"), list) \
-            or any(s not in (q, [q]) for s in (last["seq"] if isinstance(last["seq"], list) else [last["seq"]])):
+            or any(ss != [q] for ss in token_seqs(last)):
         return None
-    if any(op not in ("load", "decode") for op, _ in steps) or any(e[0] != "load" and e[0] != "decode"
-                                                                   for e in run["reference"]):
+    if any(op not in ("load", "decode") for op, _ in [*steps, *run["reference"]]):
         return None
-    held = []
-    for op, req in steps[:-1]:
-        seqs = req.get("seq", 0) if op == "decode" else []
-        per = seqs if isinstance(seqs, list) else [seqs] * len(req["tokens"])
-        held += [[p, t] for p, t, s in zip(req.get("pos") or [], req.get("tokens") or [], per, strict=False)
-                 if s == q or (isinstance(s, list) and q in s)]
+    held = [[p, t] for op, req in steps[:-1] if op == "decode"
+            for p, t, ss in zip(req.get("pos") or [], req["tokens"], token_seqs(req), strict=False) if q in ss]
     return aborted[-1], held
+
+
+def token_seqs(req: dict[str, Any]) -> list[list[int]]:
+    """A recorded decode's sequences, one list of ids per token (its `seq`: one id for every token, or per token an
+    id or a list of ids)."""
+    seq = req.get("seq", 0)
+    if not isinstance(seq, list):
+        return [[int(seq)]] * len(req["tokens"])
+    return [[int(x) for x in s] if isinstance(s, list) else [int(s)] for s in seq]
 
 
 def continued(run: dict[str, Any], aborted: int, history: list[list[int]]) -> list[str]:
