@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -289,6 +289,15 @@ def isolation_cmd(
     return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
+def rope_params(rope: str) -> dict[str, Any]:
+    """--rope SCALING[:FREQ_SCALE] as MemoryConfig's fields."""
+    scaling, _, scale = rope.partition(":")
+    try:
+        return {"rope_scaling": scaling, "rope_freq_scale": float(scale) if scale else 0.0}
+    except ValueError:
+        raise UserError(f"--rope {rope!r}: write it as SCALING[:FREQ_SCALE], e.g. yarn:0.5") from None
+
+
 @app.command("memory")
 def memory_cmd(
     fixture: FixtureArg,
@@ -316,6 +325,9 @@ def memory_cmd(
     cache_types: Annotated[str, Opt(help="the KV cache's types, K[,V]: f16 (llama.cpp's default), q8_0, q4_0, ... "
                                          "(a quantized V needs --flash-attn; a head a whole number of its blocks)")]
     = "f16",
+    rope: Annotated[str, Opt(help="the context's RoPE scaling, SCALING[:FREQ_SCALE]: yarn:0.5 (YaRN, its ext "
+                             "factor on, frequencies scaled by 0.5; llama-server's --rope-scaling, --rope-freq-scale), "
+                             "linear:0.5, none")] = "",
     swa_full: Annotated[bool, Opt("--swa-full", help="a sliding-window model's window cache full-size (its cells "
                                                      "past the window kept), as llama-server's --swa-full")] = False,
     flash_attn: Annotated[bool, Opt("--flash-attn/--no-flash-attn",
@@ -346,7 +358,7 @@ def memory_cmd(
     k, _, v = cache_types.partition(",")
     common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
                   flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v,
-                  swa_full=swa_full, aborts=aborts)
+                  swa_full=swa_full, aborts=aborts, **rope_params(rope))
     cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,
                                                       engine=engine, stage=stage, **common)
     if pressure:

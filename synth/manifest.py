@@ -21,8 +21,8 @@ from synth.spec import KNOBS, Knobs, ModelSpec
 MANIFEST_NAME = "family_tiers.toml"
 SCHEMA = 1
 TIERS = (1, 2, 3)
-LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "wire", "isolation", "memory", "handoff",
-         "determinism", "prefix-cache", "prompt-trees", "reject")
+LANES = ("load", "parity", "boundary-sweep", "fixed-split", "dtype", "wire", "isolation", "memory", "shift",
+         "handoff", "determinism", "prefix-cache", "prompt-trees", "reject")
 ROW_KEYS = {"tier", "name", "arch", "artifact", "size", "why", "seed_row", "recipe", "sweep_period", "lanes",
             "dtypes", "wires", "expect", "known", "runnable", "reason"}
 REQUIRED_ROW_KEYS = ("tier", "name", "arch", "artifact", "size", "why")
@@ -34,7 +34,7 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "sweep_period": int, "lanes": list, "dtypes": list, "wires": list, "expect": dict, "known": dict, "runnable": bool,
     "reason": str, "description": str}
 # the lanes `family-certify scan` runs on every row (every oracle at every cut): a row's `known` may name them
-SCAN_LANES = ("parity", "dtype-all", "wire-all", "handoff-all", "isolation", "memory", "determinism-full",
+SCAN_LANES = ("parity", "dtype-all", "wire-all", "handoff-all", "isolation", "memory", "shift", "determinism-full",
               "determinism-chains")
 RECIPE_KNOBS = {k.name for k in KNOBS} | {"seed"}  # synth.spec.KNOBS: the one knob table
 

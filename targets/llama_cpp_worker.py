@@ -29,7 +29,7 @@ from targets.worker_build import (
     ggml_devices,
     llama_bindings,
 )
-from targets.worker_protocol import CACHE_TYPES, PROTOCOL_VERSION, RequestError, main_with
+from targets.worker_protocol import CACHE_TYPES, PROTOCOL_VERSION, ROPE_SCALINGS, RequestError, main_with
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
@@ -122,6 +122,10 @@ class LlamaWorker:
         if bad:
             self._unload()
             raise RequestError("bad_request", f"load: cache type {bad[0]!r}; one of {', '.join(CACHE_TYPES)}")
+        if req.get("rope_scaling", "none") not in ROPE_SCALINGS:
+            self._unload()
+            raise RequestError("bad_request", f"load: rope_scaling {req['rope_scaling']!r}; one of "
+                                              f"{', '.join(ROPE_SCALINGS)}")
         if params["n_batch"] < params["n_seq_max"]:
             self._unload()
             raise RequestError("bad_request", "load: n_batch must be >= n_seq_max (llama.cpp asserts otherwise)")
@@ -163,6 +167,10 @@ class LlamaWorker:
         for k in ("type_k", "type_v"):  # the KV cache's types (llama.cpp: a quantized V needs flash attention)
             if k in params:
                 setattr(cp, k, CACHE_TYPES[params[k]])
+        if "rope_scaling" in req:  # a context's RoPE scaling (llama-server's --rope-scaling, --rope-scale): yarn turns
+            cp.rope_scaling_type = ROPE_SCALINGS[req["rope_scaling"]]  # YaRN's ext factor on (llama.cpp's default)
+        if "rope_freq_scale" in req:
+            cp.rope_freq_scale = float(req["rope_freq_scale"])
         cp.no_perf = True  # no performance counters: llama_perf_* is never read here
         self.capturer = self.native
         if params["trace"]:  # every node of a layer on request: the Python callback (slow, for localizing)

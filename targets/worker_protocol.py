@@ -24,6 +24,7 @@ PROTOCOL_VERSION = 1
 # the KV cache types a `load` may ask for (llama.cpp's own list: common's kv_cache_types), by their ggml_type (ggml.h's
 # enum, stable across builds: the bindings do not name every one, e.g. BF16)
 CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+ROPE_SCALINGS = {"none": 0, "linear": 1, "yarn": 2}  # llama_rope_scaling_type: a context's RoPE scaling (`load`)
 
 
 class RequestError(Exception):

@@ -39,13 +39,13 @@ def test_every_seed_row_is_present():
 def test_tier_defaults_and_hybrid_sweeps():
     m = load_manifest(ROOT / "family_tiers.toml")
     assert m.row("qwen3next").lanes == ["load", "parity", "boundary-sweep", "dtype", "wire", "isolation", "memory",
-                                        "handoff", "determinism", "prefix-cache", "prompt-trees"]
+                                        "shift", "handoff", "determinism", "prefix-cache", "prompt-trees"]
     assert m.row("qwen3next").dtypes == ["f16", "bf16", "q8_0", "q4_0", "mxfp4", "q4_k", "q6_k", "iq2_xxs"]
     assert m.row("qwen3next").wires == ["f16", "bf16", "q8_0"]
     assert m.row("gemma3").dtypes == [] and m.row("gemma3").wires == []
     assert "boundary-sweep" not in m.row("qwen3").lanes  # the tier's sweep is for interleaved layer kinds
     assert m.row("gpt2").expect["skippy"].startswith("rejects")
-    assert m.row("gemma3").lanes == ["load", "fixed-split"]
+    assert m.row("gemma3").lanes == ["load", "fixed-split", "shift"]
 
 
 def test_artifact_dtypes_name_the_models_weight_type():
@@ -121,7 +121,7 @@ def test_every_lane_the_manifest_names_has_one_runner():
     from synth.manifest import LANES, SCAN_LANES
 
     assert set(LANE_RUNNERS) == set(LANES) | set(SCAN_LANES)
-    assert len(LANE_RUNNERS) == 18
+    assert len(LANE_RUNNERS) == 19
 
 
 @pytest.mark.llama
@@ -305,7 +305,7 @@ def test_every_lane_runs_in_one_ci_job():
     assert sorted(lane for ls in m.jobs.values() for lane in ls) == sorted(LANES)
     assert m.jobs["server"] == ["prefix-cache"] and set(m.jobs["nightly"]) == {"determinism", "dtype", "prompt-trees"}
     assert {"parity", "boundary-sweep", "handoff", "wire", "isolation"} <= set(m.jobs["gate"])
-    assert m.jobs["memory"] == ["memory"]
+    assert m.jobs["memory"] == ["memory", "shift"]
     assert m.job_lanes(["gate", "memory", "server"]) == set(LANES) - {"determinism", "dtype", "prompt-trees"}
     assert m.job_lanes(None) is None
     with pytest.raises(UserError, match="--job 'gpu': .*jobs are gate, memory, server, nightly"):

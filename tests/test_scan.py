@@ -34,11 +34,12 @@ def check_scan(run: dict, keys: list[str]) -> None:
     rows = [manifest.row(k) for k in keys if manifest.row(k).runnable]
     assert {(x["row"], x["lane"]) for x in run["results"]} == {(row.key, lane) for row in rows for lane in SCAN_LANES}
     assert set(run["totals"]) <= {"pass", "unsupported", "known"}, run["totals"]
-    known = {(x["row"], x["lane"]) for x in run["results"] if x["status"] == "known" and x["lane"] != "memory"}
+    known = {(x["row"], x["lane"]) for x in run["results"]
+             if x["status"] == "known" and x["lane"] not in ("memory", "shift")}
     assert known == {(row.key, lane) for row in rows for lane in row.known if lane in SCAN_LANES}
-    for x in run["results"]:  # the memory lane's known findings are committed repros, matched by cause (any family)
-        if x["lane"] == "memory" and x["status"] == "known":
-            assert "only upstream's known memory bugs: " in x["detail"], x["detail"]
+    for x in run["results"]:  # the memory lanes' known findings are committed repros, matched by cause (any family)
+        if x["lane"] in ("memory", "shift") and x["status"] == "known":
+            assert f"only upstream's known {x['lane']} bugs: " in x["detail"], x["detail"]
     for x in run["results"]:
         if x["lane"] in ("parity", "dtype-all", "wire-all", "handoff-all") and x["status"] == "pass":
             for rep in x["reports"][:1] if x["lane"] != "dtype-all" else x["reports"]:  # (dtype-all: one per dtype)

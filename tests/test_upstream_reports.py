@@ -110,7 +110,7 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER)) == (27, 3) and sorted(p.name for p in REPORTS.iterdir()) == REPORTED
+    assert (len(REPORTED), len(SERVER)) == (37, 3) and sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)
         want = {"issue.md", "model.gguf", "repro.sh" if name in SERVER else "repro.py"} | ({"fix"} if fix else set())
@@ -126,9 +126,14 @@ def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix()
 
 def test_every_fix_is_in_the_series_of_all_fixes_and_names_real_repros():
     """corpora/fixes/all is every fix's patches, byte for byte, in the order fixes.toml lists them (a queue a user
-    carries); each fix has a README and fixes repros that exist."""
+    carries), a patch once: a fix written on top of another carries a copy of that one's patches first; each fix has a
+    README and fixes repros that exist."""
     table = tomllib.loads((FIXES / "fixes.toml").read_text())
-    queue = [p for name in table for p in sorted((FIXES / name).glob("*.patch"))]
+    queue: list[Path] = []
+    for p in (p for name in table for p in sorted((FIXES / name).glob("*.patch"))):
+        if all(p.read_bytes() != q.read_bytes() for q in queue):
+            queue.append(p)
+    assert len(queue) == 13  # (two fixes carry a copy of another's patch: 15 patches in their series)
     everything = sorted((FIXES / "all").glob("*.patch"))
     assert [p.read_bytes() for p in everything] == [p.read_bytes() for p in queue]
     assert [p.name[5:] for p in everything] == [p.name[5:] for p in queue]  # (renumbered in the queue)

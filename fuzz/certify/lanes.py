@@ -21,7 +21,7 @@ from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
-from fuzz.oracles.memory_configs import capacity_config, pressure_config
+from fuzz.oracles.memory_configs import SHIFT_DELTA, YARN, capacity_config, pressure_config, shift_config
 from fuzz.oracles.memory_machine import sliding_window
 from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.sweep_report import SweepConfig
@@ -314,6 +314,42 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     return no_new_findings(row, "memory", did, "memory bugs", reps, cases, repros)
 
 
+def lane_shift(row: Row, path: Path, target_spec: str) -> LaneResult:
+    """A context shift on every row: a whole sequence's positions moved (seq_add), then one more token, against the
+    same tokens decoded at the new positions (the memory oracle's shift program: on a model whose positions are
+    rotary the two must agree), in the model's own context and in a YaRN one, and with a full-size window cache where
+    the model has a sliding window (llama.cpp shifts a window's cache only full-size: llama-server's --swa-full). A
+    memory that cannot shift must refuse it and change nothing. Known findings as in the memory lane (committed
+    upstream repros)."""
+    n_vocab = row.spec().n_vocab
+    configs = {"the model's positions": shift_config(n_vocab, target=target_spec),
+               f"YaRN (frequency scale {YARN['rope_freq_scale']:g})": shift_config(n_vocab, target=target_spec,
+                                                                                  **YARN)}
+    if sliding_window(str(path)) > 0:
+        configs["a full-size window cache"] = shift_config(n_vocab, target=target_spec, swa_full=True)
+    runs_of = [oracle_run("memory", path, cfg) for cfg in configs.values()]
+    reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
+    parts = []
+    for rep, what in zip(reps, configs, strict=True):
+        ran = [r for r in rep.results if r["status"] != UNSUPPORTED]
+        if not ran:
+            parts.append(f"{what}: unsupported ({rep.results[0].get('reason') if rep.results else 'no run'})")
+        elif any(r["refused"].get("add") for r in ran):
+            parts.append(f"{what}: refused (the memory cannot shift), nothing changed")
+        else:
+            worst_d = max(r["max_abs_dlogit"] for r in ran)
+            parts.append(f"{what}: max|Δlogit| {worst_d:.1e} (tolerance {rep.extra['noise'].get('tolerance', 0):.2g})")
+    did = f"a whole sequence shifted +{SHIFT_DELTA} then one more token, vs decoded there: " + "; ".join(parts)
+    repros = known_findings(row, reps)
+    new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
+    if new:
+        f = new[0]
+        cause = f"; cause: {f.cause['kind']}" if f.cause else ""
+        return LaneResult(row.key, "shift", f.status, f"{len(new)} findings; first: {f.message}{cause}; "
+                          f"reproduced={f.reproduced}", reports=reps, cases=cases)
+    return no_new_findings(row, "shift", did, "shift bugs", reps, cases, repros)
+
+
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \
         -> LaneResult:
     cuts = cuts or lane_cuts(row, lane)
@@ -414,8 +450,8 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
     if lane == "load" and row.expect.get("skippy", "").startswith("rejects"):
         return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
                                                       "that it does so cleanly")
-    if lane == "memory":
-        return LaneResult(row.key, lane, UNSUPPORTED, "the memory lane drives llama.cpp's memory API (seq_rm, seq_cp, "
+    if lane in ("memory", "shift"):
+        return LaneResult(row.key, lane, UNSUPPORTED, f"the {lane} lane drives llama.cpp's memory API (seq_rm, seq_cp, "
                                                       "state get/set per sequence); skippy's OpenAI API exposes none")
     if lane == "prompt-trees":
         return LaneResult(row.key, lane, UNSUPPORTED, "the prompt-trees lane drives llama-server's slots (save, "
@@ -472,6 +508,7 @@ LANE_RUNNERS: dict[str, Callable[[LaneCall], LaneResult]] = {
     "wire": lambda c: lane_wire(c.row, c.path, c.target_spec),
     "isolation": lambda c: lane_isolation(c.row, c.path, c.target_spec),
     "memory": lambda c: lane_memory(c.row, c.path, c.target_spec),
+    "shift": lambda c: lane_shift(c.row, c.path, c.target_spec),
     "prefix-cache": lambda c: lane_prefix_cache(c.row, c.path, c.target_spec),
     "prompt-trees": lambda c: lane_prompt_trees(c.row, c.path, c.target_spec),
     "handoff": lambda c: lane_handoff(c.row, c.path, c.target_spec),

@@ -65,6 +65,7 @@ from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_controls import cache_name, cache_type, explain, layout, quantized
 from fuzz.oracles.memory_machine import cache_params, hypothesis_program, run_program
 from fuzz.oracles.memory_model import (
+    ROPE_SCALINGS,
     MemoryConfig,
     check_program,
     format_step,
@@ -214,6 +215,9 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
         raise UserError("--n-seq must be at least 2 (the operations move cells between sequences)")
     if cfg.engine not in ("seeded", "hypothesis"):
         raise UserError(f"--engine {cfg.engine!r}: seeded or hypothesis")
+    if cfg.rope_scaling not in ("", *ROPE_SCALINGS) or cfg.rope_freq_scale < 0:
+        raise UserError(f"--rope {cfg.rope_scaling}:{cfg.rope_freq_scale:g}: a scaling of {', '.join(ROPE_SCALINGS)} "
+                        "and a positive frequency scale (yarn:0.5)")
     program = check_program(cfg.program, cfg.n_seq) if cfg.program is not None else None
     info = inspect_file(str(fixture))
     t0 = time.perf_counter()
@@ -307,7 +311,10 @@ def format_report(rep: dict[str, Any]) -> str:
                 "layout" if cfg.get("engine") == "hypothesis" else
                 f"{cfg['programs']} programs × {cfg['steps']} operations per KV layout")
              + (f", stage {cfg['stage']}" if cfg.get("stage") else "")
-             + (", flash attention" if cfg.get("flash_attn") else "") + f", tolerance max({cfg['tol']:g}, "
+             + (", flash attention" if cfg.get("flash_attn") else "")
+             + (f", RoPE scaling {cfg['rope_scaling'] or 'the model'}'s" if cfg.get("rope_scaling") else "")
+             + (f", frequency scale {cfg['rope_freq_scale']:g}" if cfg.get("rope_freq_scale") else "")
+             + f", tolerance max({cfg['tol']:g}, "
              f"{cfg.get('noise_factor', 0):g} × the batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
     noise = rep.get("noise") or {}
     if "shift" in noise:
@@ -361,6 +368,6 @@ ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda re
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "context", "n_rs_seq", "kv_unified", "tol",
                              "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill", "type_k",
-                             "type_v"),
+                             "type_v", "swa_full", "rope_scaling", "rope_freq_scale"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op", "cause_then"))

@@ -1,5 +1,5 @@
-"""The memory lane's fixed configs: the program under memory pressure (upstream 17527's shape) and the cache that runs
-full (fill)."""
+"""The memory lanes' fixed configs: the program under memory pressure (upstream 17527's shape), the cache that runs
+full (fill) and a whole sequence shifted (the shift lane)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,24 @@ def capacity_config(**common: Any) -> MemoryConfig:
     """The config whose drawn programs fill their KV streams (fill), in both layouts."""
     return MemoryConfig(**{"programs": 1, "steps": 32, "n_seq": 2, "context": CAPACITY_CTX, "max_len": CAPACITY_CTX - 8,
                            "fill": True, **common})
+
+
+# A context shift (llama-server's --context-shift, a runtime sliding a conversation): a whole sequence's positions
+# moved by seq_add, then one more token. On a model whose positions are rotary it must equal the same tokens decoded
+# at the new positions (memory.shifts_faithful); in a YaRN context too (llama.cpp's shift ropes the stored keys again)
+SHIFT_TOKENS, SHIFT_DELTA = 12, 5
+# a YaRN context four times the trained one (--rope-scaling yarn --rope-scale 4: Qwen3's documented long-context setup)
+YARN = {"rope_scaling": "yarn", "rope_freq_scale": 0.25}
+
+
+def shift_program(n_vocab: int) -> list[dict[str, Any]]:
+    """SHIFT_TOKENS seeded tokens decoded as sequence 0, all of them shifted by +SHIFT_DELTA, one more token."""
+    toks = [int(t) for t in np.random.default_rng(13).integers(0, n_vocab, SHIFT_TOKENS + 1)]
+    return [{"op": "decode", "parts": [[0, toks[:-1]]]}, {"op": "add", "seq": 0, "p0": 0, "p1": -1,
+                                                           "delta": SHIFT_DELTA},
+            {"op": "decode", "parts": [[0, toks[-1:]]]}]
+
+
+def shift_config(n_vocab: int, **common: Any) -> MemoryConfig:
+    """The config that runs the shift program (two sequences: the oracle's least; one KV cache)."""
+    return MemoryConfig(program=shift_program(n_vocab), n_seq=2, kv_unified=(True,), **common)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.engine.parity import first_token_flip, routing_near_tie, token_rows
-from fuzz.oracles.memory_machine import cache_params, ids, run_program
+from fuzz.oracles.memory_machine import ROPE_PARAMS, cache_params, ids, run_program
 from fuzz.oracles.memory_model import Memory, MemoryConfig, format_step, refuses_coupled, step_class
 from fuzz.oracles.memory_recompute import Recompute
 from synth.errors import UserError
@@ -23,7 +23,11 @@ from targets import Target
 
 
 def cache_name(cfg: MemoryConfig) -> str:
-    """The config's KV cache in words: "a q8_0 K / f16 V cache", ", full-size window" where swa_full."""
+    """The config's KV cache in words: "a q8_0 K / f16 V cache", ", full-size window" where swa_full; its RoPE
+    scaling where it sets one ("a yarn RoPE scaling, frequency scale 0.5")."""
+    if cfg.rope_scaling or cfg.rope_freq_scale:
+        return f"a {cfg.rope_scaling or 'model'} RoPE scaling" + \
+            (f", frequency scale {cfg.rope_freq_scale:g}" if cfg.rope_freq_scale else "")
     return f"a {cfg.type_k or 'f16'} K / {cfg.type_v or 'f16'} V cache" + (", full-size window" if cfg.swa_full else "")
 
 
@@ -180,19 +184,28 @@ def explain(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
 def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
                program: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The cache-type control (a config with KV cache types or a full-size window; crashes too): the same program on
-    llama.cpp's default cache (f16, windowed), its recompute alike, must pass. None without such a config, or when
-    it fails there too."""
-    if not cache_params(cfg):
+    llama.cpp's default cache (f16, windowed), its recompute alike, must pass; a config with a RoPE scaling (kind
+    rope-scaling): the same program with the model's own. None without such a config, or when it fails there too."""
+    changed = cache_params(cfg)
+    if not changed:
         return None
-    plain = dataclasses.replace(cfg, type_k="", type_v="", swa_full=False)
-    params = {k: v for k, v in recompute.params.items() if k not in ("type_k", "type_v", "swa_full")}
+    rope = any(k in ROPE_PARAMS for k in changed)
+    plain = dataclasses.replace(cfg, **{k: MemoryConfig.__dataclass_fields__[k].default for k in changed})
+    control = Recompute(recompute.t, recompute.fixture, {k: v for k, v in recompute.params.items() if k not in changed},
+                        recompute.feed, tol=recompute.tol)
+    # held to the same promise: a rotary model's shift equals decoding at the new positions there too (a quantized
+    # cache's shift, replayed where it ran, is an f16 one's no longer), else its shift replayed would carry the bug
+    control.rope_type = rope_type = recompute.rope_type
+    control.faithful_shifts = recompute.faithful_shifts or (rope_type is not None and rope_type >= 0)
     try:
-        _, again, mach = run_program(t, fixture, plain, kv_unified, Recompute(recompute.t, recompute.fixture, params,
-                                     recompute.feed, tol=recompute.tol), program, None)
+        _, again, mach = run_program(t, fixture, plain, kv_unified, control, program, None)
     except UserError:
         return None
-    if again is not None or mach.refused.get("skipped"):
-        return None
+    if again is not None or any(mach.refused.get(k) for k in ("skipped", "add", "div")):
+        return None  # (a shift refused there, as a window's cache refuses it unless full-size, is no pass)
+    if rope:
+        return {"kind": "rope-scaling", "detail": f"the same program passes with the model's own RoPE scaling: it "
+                f"fails with {cache_name(cfg)} only"}
     return {"kind": "cache-type", "detail": f"the same program passes with llama.cpp's default f16 KV cache: it "
             f"fails with {cache_name(cfg)} only"}
 

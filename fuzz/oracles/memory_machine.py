@@ -40,11 +40,14 @@ from synth.inspect import inspect_file
 from targets import Reply, Target, as_bytes
 from targets.kvstate import other_width
 
+CACHE_PARAMS = ("type_k", "type_v", "swa_full")  # the KV cache's
+ROPE_PARAMS = ("rope_scaling", "rope_freq_scale")  # the positions'
+
 
 def cache_params(cfg: MemoryConfig) -> dict[str, Any]:
-    """The load params of the config's KV cache: its types and a full-size window (none where llama.cpp's default is
-    kept)."""
-    return {k: getattr(cfg, k) for k in ("type_k", "type_v", "swa_full") if getattr(cfg, k)}
+    """The load params the config changes from llama.cpp's defaults: its KV cache (types, a full-size window) and
+    its RoPE scaling (none where the default is kept)."""
+    return {k: getattr(cfg, k) for k in CACHE_PARAMS + ROPE_PARAMS if getattr(cfg, k)}
 
 
 def sliding_window(path: str) -> int:

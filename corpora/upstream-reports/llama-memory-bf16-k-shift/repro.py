@@ -99,10 +99,20 @@ def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max
     ctx = L.llama_init_from_model(model, cp)
     return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")
 
+
+
+def refused_shift():
+    """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
+    at the next decode), and nothing wrong follows from a shift it refuses."""
+    print("fixed: llama_memory_can_shift is false: the memory refuses to shift positions")
+    sys.exit(0)
+
 def steps():
     model = load_model()
     ctx = new_typed_context(model, 'bf16', 'f16', n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=False, kv_unified=True)
     rows = decode(ctx, tokens=[54], pos=[0], seqs=[[1]], outputs=[1])
+    if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
+        refused_shift()
     L.llama_memory_seq_div(L.llama_get_memory(ctx), 1, 0, -1, 3)
     rows = decode(ctx, tokens=[35], pos=[0], seqs=[[2]], outputs=[1])
 
