@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fuzz.engine.contract import describe
+from fuzz.engine.contract import TOL_SPREAD, describe
 from fuzz.engine.fixtures import fixture_path, flash_attn_list, int_list, parse_tokens, prompt_fields
 from fuzz.engine.schedule import PHASES
 from fuzz.oracles import determinism as det
@@ -52,6 +52,9 @@ BundleOpt = Annotated[Path | None, Opt(help="shrink each finding into a repro bu
 KvUnifiedOpt = Annotated[bool, Opt(help="one KV cache shared by the slots (--kv-unified: llama-server's layout when "
                                         "-np is not given), instead of one per slot")]
 FlashAttnOpt = Annotated[str, Opt(help="flash attention: off, on or off,on")]
+TolOpt = Annotated[float, Opt(help="an absolute least tolerance of max |Δlogit| (0: none; the spread's decides)")]
+TolSpreadOpt = Annotated[float, Opt(help="the least tolerance as a fraction of the model's logits' spread (their "
+                                         "standard deviation): 0.03 is 0.1 on the fixtures")]
 LlamaCppOpt = Annotated[str | None, Opt("--llama-cpp", help="the llama.cpp build to run: pinned (default), "
                                         "pypi:VERSION (the tree a llama-cpp-python sdist vendors, with its own "
                                         "bindings) or a source tree's path; built once and cached "
@@ -267,9 +270,10 @@ def isolation_cmd(
     n_seq: Annotated[int, Opt(help="sequences per batch")] = 4,
     prompt_len: Annotated[int, Opt(help="prompt tokens of sequence 0 (sequence i has 3 i more)")] = 12,
     tokens: Annotated[int, Opt(help="decode steps")] = 6,
-    tol: Annotated[float, Opt(help="the least tolerance: max |Δlogit| vs the sequence alone")] = 0.1,
+    tol: TolOpt = 0.0,
+    tol_spread: TolSpreadOpt = TOL_SPREAD,
     noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape "
-                                            "numerics, measured on each sequence alone (0: --tol only)")] = 4.0,
+                                            "numerics, measured on each sequence alone (0: the least only)")] = 4.0,
     flash_attn: FlashAttnOpt = "off,on",
     target: TargetOpt = "llama-cpp",
     llama_cpp: LlamaCppOpt = None,
@@ -283,7 +287,7 @@ def isolation_cmd(
     """Each sequence alone vs all in one batch (KV cache unified and per sequence, flash attention off and on): a
     sequence's logits must not depend on the others in its batch; a context that cannot hold N sequences is a
     finding too."""
-    cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol,
+    cfg = iso.IsolationConfig(n_seq=n_seq, prompt_len=prompt_len, tokens=tokens, tol=tol, tol_spread=tol_spread,
                               noise_factor=noise_factor, flash_attn=flash_attn_list(flash_attn), target=target,
                               timeout=timeout, seed=seed)
     return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
@@ -306,8 +310,8 @@ def memory_cmd(
     n_seq: Annotated[int, Opt(help="sequences in the context")] = 3,
     n_rs_seq: Annotated[int, Opt(help="recurrent-state snapshots per sequence (rollback), where the arch has "
                                       "them")] = 4,
-    tol: Annotated[float, Opt(help="the least tolerance: max |Δlogit| against each sequence's history recomputed "
-                                   "alone")] = 0.1,
+    tol: TolOpt = 0.0,
+    tol_spread: TolSpreadOpt = TOL_SPREAD,
     noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape move, "
                                             "measured once (0: --tol only)")] = 4.0,
     program: Annotated[Path | None, Opt(help="run this program (a JSON list of operations, as a report's "
@@ -356,7 +360,8 @@ def memory_cmd(
             raise UserError(f"--program {program}: not a readable JSON list of operations ({e}); write it as a "
                             "report's finding records it (detail.program)") from None
     k, _, v = cache_types.partition(",")
-    common = dict(n_rs_seq=n_rs_seq, tol=tol, noise_factor=noise_factor, target=target, timeout=timeout, seed=seed,
+    common = dict(n_rs_seq=n_rs_seq, tol=tol, tol_spread=tol_spread, noise_factor=noise_factor, target=target,
+                  timeout=timeout, seed=seed,
                   flash_attn=flash_attn, type_k="" if k == "f16" else k, type_v="" if (v or "f16") == "f16" else v,
                   swa_full=swa_full, aborts=aborts, **rope_params(rope))
     cfg = (capacity_config if fill else MemoryConfig)(programs=programs, steps=steps, n_seq=n_seq, program=given,

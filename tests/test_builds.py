@@ -295,6 +295,21 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
         "known, and more: 1 findings the base does not have, each of a known upstream finding's class; first: "
         "sequence 1 at step 4: 0.4 | "), v["detail"]
     assert bp.more_known(base, lane(finding(1), finding(1), finding(1))).startswith("known, and more: 1 findings")
+    # a drawn program that failed on the base too ended there (at a bug the candidate fixed): on the candidate it
+    # goes on and meets a later known one — unmasked, not more; in a program the base passed it is more
+    def drawn(status_of_1):
+        return [{"program": 0, "kv_unified": False, "status": "pass"},
+                {"program": 1, "kv_unified": False, "status": status_of_1}]
+
+    later = {**finding(6, "rm"), "detail": {"index": 1}}
+    masked = {**lane(finding(1)), "reports": [{"oracle": "memory", "target": "llama-cpp", "results": drawn("finding"),
+                                               "findings": [{**finding(1), "detail": {"index": 1}}]}]}
+    assert bp.more_known(masked, {**lane(), "reports": [{"oracle": "memory", "target": "llama-cpp",
+                                                          "results": drawn("finding"), "findings": [later]}]}) is None
+    passed = {**masked, "reports": [{**masked["reports"][0], "results": drawn("pass")}]}
+    assert bp.more_known(passed, {**lane(), "reports": [{"oracle": "memory", "target": "llama-cpp",
+                                                          "results": drawn("finding"), "findings": [later]}]}) \
+        .startswith("known, and more: 1 findings")
     # the base's known findings gone on the candidate (a fix series): fixed — but not where llama-server had any
     passing = {"row": "qwen3", "lane": "memory", "status": "pass", "detail": "34 programs", "reports": []}
     (v,) = bp.verdicts(run, {"results": [passing]}, {})

@@ -29,10 +29,12 @@ def test_clean_families_keep_their_sequences_apart(fixtures, family, knobs):
     assert {(r["kv_unified"], r["flash_attn"]) for r in rep["results"]} == {(True, False), (False, False),
                                                                            (True, True), (False, True)}
     assert len(rep["results"]) == 16
-    assert max(r["max_abs_dlogit"] for r in rep["results"]) < 0.01  # batch-shape noise, far below tol 0.1
-    # the model's own batch-shape control moves as little, so the measured tolerance stays at its floor
+    assert max(r["max_abs_dlogit"] for r in rep["results"]) < 0.01  # batch-shape noise, far below the floor
+    # the model's own batch-shape control moves as little, so the measured tolerance stays at its floor: 0.03 × its
+    # logits' spread (2.5-3.5 on the fixtures: 0.1 there)
     assert set(rep["noise"]) == {"unified-kv", "per-seq-kv", "unified-kv-fa", "per-seq-kv-fa"}
-    assert all(x["batch_shape"] < 0.01 and x["tolerance"] == 0.1 for x in rep["noise"].values())
+    assert all(x["batch_shape"] < 0.01 and x["tolerance"] == 0.03 * x["spread"] and 2 < x["spread"] < 4
+               for x in rep["noise"].values())
 
 
 DSA_TIES = ROOT / "corpora" / "repros" / "deepseek32-isolation-unified-kv" / "fixture.gguf"  # a 2-head indexer
@@ -160,7 +162,8 @@ def test_the_tolerance_is_measured_on_the_model(fixtures):
     assert both["placed_vs_alone"] == pytest.approx(0.2, abs=1e-3)
     assert both["placed_vs_batched"] == pytest.approx(0.3, abs=1e-3)
     leak = Isolation(path, IsolationConfig(target="mutant:seq-leak", flash_attn=(False,))).run()
-    assert leak["noise"]["unified-kv"]["tolerance"] == 0.1  # alone, the leak has nothing to leak
+    noise = leak["noise"]["unified-kv"]
+    assert noise["tolerance"] == 0.03 * noise["spread"]  # alone, the leak has nothing to leak
     assert leak["status"] == "finding" and all(f["cause"]["kind"] == "batch" for f in leak["findings"])
 
 
@@ -262,13 +265,16 @@ def test_a_model_that_aborts_only_with_flash_attention_on_is_a_crash_finding(fix
 
 def test_a_batch_shape_excuse_is_bounded():
     """The same bits with other neighbours say no data leaks in; they do not say how far a batch's shape may move
-    a sequence. Below a whole logit, or within 4x the batch-shape control, it is numerics; a whole logit or more only
-    with the near-tie choice that turned the rounding into it named; a cell-position difference only with one."""
-    from fuzz.oracles.isolation import is_numerics
+    a sequence. Below a whole logit (0.3 × the logits' spread: 1.0 on the fixtures, `whole`), or within 4x the
+    batch-shape control, it is numerics; a whole logit or more only with the near-tie choice that turned the rounding
+    into it named; a cell-position difference only with one."""
+    from fuzz.oracles.isolation import WHOLE_SPREAD, is_numerics
 
-    shape = {"kind": "batch shape", "control": 0.01, "bound": 0.04}
+    shape = {"kind": "batch shape", "control": 0.01, "bound": 0.04, "whole": WHOLE_SPREAD * 3.3}
     assert is_numerics({**shape, "moved": 0.125})
     assert not is_numerics({**shape, "moved": 7.0})
+    assert not is_numerics({**shape, "moved": 0.125, "whole": WHOLE_SPREAD * 0.2})  # (a model whose logits spread 0.2)
+    assert is_numerics({**shape, "moved": 7.0, "whole": WHOLE_SPREAD * 100})  # (one whose logits spread 100)
     assert is_numerics({**shape, "moved": 7.0, "flip": {"kind": "top-k"}})
     assert is_numerics({"kind": "cells and batch shape", "control": 2.0, "bound": 8.0, "moved": 7.0})
     assert not is_numerics({"kind": "cell position"})

@@ -29,13 +29,13 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fuzz.certify.battery import run_battery, write_certificate
+from fuzz.certify.bump_known import fewer_known, known_fixed, more_known
 from fuzz.certify.lanes import NO_OPTIONS, LaneOptions
 from fuzz.certify.outputs import manifest_identity, write_outputs
 from fuzz.engine.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
@@ -240,64 +240,6 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         out.append({"row": row, "lane": CROSS_LANE, "verdict": x["verdict"], "base": None, "candidate": None,
                     "detail": x["detail"], **{k: v for k, v in x.items() if k not in ("verdict", "detail")}})
     return out
-
-
-def library_findings(lane: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """The findings of a lane's library oracles' runs, each with the index of its run. llama-server's lanes are left
-    out (which schedules meet a known abort is timing)."""
-    return [(i, f) for i, rep in enumerate(lane.get("reports", [])) if rep.get("target") != "llama-server"
-            for f in rep.get("findings", [])]
-
-
-def case_key(i: int, f: dict[str, Any]) -> tuple[Any, ...]:
-    """A finding as what it is and where: its run, phase, step, cuts and fingerprint (numbers that move with numerics
-    left out). Seeded programs and cases fail the same way on the same build."""
-    return i, f.get("phase"), f.get("step"), json.dumps(f.get("cuts")), json.dumps(f.get("fingerprint"), sort_keys=True)
-
-
-def known_cases(lane: dict[str, Any]) -> Counter:
-    """How many of a lane's library findings each case_key has."""
-    return Counter(case_key(i, f) for i, f in library_findings(lane))
-
-
-def more_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
-    """A lane known on both builds that fails on the candidate where the base did not — each finding of a known
-    upstream finding's class, so the lane still reads `known`: a new bug of a known class (or None)."""
-    new = known_cases(candidate) - known_cases(base)
-    if not new:
-        return None
-    first = next(f for i, f in library_findings(candidate) if case_key(i, f) in new)
-    return (f"known, and more: {sum(new.values())} findings the base does not have, each of a known upstream "
-            f"finding's class; first: {first.get('message', '')}")
-
-
-def fewer_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
-    """A lane known on both builds whose candidate no longer meets some of the base's known upstream repros, in the
-    runs both builds drew alike (the same config: a lane that draws again past known findings draws fewer programs
-    where fewer met one), and meets none the base did not: those repros are fixed there, the rest still known (or
-    None). Library oracles' runs only, as more_known."""
-    runs_a, runs_b = (x.get("data", {}).get("known_runs") for x in (base, candidate))
-    reps_a, reps_b = base.get("reports", []), candidate.get("reports", [])
-    if not runs_a or not runs_b or len(runs_a) != len(reps_a) or len(runs_b) != len(reps_b):
-        return None
-    alike = [i for i in range(min(len(reps_a), len(reps_b))) if reps_a[i].get("target") != "llama-server"
-             and reps_a[i].get("config") == reps_b[i].get("config")]
-    gone = sorted({n for i in alike for n in runs_a[i]} - {n for i in alike for n in runs_b[i]})
-    if not gone or any(set(runs_b[i]) - set(runs_a[i]) for i in alike):
-        return None
-    still = sorted({n for r in runs_b for n in r})
-    return f"fixed: {', '.join(gone)} no longer met; still known: {', '.join(still)}"
-
-
-def known_fixed(base: dict[str, Any]) -> str | None:
-    """A lane known on the base that passes on the candidate, every known finding of the base's the library's: those
-    upstream findings are fixed there (a fix series, a newer llama.cpp). None where llama-server's reports had
-    findings: which schedules meet a known abort is timing, so a pass there is no fix."""
-    lib = library_findings(base)
-    if not lib or len(lib) != sum(len(rep.get("findings", [])) for rep in base.get("reports", [])):
-        return None
-    first = lib[0][1].get("message", "")
-    return f"fixed: the base's {len(lib)} findings of known upstream bugs are gone; first: {first}"
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:

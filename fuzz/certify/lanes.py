@@ -236,7 +236,8 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
             if rep.numerics else ""
         detail = (f"{rep.config['n_seq']} sequences per batch, KV unified and per sequence, flash attention "
                   f"{'/'.join('on' if x else 'off' for x in rep.config['flash_attn'])}: max |Δlogit| vs alone "
-                  f"{worst_d:.1e} (tolerance {rep.config['tol']:g}){numerics}")
+                  f"{worst_d:.1e} (tolerance {max(v['tolerance'] for v in rep.extra['noise'].values()):.2g})"
+                  f"{numerics}")
     else:
         f = rep.findings[0]
         detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"

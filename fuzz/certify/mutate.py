@@ -335,7 +335,8 @@ def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any]
     """What the bump from the pristine build to the mutant's says of a lane the mutant's run did not fail: a reuse
     regression, or a known lane failing more cases (None: unchanged); the mutant's build activated again after a
     pristine run."""
-    from fuzz.certify.bump import more_known, reuse_regression, rewinds_of
+    from fuzz.certify.bump import reuse_regression, rewinds_of
+    from fuzz.certify.bump_known import more_known
     from targets.builds import activate
 
     if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN):

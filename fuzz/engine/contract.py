@@ -15,6 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fuzz.engine.stages import KIND_LETTER
 from synth.inspect import inspect_file
 
@@ -32,6 +34,18 @@ MISSING = "missing"  # planned, but produced no result (fails closed)
 SKIPPED = "skipped"  # could not run on this machine (a missing binary): said loudly, with why
 STATUSES = (PASS, FINDING, UNSUPPORTED, KNOWN, NUMERICS, CRASH, TIMEOUT, MISSING, SKIPPED)
 FAILING = (FINDING, CRASH, TIMEOUT, MISSING)  # a run with any of these exits 1
+
+# ---- tolerances relative to the model's own logits -------------------------------------------------------------
+# The least tolerance of a logits comparison, as a fraction of the logits' own spread (their standard deviation over
+# the vocabulary): a bound in logits means something else on a model whose logits span tens than on one whose logits
+# span hundreds. 0.03 is the absolute 0.1 it replaces on the fixtures (their logits spread 2.6-3.5; cohere2 and
+# minicpm3's scaled heads ~20).
+TOL_SPREAD = 0.03
+
+
+def logits_spread(rows: list[np.ndarray]) -> float:
+    """The logits' spread: the median over the rows of their standard deviation over the vocabulary."""
+    return float(np.median([np.std(np.asarray(r, dtype=np.float64)) for r in rows])) if rows else 0.0
 
 
 def build_identity(llama_cpp_commit: str | None = None) -> dict[str, Any]:

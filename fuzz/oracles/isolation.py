@@ -1,22 +1,23 @@
 """`fuzz isolation`: a sequence must not notice the other sequences in its batch.
 
 Each of N prompts runs alone (greedy), then all N run together — one batch for every prompt, then one token per
-sequence per step, teacher-forced with the tokens each chose alone — with the KV cache unified and per sequence,
-and flash attention off and on (llama-server's default is on). Every sequence's logits must stay within a
-tolerance of its solo run at every step. Batch composition moves low bits (upstream does not promise bit-exactness
-across batch shapes: the determinism lane's policy), and how much depends on the model: at most 9e-3 over all 70
-families' fixtures on the pinned llama.cpp, up to ~2 on a real quantized model. So the tolerance is measured, per
-model and layout: each sequence runs alone a second time in other batches (its prompt in three chunks, its decode
-tokens two at a time, cells 0.. as before) — no other sequence, so whatever moves is the batch shape's numerics —
-and the tolerance is `noise_factor` times the largest move, never below `tol` (0.1: far below what a leak or a
-different attention choice does, 1.3–7 in the cases found). A context that cannot be created or run for N
-sequences is a finding too (a crash). A finding is run again before it is reported (reproduced or not), and given
-a cause: with a unified cache the sequence runs alone once more but in the cells batching gave it, which
-tells "where it sits in the cache changes it" (cell position) from "the batch changes it"; the batch runs once more
-with other neighbours (other tokens, same lengths), which tells "its shape changes the numerics" (batch shape: the
-same bits again) from "its neighbours' data reaches it" (batch: a leak). Where neither the cells nor the batch alone
-explain it (both moved more than the tolerance, as on real weights), the neighbour run decides too: the same bits
-with other neighbours is both numerics at once (cells and batch shape), other bits is a leak.
+sequence per step, teacher-forced with the tokens each chose alone — with the KV cache unified and per sequence, and
+flash attention off and on (llama-server's default is on). Every sequence's logits must stay within a tolerance of
+its solo run at every step. Batch composition moves low bits (upstream does not promise bit-exactness across batch
+shapes: the determinism lane's policy), and how much depends on the model: at most 9e-3 over all 70 families'
+fixtures on the pinned llama.cpp, up to ~2 on a real quantized model. So the tolerance is measured, per model and
+layout: each sequence runs alone a second time in other batches (its prompt in three chunks, its decode tokens two at
+a time, cells 0.. as before) — no other sequence, so whatever moves is the batch shape's numerics — and the tolerance
+is `noise_factor` times the largest move, never below `tol_spread` times the logits' own spread (0.03: 0.1 on the
+fixtures, far below what a leak or a different attention choice does, 1.3–7 in the cases found). A context that
+cannot be created or run for N sequences is a finding too (a crash). A finding is run again before it is reported
+(reproduced or not), and given a cause: with a unified cache the sequence runs alone once more but in the cells
+batching gave it, which tells "where it sits in the cache changes it" (cell position) from "the batch changes it";
+the batch runs once more with other neighbours (other tokens, same lengths), which tells "its shape changes the
+numerics" (batch shape: the same bits again) from "its neighbours' data reaches it" (batch: a leak). Where neither
+the cells nor the batch alone explain it (both moved more than the tolerance, as on real weights), the neighbour run
+decides too: the same bits with other neighbours is both numerics at once (cells and batch shape), other bits is a
+leak.
 """
 
 from __future__ import annotations
@@ -30,7 +31,19 @@ from typing import Any
 import numpy as np
 
 from fuzz.engine.case_oracle import CaseOracle
-from fuzz.engine.contract import CRASH, FAILING, FINDING, NUMERICS, PASS, Finding, Oracle, Report, select
+from fuzz.engine.contract import (
+    CRASH,
+    FAILING,
+    FINDING,
+    NUMERICS,
+    PASS,
+    TOL_SPREAD,
+    Finding,
+    Oracle,
+    Report,
+    logits_spread,
+    select,
+)
 from fuzz.engine.fleet import Fleet, fixture_header
 from fuzz.engine.parity import (
     TOP_K_NODES,
@@ -51,7 +64,9 @@ from targets import Target
 from targets.target import script_request
 
 NOISE_FACTOR = 4.0  # a batch-shape difference is numerics up to this × the batch-shape control (or a near-tie named)
-WHOLE_LOGIT = 1.0  # a batch-shape move this large is never rounding: numerics only with its near-tie named
+# a batch-shape move this large, as a fraction of the logits' spread, is never rounding: numerics only with its
+# near-tie named (1.0 logit on the fixtures)
+WHOLE_SPREAD = 0.3
 
 
 @dataclass
@@ -63,8 +78,9 @@ class IsolationConfig:
     # off, and on as llama-server runs it by default (CPU flash attention sums V in f16 over the cells in order: a
     # unified cache's placement moves it more than the per-stream one, ~1e-2 vs 1e-3 on the tier-1 rows)
     flash_attn: tuple[bool, ...] = (False, True)
-    tol: float = 0.1  # the least tolerance; the measured one is noise_factor × the batch-shape control's move
-    noise_factor: float = 4.0  # 0: the fixed tolerance `tol` only
+    tol: float = 0.0  # an absolute least tolerance (0: none); the measured one is noise_factor × the batch-shape move
+    tol_spread: float = TOL_SPREAD  # the least tolerance as a fraction of the logits' spread (logits_spread)
+    noise_factor: float = 4.0  # 0: the least tolerance only
     seed: int = 0
     target: str = "llama-cpp"
     timeout: float = 120.0
@@ -79,6 +95,7 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
         if cfg.n_seq < 2 or cfg.prompt_len < 1 or cfg.tokens < 1:
             raise UserError("--n-seq must be at least 2, --prompt-len and --tokens at least 1")
         self.tol = cfg.tol
+        self.whole = math.inf  # the layout's whole-logit move (WHOLE_SPREAD × the logits' spread)
         self.fa = False  # the layout being run: flash attention on or off
         self.noise_measured = 0.0  # the layout's batch-shape control (_noise): what bounds a batch-shape excuse
         self.noise: dict[str, dict[str, float]] = {}
@@ -104,8 +121,10 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
             return {"refused": why}
         alone = [self._alone(self.t, i) for i in range(self.cfg.n_seq)]
         measured = self.noise_measured = self._noise(self.t, alone)
-        self.tol = max(self.cfg.tol, self.cfg.noise_factor * measured)
-        self.noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "tolerance": self.tol}
+        spread = logits_spread([row for _, rows in alone for row in rows])
+        self.whole = WHOLE_SPREAD * spread
+        self.tol = max(self.cfg.tol, self.cfg.tol_spread * spread, self.cfg.noise_factor * measured)
+        self.noise[kv_layout(kvu, self.fa)] = {"batch_shape": measured, "spread": spread, "tolerance": self.tol}
         return {"alone": alone, "tol": self.tol, "together": self._together(self.t, alone)}
 
     def judge(self, case: tuple[bool, bool], seen: dict[str, Any]) -> list[dict[str, Any]]:
@@ -311,7 +330,7 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
             # as far as the shape's rounding goes: within NOISE_FACTOR × the batch-shape control, or turned into
             # another result at a near-tie choice rounding moved (named) — never by its size alone
             control = self.noise_measured
-            out |= {"moved": moved, "control": control, "bound": NOISE_FACTOR * control}
+            out |= {"moved": moved, "control": control, "bound": NOISE_FACTOR * control, "whole": self.whole}
             if moved > NOISE_FACTOR * control:
                 flip = self._batch_flip(t, i, step, alone, unified)
                 if flip:
@@ -447,16 +466,17 @@ def describe_flip(x: dict[str, Any]) -> str:
 def is_numerics(cause: dict[str, Any] | None) -> bool:
     """A difference the cause shows to be numerics, not a leak, each within a bound: the batch's shape, or its cells
     and its batch's shape together (the same bits with other neighbours: their data does not reach it) — moving it
-    less than a whole logit, or no more than NOISE_FACTOR × the batch-shape control, or turned into another result at
-    a near-tie the measured rounding crossed (named: a MoE routing choice, a DSA top-k, a value rounded to a 16-bit
-    type); or the cells' summation order turned into a different result at such a near-tie. Reported, not a finding.
+    less than a whole logit (WHOLE_SPREAD × the logits' spread), or no more than NOISE_FACTOR × the batch-shape
+    control, or turned into another result at a near-tie the measured rounding crossed (named: a MoE routing choice, a
+    DSA top-k, a value rounded to a 16-bit type); or the cells' summation order turned into a different result at such
+    a near-tie. Reported, not a finding.
     (A cell-position difference with no such flip — DSA's exact-tie top-k — stays a finding, and so does a batch-shape
     move of a whole logit or more with none: that is never rounding.)"""
     if not cause:
         return False
     if cause["kind"] in ("batch shape", "cells and batch shape"):
         moved = cause.get("moved", math.inf)
-        return moved <= cause.get("bound", 0.0) or moved < WHOLE_LOGIT or bool(cause.get("flip"))
+        return moved <= cause.get("bound", 0.0) or moved < cause.get("whole", 0.0) or bool(cause.get("flip"))
     return cause["kind"] == "cell position" and bool(cause.get("flip"))
 
 
@@ -472,7 +492,8 @@ def format_report(rep: dict[str, Any]) -> str:
     tols = ", ".join(f"{k}: batch-shape control {v['batch_shape']:.2g} → tolerance {v['tolerance']:.2g}"
                      for k, v in rep.get("noise", {}).items())
     lines = [f"isolation {rep['fixture']}: arch {rep['arch']}, {rep['config']['n_seq']} sequences per batch, "
-             f"tolerance max({rep['config']['tol']:g}, {rep['config']['noise_factor']:g} × measured)"
+             f"tolerance max({rep['config'].get('tol_spread', 0):g} × the logits' spread, "
+             f"{rep['config']['noise_factor']:g} × measured)"
              + (f" — {tols}" if tols else "")]
     for r in rep["results"]:
         d = "—" if r["max_abs_dlogit"] is None else f"{r['max_abs_dlogit']:.2e}"
@@ -523,5 +544,5 @@ def report(fixture: Path, cfg: IsolationConfig) -> Report:
 
 ORACLE = Oracle(name="isolation", config=IsolationConfig, run=report, format=lambda rep: format_report(rep.native),
                 narrow=only_layout, shrink=(("tokens", 1), ("prompt_len", 1), ("n_seq", 2)),
-                case_fields=("n_seq", "prompt_len", "tokens", "kv_unified", "flash_attn", "tol", "noise_factor",
-                             "seed"))
+                case_fields=("n_seq", "prompt_len", "tokens", "kv_unified", "flash_attn", "tol", "tol_spread",
+                             "noise_factor", "seed"))

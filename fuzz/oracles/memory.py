@@ -14,9 +14,10 @@ over several live sequences — and runs them on a real context, keeping a model
   a rolled-back sequence must equal a recompute of the tokens it kept, recurrent state included).
 
 After every decode, each decoded sequence's logits must equal its log replayed alone in a fresh context (one
-sequence, the same chunks), within `tol`: the machine's batches hold other sequences' tokens and its cells sit
-elsewhere, and upstream promises no bits across batch shapes (the isolation lane measures that numerics at most
-~1e-2 on every fixture; a lost or foreign cell moves logits by ~1). A refused operation (seq_rm of a recurrent
+sequence, the same chunks), within the tolerance (`tol_spread` of the logits' spread, or more where the batch-shape
+control moves more): the machine's batches hold other sequences' tokens and its cells sit elsewhere, and upstream
+promises no bits across batch shapes (the isolation lane measures that numerics at most ~1e-2 on every fixture; a
+lost or foreign cell moves logits by ~1). A refused operation (seq_rm of a recurrent
 sequence it cannot roll back, an import of a truncated blob) must change nothing but what it names: the other
 sequences are checked as before, and every program ends with a decode of every live sequence.
 
@@ -183,8 +184,9 @@ def calibrated(recompute: Recompute, cfg: MemoryConfig, n_vocab: int,
     """The recompute's tolerance and whether the model's own shifts are faithful, from the model's batch-shape and
     shift moves (measured on the recompute's fresh contexts unless `tolerance` already holds them: once per run)."""
     if not tolerance:
-        move = recompute.batch_shape_move(n_vocab)
-        tolerance = {"batch_shape": move, "tolerance": max(cfg.tol, cfg.noise_factor * move)}
+        move, spread = recompute.batch_shape_move(n_vocab)
+        tolerance = {"batch_shape": move, "spread": spread,
+                     "tolerance": max(cfg.tol, cfg.tol_spread * spread, cfg.noise_factor * move)}
         shift = recompute.shift_move(n_vocab)
         if shift is not None:
             tolerance["shift"] = shift
@@ -283,7 +285,7 @@ def memory_finding(f: dict[str, Any]) -> Finding:
     export) where the check and the layout alone would not."""
     out = finding_of("memory", f, f["message"], phase=layout(f["kv_unified"]), where=f["check"],
                      step=len(f["steps"]) - 1, seq=None,
-                     detail={"program": f["steps"], "seq": f.get("seq"), "op": f["op"],
+                     detail={"program": f["steps"], "index": f["program"], "seq": f.get("seq"), "op": f["op"],
                              "drawn_steps": f["drawn_steps"],
                              **{k: f[k] for k in ("got", "want", "max_abs_dlogit", "failure") if k in f}})
     # (a coupled decode is a decode: the check that failed is the same, one token in several sequences or not)
@@ -314,8 +316,9 @@ def format_report(rep: dict[str, Any]) -> str:
              + (", flash attention" if cfg.get("flash_attn") else "")
              + (f", RoPE scaling {cfg['rope_scaling'] or 'the model'}'s" if cfg.get("rope_scaling") else "")
              + (f", frequency scale {cfg['rope_freq_scale']:g}" if cfg.get("rope_freq_scale") else "")
-             + f", tolerance max({cfg['tol']:g}, "
-             f"{cfg.get('noise_factor', 0):g} × the batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
+             + f", tolerance {rep.get('noise', {}).get('tolerance', cfg['tol']):.2g}: max({cfg.get('tol_spread', 0):g} "
+             f"× the logits' spread {rep.get('noise', {}).get('spread', 0):.2g}, {cfg.get('noise_factor', 0):g} × the "
+             f"batch-shape move {rep.get('noise', {}).get('batch_shape', 0):.2g})"]
     noise = rep.get("noise") or {}
     if "shift" in noise:
         faithful = shifts_faithful(noise, cfg.get("noise_factor", 0), cfg.get("type_k") or "")
@@ -367,7 +370,7 @@ def reduce_config(config: dict[str, Any]) -> list[dict[str, Any]]:
 ORACLE = Oracle(name="memory", config=MemoryConfig, run=report, format=lambda rep: format_report(rep.native),
                 replay_of=replay_of, reduce=reduce_config,
                 case_fields=("programs", "steps", "n_seq", "max_len", "context", "n_rs_seq", "kv_unified", "tol",
-                             "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill", "type_k",
-                             "type_v", "swa_full", "rope_scaling", "rope_freq_scale"),
+                             "tol_spread", "noise_factor", "program", "engine", "stage", "seed", "flash_attn", "fill",
+                             "type_k", "type_v", "swa_full", "rope_scaling", "rope_freq_scale"),
                 # llama.cpp's memory classes serve every family: a bug is the check, the operation and its cause
                 known_key=("status", "where", "op", "cause", "cause_op", "cause_then"))

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.engine.contract import TOL_SPREAD
 from synth.errors import UserError
 
 OPS = ("decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
@@ -43,8 +44,9 @@ class MemoryConfig:
     n_rs_seq: int = 4  # recurrent-state snapshots per sequence (rollback; llama.cpp clamps it on archs without)
     kv_unified: tuple[bool, ...] = (True, False)
     flash_attn: bool = False  # flash attention in the machine's context and the recompute's (llama-server's default)
-    tol: float = 0.1  # the least tolerance: max |Δlogit| against the recompute (batch shapes move ~1e-2 on fixtures)
-    noise_factor: float = 4.0  # the tolerance is this many times the model's own batch-shape move (0: tol only)
+    tol: float = 0.0  # an absolute least tolerance of max |Δlogit| against the recompute (0: none)
+    tol_spread: float = TOL_SPREAD  # the least tolerance, a fraction of the logits' spread (0.1 on the fixtures)
+    noise_factor: float = 4.0  # the tolerance is this many times the model's own batch-shape move (0: the least)
     program: list | None = None  # a recorded program: run exactly it (bundles, shrinking) instead of drawing
     engine: str = "seeded"  # seeded: `programs` drawn from the seed; hypothesis: a state machine, `programs` examples
     stage: str = ""  # A:B: the stage of layers [A, B) instead of the model (past the first, fed rows, not ids)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz.engine.contract import logits_spread
 from targets import Reply, Target, as_bytes
 
 
@@ -54,16 +55,17 @@ class Recompute:
         other.faithful_shifts, other.rope_type = self.faithful_shifts, self.rope_type
         return other
 
-    def batch_shape_move(self, n_vocab: int) -> float:
+    def batch_shape_move(self, n_vocab: int) -> tuple[float, float]:
         """The model's own batch-shape numerics: one seeded sequence of 12 tokens, decoded as one batch and one token
         at a time, alone in fresh contexts: how far its last logits move (0 on every fixture's f32 weights; a real
-        model's quantized matmuls move them more, and so does everything a batch holds)."""
+        model's quantized matmuls move them more, and so does everything a batch holds), and the spread of those
+        logits (logits_spread: what the least tolerance is relative to)."""
         toks = [int(x) for x in np.random.default_rng(12).integers(0, n_vocab, 12)]
         one = self.logits([["d", [[p, t] for p, t in enumerate(toks)]]])
         each = self.logits([["d", [[p, t]]] for p, t in enumerate(toks)])
         if isinstance(one, str) or isinstance(each, str):
-            return 0.0
-        return float(np.max(np.abs(one.astype(np.float64) - each.astype(np.float64))))
+            return 0.0, 0.0
+        return float(np.max(np.abs(one.astype(np.float64) - each.astype(np.float64)))), logits_spread([one])
 
     def shift_move(self, n_vocab: int) -> float | None:
         """The model's own shift against a recompute: one seeded sequence of 12 tokens shifted whole by +5, then one
