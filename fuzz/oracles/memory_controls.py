@@ -214,10 +214,11 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
             program: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
     """The routing control, for a MoE model: the failing decode traced in the machine and in the recompute of the
     sequence alone. A token whose chosen experts differ where the router's scores moved by rounding only, across a
-    gap at most twice that (routing_near_tie), is numerics: where the sequence's cells sit changes the order flash
-    attention sums them in, and a near-tie turns that rounding into another expert — a whole-logit move (the rule and
-    its bound are the isolation oracle's). None when no expert choice differs, the scores moved more, a replay failed,
-    or the layout is one stream per sequence."""
+    gap at most twice that (routing_near_tie), and by no more than ROUNDING_FACTOR × what one rounding of the cached
+    K and V moves them on this history (measured: alone with an f32 cache), is numerics: where the sequence's cells
+    sit changes the order flash attention sums them in, and a near-tie turns that rounding into another expert — a
+    whole-logit move (the near-tie rule is the isolation oracle's). None when no expert choice differs, the scores
+    moved more, a replay failed, or the layout is one stream per sequence."""
     seq, step = problem.get("seq"), problem.get("step", -1)
     if seq is None or step < 0 or not kv_unified:  # (one stream per sequence splits a batch by sequence: its rows'
         return None                                # order is not the batch's, so they cannot be paired here)
@@ -239,12 +240,28 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
                             token_rows([nodes], [len(mine)], lambda _i, n: mine if n == len(seqs) else []))
     if flip is None or not routing_near_tie(flip):
         return None
+    # and no more than the model's own rounding moves those scores: the same history alone with its K and V cached in
+    # f32 (one rounding of every cached value fewer), traced; a move past ROUNDING_FACTOR × that is not rounding
+    exact = recompute.with_params(type_k="f32", type_v="f32").traced(mach.model.log[seq])
+    rows = token_rows([exact], [len(mine)])[0].get(flip.get("scores", ""), None) if exact is not None else None
+    mine_rows = token_rows([alone], [len(mine)])[0].get(flip.get("scores", ""), None)
+    if rows is None or mine_rows is None or rows.shape != mine_rows.shape:
+        return None
+    t = flip["token"]
+    rounding = float(np.max(np.abs(rows[t].astype(np.float64) - mine_rows[t].astype(np.float64))))
+    if flip["scores_max_abs"] > ROUNDING_FACTOR * rounding:
+        return None
     layer = flip["node"].rsplit("-", 1)[-1]
-    return {"kind": "routing-numerics", "numerics": True, "flip": flip,
+    return {"kind": "routing-numerics", "numerics": True, "flip": {**flip, "rounding": rounding},
             "detail": f"a MoE routing near-tie: at token {flip['token']} of the failing decode, layer {layer} chooses "
                       f"experts {flip['b']} here and {flip['a']} alone; the router's scores ({flip['scores']}) moved "
-                      f"by {flip['scores_max_abs']:.2g} across a gap of {flip['margin']:.2g} — rounding (where the "
-                      f"cells sit orders flash attention's sums) chose another expert, which moves the logits whole"}
+                      f"by {flip['scores_max_abs']:.2g} across a gap of {flip['margin']:.2g}, within "
+                      f"{ROUNDING_FACTOR:g} × what one rounding of the cached keys and values moves them "
+                      f"({rounding:.2g}) — rounding (where the cells sit orders flash attention's sums) chose another "
+                      f"expert, which moves the logits whole"}
+
+
+ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × one rounding of the cached K and V
 
 
 # a few f16 roundings, relative to a layer's largest output: CPU flash attention accumulates V in f16, in cell order

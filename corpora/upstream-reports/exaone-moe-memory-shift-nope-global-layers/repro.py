@@ -1,0 +1,126 @@
+"""exaone-moe: wrong logits after llama_decode, llama_memory_seq_add (a unified KV cache).
+
+llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, its C API through llama-cpp-python's bare `llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).
+Exits 1 while the defect is present, 0 once it is fixed, 2 when this program cannot run.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import llama_cpp as L
+
+MODEL = Path(__file__).with_name("model.gguf")
+QUIET = L.llama_log_callback(lambda level, text, user_data: None)
+if not os.environ.get("VERBOSE"):  # llama.cpp's own log: VERBOSE=1 shows it
+    L.llama_log_set(QUIET, None)
+
+
+def cannot(why):
+    """The reproducer itself could not run (not the defect): exit 2."""
+    print(f"cannot run: {why}")
+    sys.exit(2)
+
+
+def load_model():
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0  # the CPU, as the finding was made
+    model = L.llama_model_load_from_file(str(MODEL).encode(), mp)
+    return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
+
+
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot("llama_init_from_model failed")
+
+
+def decode(ctx, tokens, pos, seqs, outputs):
+    """One llama_decode: token i at pos[i] in the sequences seqs[i], logits asked where outputs[i]; each output's
+    logits, by sequence."""
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, max(len(s) for s in seqs))
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.logits[i], batch.n_seq_id[i] = tokens[i], pos[i], outputs[i], len(seqs[i])
+        for j, s in enumerate(seqs[i]):
+            batch.seq_id[i][j] = s
+    rc = L.llama_decode(ctx, batch)
+    L.llama_batch_free(batch)
+    if rc != 0:
+        cannot(f"llama_decode returned {rc}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(L.llama_get_model(ctx)))
+    rows = {}
+    for i in range(n):
+        if outputs[i]:
+            p = L.llama_get_logits_ith(ctx, i)
+            for s in seqs[i]:
+                rows[s] = [p[k] for k in range(n_vocab)]
+    return rows
+
+
+def export_seq(ctx, seq):
+    size = L.llama_state_seq_get_size_ext(ctx, seq, 0)
+    buf = (L.ctypes.c_uint8 * max(size, 1))()
+    return buf, L.llama_state_seq_get_data_ext(ctx, buf, size, seq, 0)
+
+
+def import_seq(ctx, seq, blob):
+    buf, size = blob
+    if L.llama_state_seq_set_data_ext(ctx, buf, size, seq, 0) == 0:
+        cannot(f"llama_state_seq_set_data_ext into sequence {seq} read nothing")
+
+
+def positions(ctx, seq):
+    mem = L.llama_get_memory(ctx)
+    return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
+
+
+
+
+def new_context_with(model, changes, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+    """A context with the given llama_context_params fields changed from llama.cpp's defaults."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.kv_unified = kv_unified
+    for field, value in changes.items():
+        setattr(cp, field, value)
+    ctx = L.llama_init_from_model(model, cp)
+    return ctx or cannot(f"llama_init_from_model with {changes} failed")
+
+
+
+def refused_shift():
+    """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
+    at the next decode), and nothing wrong follows from a shift it refuses."""
+    print("fixed: llama_memory_can_shift is false: the memory refuses to shift positions")
+    sys.exit(0)
+
+model = load_model()
+# the steps, as the memory program ran them
+ctx = new_context_with(model, {'swa_full': True}, n_ctx=768, n_batch=64, n_ubatch=64, n_seq_max=3, n_rs_seq=4, flash_attn=False, kv_unified=True)
+rows = decode(ctx, tokens=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], pos=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], seqs=[[0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
+    refused_shift()
+L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, 0, -1, 5)
+rows = decode(ctx, tokens=[21], pos=[17], seqs=[[0]], outputs=[1])
+
+# the reference: sequence 0's history decoded alone in a fresh context
+ref = new_context_with(model, {'swa_full': True}, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False)
+ref_rows = decode(ref, tokens=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], pos=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], seqs=[[0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+ref_rows = decode(ref, tokens=[21], pos=[17], seqs=[[0]], outputs=[1])
+
+# the check: sequence 0's logits against the reference's
+d = max(abs(a - b) for a, b in zip(rows[0], ref_rows[0]))
+if d > 0.082397:
+    print(f"DEFECT: sequence 0's logits differ from the same history decoded alone: max|Δlogit| {d:.3g} > 0.082397")
+    sys.exit(1)
+print(f"fixed: sequence 0's logits match the same history decoded alone (max|Δlogit| {d:.3g})")
+sys.exit(0)
