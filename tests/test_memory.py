@@ -249,7 +249,8 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
                              "hunyuan-moe-memory-shift-k-norm-after-rope", "deepseek-ocr-memory-shift-whole-head-rope",
                              "baichuan-memory-shift-alibi-keys-rotated", "maincoder-memory-shift-k-norm-after-rope",
                              "cohere2-memory-shift-nope-global-layers", "dots3note-memory-shift-indexer-keys",
-                             "lfm2-swa-memory-shift-empty-graph-abort", "exaone-moe-memory-shift-nope-global-layers"}
+                             "lfm2-swa-memory-shift-empty-graph-abort", "exaone-moe-memory-shift-nope-global-layers",
+                             "minicpm3-memory-quantized-k-shift-null-rotation"}
     # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
     # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
     dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
