@@ -313,7 +313,7 @@ def memory_cmd(
     tol: TolOpt = 0.0,
     tol_spread: TolSpreadOpt = TOL_SPREAD,
     noise_factor: Annotated[float, Opt(help="the tolerance is this many times the model's own batch-shape move, "
-                                            "measured once (0: --tol only)")] = 4.0,
+                                            "measured once (0: the least only)")] = 4.0,
     program: Annotated[Path | None, Opt(help="run this program (a JSON list of operations, as a report's "
                                              "finding records it) instead of drawing")] = None,
     engine: Annotated[str, Opt(help="seeded: --programs drawn from --seed; hypothesis: a Hypothesis state machine "

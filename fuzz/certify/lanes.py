@@ -452,8 +452,9 @@ def lane_skippy(row: Row, lane: str, path: Path, target: Target, target_spec: st
         return LaneResult(row.key, lane, UNSUPPORTED, "skippy refuses this family by design; the reject lane checks "
                                                       "that it does so cleanly")
     if lane in ("memory", "shift"):
-        return LaneResult(row.key, lane, UNSUPPORTED, f"the {lane} lane drives llama.cpp's memory API (seq_rm, seq_cp, "
-                                                      "state get/set per sequence); skippy's OpenAI API exposes none")
+        return LaneResult(row.key, lane, UNSUPPORTED, f"the {lane} lane drives llama.cpp's memory API (seq_rm, "
+                                                      "seq_add, state get/set per sequence); skippy's OpenAI API "
+                                                      "exposes none")
     if lane == "prompt-trees":
         return LaneResult(row.key, lane, UNSUPPORTED, "the prompt-trees lane drives llama-server's slots (save, "
                                                       "restore, host prompt cache); skippy's prefix cache is checked "

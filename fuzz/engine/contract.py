@@ -38,8 +38,7 @@ FAILING = (FINDING, CRASH, TIMEOUT, MISSING)  # a run with any of these exits 1
 # ---- tolerances relative to the model's own logits -------------------------------------------------------------
 # The least tolerance of a logits comparison, as a fraction of the logits' own spread (their standard deviation over
 # the vocabulary): a bound in logits means something else on a model whose logits span tens than on one whose logits
-# span hundreds. 0.03 is the absolute 0.1 it replaces on the fixtures (their logits spread 2.6-3.5; cohere2 and
-# minicpm3's scaled heads ~20).
+# span hundreds. 0.03: 0.1 on the fixtures (their logits spread 2.6-3.5; cohere2's and minicpm3's scaled heads ~20).
 TOL_SPREAD = 0.03
 
 

@@ -314,7 +314,7 @@ def format_report(rep: dict[str, Any]) -> str:
                 f"{cfg['programs']} programs × {cfg['steps']} operations per KV layout")
              + (f", stage {cfg['stage']}" if cfg.get("stage") else "")
              + (", flash attention" if cfg.get("flash_attn") else "")
-             + (f", RoPE scaling {cfg['rope_scaling'] or 'the model'}'s" if cfg.get("rope_scaling") else "")
+             + (f", RoPE scaling {cfg['rope_scaling']}" if cfg.get("rope_scaling") else "")
              + (f", frequency scale {cfg['rope_freq_scale']:g}" if cfg.get("rope_freq_scale") else "")
              + f", tolerance {rep.get('noise', {}).get('tolerance', cfg['tol']):.2g}: max({cfg.get('tol_spread', 0):g} "
              f"× the logits' spread {rep.get('noise', {}).get('spread', 0):.2g}, {cfg.get('noise_factor', 0):g} × the "

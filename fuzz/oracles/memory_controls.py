@@ -210,6 +210,9 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
             f"fails with {cache_name(cfg)} only"}
 
 
+ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × one rounding of the cached K and V
+
+
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
             program: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
     """The routing control, for a MoE model: the failing decode traced in the machine and in the recompute of the
@@ -236,19 +239,19 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     nodes, seqs = mach.traced
     mine = [i for i, s in enumerate(seqs) if seq in ids(s)]
     # (a node of the last layer holds output rows only: left out by its row count)
-    flip = first_token_flip(token_rows([alone], [len(mine)]),
-                            token_rows([nodes], [len(mine)], lambda _i, n: mine if n == len(seqs) else []))
+    alone_rows = token_rows([alone], [len(mine)])
+    flip = first_token_flip(alone_rows, token_rows([nodes], [len(mine)], lambda _i, n: mine if n == len(seqs) else []))
     if flip is None or not routing_near_tie(flip):
         return None
     # and no more than the model's own rounding moves those scores: the same history alone with its K and V cached in
     # f32 (one rounding of every cached value fewer), traced; a move past ROUNDING_FACTOR × that is not rounding
     exact = recompute.with_params(type_k="f32", type_v="f32").traced(mach.model.log[seq])
-    rows = token_rows([exact], [len(mine)])[0].get(flip.get("scores", ""), None) if exact is not None else None
-    mine_rows = token_rows([alone], [len(mine)])[0].get(flip.get("scores", ""), None)
-    if rows is None or mine_rows is None or rows.shape != mine_rows.shape:
+    rows = token_rows([exact], [len(mine)])[0].get(flip.get("scores", "")) if exact is not None else None
+    own = alone_rows[0].get(flip.get("scores", ""))
+    if rows is None or own is None or rows.shape != own.shape:
         return None
-    t = flip["token"]
-    rounding = float(np.max(np.abs(rows[t].astype(np.float64) - mine_rows[t].astype(np.float64))))
+    tok = flip["token"]
+    rounding = float(np.max(np.abs(rows[tok].astype(np.float64) - own[tok].astype(np.float64))))
     if flip["scores_max_abs"] > ROUNDING_FACTOR * rounding:
         return None
     layer = flip["node"].rsplit("-", 1)[-1]
@@ -259,9 +262,6 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
                       f"{ROUNDING_FACTOR:g} × what one rounding of the cached keys and values moves them "
                       f"({rounding:.2g}) — rounding (where the cells sit orders flash attention's sums) chose another "
                       f"expert, which moves the logits whole"}
-
-
-ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × one rounding of the cached K and V
 
 
 # a few f16 roundings, relative to a layer's largest output: CPU flash attention accumulates V in f16, in cell order
