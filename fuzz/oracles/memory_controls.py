@@ -210,15 +210,16 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
             f"fails with {cache_name(cfg)} only"}
 
 
-ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × one rounding of the cached K and V
+ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × the model's own rounding of them
 
 
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
             program: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
     """The routing control, for a MoE model: the failing decode traced in the machine and in the recompute of the
     sequence alone. A token whose chosen experts differ where the router's scores moved by rounding only, across a
-    gap at most twice that (routing_near_tie), and by no more than ROUNDING_FACTOR × what one rounding of the cached
-    K and V moves them on this history (measured: alone with an f32 cache), is numerics: where the sequence's cells
+    gap at most twice that (routing_near_tie), and by no more than ROUNDING_FACTOR × what the model's own rounding
+    moves them on this history (measured alone: with an f32 cache, and with flash attention the other way), is
+    numerics: where the sequence's cells
     sit changes the order flash attention sums them in, and a near-tie turns that rounding into another expert — a
     whole-logit move (the near-tie rule is the isolation oracle's). None when no expert choice differs, the scores
     moved more, a replay failed, or the layout is one stream per sequence."""
@@ -244,14 +245,17 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     if flip is None or not routing_near_tie(flip):
         return None
     # and no more than the model's own rounding moves those scores: the same history alone with its K and V cached in
-    # f32 (one rounding of every cached value fewer), traced; a move past ROUNDING_FACTOR × that is not rounding
-    exact = recompute.with_params(type_k="f32", type_v="f32").traced(mach.model.log[seq])
-    rows = token_rows([exact], [len(mine)])[0].get(flip.get("scores", "")) if exact is not None else None
-    own = alone_rows[0].get(flip.get("scores", ""))
-    if rows is None or own is None or rows.shape != own.shape:
-        return None
-    tok = flip["token"]
-    rounding = float(np.max(np.abs(rows[tok].astype(np.float64) - own[tok].astype(np.float64))))
+    # f32 (one rounding of every cached value fewer) and with flash attention the other way (another summation order),
+    # each traced; a move past ROUNDING_FACTOR × the larger is not rounding
+    own, tok = alone_rows[0].get(flip.get("scores", "")), flip["token"]
+    moves = []
+    for other in (dict(type_k="f32", type_v="f32"), dict(flash_attn=not recompute.params.get("flash_attn", False))):
+        traced = recompute.with_params(**other).traced(mach.model.log[seq])
+        rows = token_rows([traced], [len(mine)])[0].get(flip.get("scores", "")) if traced is not None else None
+        if rows is None or own is None or rows.shape != own.shape:
+            return None
+        moves.append(float(np.max(np.abs(rows[tok].astype(np.float64) - own[tok].astype(np.float64)))))
+    rounding = max(moves)
     if flip["scores_max_abs"] > ROUNDING_FACTOR * rounding:
         return None
     layer = flip["node"].rsplit("-", 1)[-1]
@@ -259,9 +263,9 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
             "detail": f"a MoE routing near-tie: at token {flip['token']} of the failing decode, layer {layer} chooses "
                       f"experts {flip['b']} here and {flip['a']} alone; the router's scores ({flip['scores']}) moved "
                       f"by {flip['scores_max_abs']:.2g} across a gap of {flip['margin']:.2g}, within "
-                      f"{ROUNDING_FACTOR:g} × what one rounding of the cached keys and values moves them "
-                      f"({rounding:.2g}) — rounding (where the cells sit orders flash attention's sums) chose another "
-                      f"expert, which moves the logits whole"}
+                      f"{ROUNDING_FACTOR:g} × what the model's own rounding moves them ({rounding:.2g}: an f32 "
+                      f"cache, flash attention the other way) — rounding (where the cells sit orders flash "
+                      f"attention's sums) chose another expert, which moves the logits whole"}
 
 
 # a few f16 roundings, relative to a layer's largest output: CPU flash attention accumulates V in f16, in cell order
