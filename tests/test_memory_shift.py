@@ -15,7 +15,7 @@ from fuzz.oracles.memory_controls import cache_name
 from fuzz.oracles.memory_machine import cache_params
 from fuzz.oracles.memory_model import MemoryConfig, check_program
 from fuzz.repro.campaign import known_repro, known_upstream
-from fuzz.repro.upstream_python import CHANGED_HELPER, call_line, helpers
+from fuzz.repro.upstream_python import TYPED_HELPER, call_line, helpers
 from synth.errors import UserError
 from synth.make import write_fixture
 from synth.manifest import load_manifest
@@ -49,14 +49,14 @@ def test_a_rope_scaling_is_asked_for_plainly():
 
 def test_a_reproducers_context_takes_the_changed_params_by_their_llama_h_names():
     assert call_line("ctx", "load", {"n_seq_max": 2, "rope_scaling": "yarn", "rope_freq_scale": 0.25}, "rows") == (
-        "ctx = new_context_with(model, {'rope_scaling_type': L.LLAMA_ROPE_SCALING_TYPE_YARN, 'rope_freq_scale': "
-        "0.25}, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=2, n_rs_seq=0, flash_attn=False, kv_unified=True)")
-    assert call_line("ctx", "load", {"swa_full": True}, "rows").startswith(
-        "ctx = new_context_with(model, {'swa_full': True}, n_ctx=256")
-    assert helpers([("load", {"swa_full": True})]) == [CHANGED_HELPER]
-    assert helpers([("load", {"n_seq_max": 2})]) == []  # (every other report's script unchanged)
-    with pytest.raises(UserError, match="KV cache types and other changed params"):
-        call_line("ctx", "load", {"swa_full": True, "type_k": "q8_0"}, "rows")
+        "ctx = new_context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=2, n_rs_seq=0, flash_attn=False, "
+        "kv_unified=True, rope_scaling_type=L.LLAMA_ROPE_SCALING_TYPE_YARN, rope_freq_scale=0.25)")
+    assert call_line("ctx", "load", {"swa_full": True}, "rows").endswith("kv_unified=False, swa_full=True)")
+    # KV cache types by ggml's enum (the map the prelude gets only where a load has them), with the others alike
+    assert call_line("ctx", "load", {"swa_full": True, "type_k": "q8_0"}, "rows").endswith(
+        "type_k=GGML_TYPES['q8_0'], type_v=GGML_TYPES['f16'], swa_full=True)")
+    assert helpers([("load", {"swa_full": True})]) == []
+    assert helpers([("load", {"type_k": "bf16"})]) == [TYPED_HELPER]
 
 
 def test_the_yarn_shift_repro_is_known_in_every_family_by_its_cause():

@@ -41,14 +41,17 @@ def load_model():
     return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
 
 
-def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified, **changed):
+    """A context; `changed`: llama_context_params fields set otherwise than llama.cpp's defaults."""
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
+    for field, value in changed.items():
+        setattr(cp, field, value)
     ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot("llama_init_from_model failed")
+    return ctx or cannot("llama_init_from_model failed" + (f" with {changed}" if changed else ""))
 
 
 def decode(ctx, tokens, pos, seqs, outputs):
@@ -96,48 +99,20 @@ def positions(ctx, seq):
 TYPED_HELPER = '''
 
 # ggml.h's enum ggml_type (the bindings do not name every one)
-GGML_TYPES = ''' + repr(CACHE_TYPES) + '''
-
-
-def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
-    """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
-    cp.n_threads = cp.n_threads_batch = 1
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.kv_unified = kv_unified
-    cp.type_k, cp.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
-    ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")'''
-
-
-CHANGED_HELPER = '''
-
-
-def new_context_with(model, changes, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
-    """A context with the given llama_context_params fields changed from llama.cpp's defaults."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
-    cp.n_threads = cp.n_threads_batch = 1
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.kv_unified = kv_unified
-    for field, value in changes.items():
-        setattr(cp, field, value)
-    ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot(f"llama_init_from_model with {changes} failed")'''
+GGML_TYPES = ''' + repr(CACHE_TYPES)
 
 
 def changes(req: dict[str, Any]) -> str:
-    """A load's llama_context_params beyond the plain ones (a full-size window cache, a RoPE scaling) as the dict
-    literal new_context_with takes ("" when none)."""
-    out = []
+    """A load's llama_context_params beyond the plain ones (KV cache types, a full-size window cache, a RoPE
+    scaling) as new_context's keyword arguments (", type_k=GGML_TYPES['q8_0'], ..."; "" when none)."""
+    out = [f"{k}=GGML_TYPES[{req.get(k, 'f16')!r}]" for k in ("type_k", "type_v")] if typed(req) else []
     if req.get("swa_full"):
-        out.append("'swa_full': True")
+        out.append("swa_full=True")
     if req.get("rope_scaling"):
-        out.append(f"'rope_scaling_type': L.LLAMA_ROPE_SCALING_TYPE_{str(req['rope_scaling']).upper()}")
+        out.append(f"rope_scaling_type=L.LLAMA_ROPE_SCALING_TYPE_{str(req['rope_scaling']).upper()}")
     if req.get("rope_freq_scale"):
-        out.append(f"'rope_freq_scale': {float(req['rope_freq_scale'])!r}")
-    return "{" + ", ".join(out) + "}" if out else ""
+        out.append(f"rope_freq_scale={float(req['rope_freq_scale'])!r}")
+    return "".join(f", {x}" for x in out)
 
 
 def typed(req: dict[str, Any]) -> bool:
@@ -148,7 +123,6 @@ def typed(req: dict[str, Any]) -> bool:
 def helpers(steps: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The prelude's additions these steps need (each only where used: the other reports' scripts unchanged)."""
     return [*([TYPED_HELPER] if any(op == "load" and typed(req) for op, req in steps) else []),
-            *([CHANGED_HELPER] if any(op == "load" and changes(req) for op, req in steps) else []),
             *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in steps) else []),
             *([ABORT_HELPER] if any(req.get("abort_after") for _, req in steps) else []),
             *([SHIFT_HELPER] if any(op in SHIFTS for op, _ in steps) else [])]
@@ -231,13 +205,7 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
         p = {**WORKER_DEFAULTS, **req}
         p.setdefault("kv_unified", p["n_seq_max"] > 1)
         args = ", ".join(f"{k}={p[k]!r}" for k in CONTEXT_KEYS)
-        if changes(req) and typed(req):
-            raise UserError("a context with KV cache types and other changed params: no standalone reproducer yet")
-        if changes(req):
-            return f"{ctx} = new_context_with(model, {changes(req)}, {args})"
-        if typed(req):
-            return f"{ctx} = new_typed_context(model, {p.get('type_k', 'f16')!r}, {p.get('type_v', 'f16')!r}, {args})"
-        return f"{ctx} = new_context(model, {args})"
+        return f"{ctx} = new_context(model, {args}{changes(req)})"
     if op == "decode":
         if "tokens" not in req:
             raise UserError("a decode fed embeddings (a stage past the first): no standalone reproducer yet")

@@ -32,14 +32,17 @@ def load_model():
     return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
 
 
-def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified, **changed):
+    """A context; `changed`: llama_context_params fields set otherwise than llama.cpp's defaults."""
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
+    for field, value in changed.items():
+        setattr(cp, field, value)
     ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot("llama_init_from_model failed")
+    return ctx or cannot("llama_init_from_model failed" + (f" with {changed}" if changed else ""))
 
 
 def decode(ctx, tokens, pos, seqs, outputs):
@@ -88,18 +91,6 @@ def positions(ctx, seq):
 GGML_TYPES = {'f32': 0, 'f16': 1, 'bf16': 30, 'q8_0': 8, 'q4_0': 2, 'q4_1': 3, 'iq4_nl': 20, 'q5_0': 6, 'q5_1': 7}
 
 
-def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
-    """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
-    cp.n_threads = cp.n_threads_batch = 1
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.kv_unified = kv_unified
-    cp.type_k, cp.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
-    ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")
-
-
 
 def refused_shift():
     """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
@@ -109,7 +100,7 @@ def refused_shift():
 
 def steps():
     model = load_model()
-    ctx = new_typed_context(model, 'q8_0', 'q8_0', n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=True, kv_unified=True)
+    ctx = new_context(model, n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, n_rs_seq=4, flash_attn=True, kv_unified=True, type_k=GGML_TYPES['q8_0'], type_v=GGML_TYPES['q8_0'])
     rows = decode(ctx, tokens=[1, 2, 3, 4, 5], pos=[0, 1, 2, 3, 4], seqs=[[0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 1])
     if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
         refused_shift()

@@ -30,14 +30,17 @@ def load_model():
     return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
 
 
-def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified, **changed):
+    """A context; `changed`: llama_context_params fields set otherwise than llama.cpp's defaults."""
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
+    for field, value in changed.items():
+        setattr(cp, field, value)
     ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot("llama_init_from_model failed")
+    return ctx or cannot("llama_init_from_model failed" + (f" with {changed}" if changed else ""))
 
 
 def decode(ctx, tokens, pos, seqs, outputs):

@@ -32,14 +32,17 @@ def load_model():
     return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
 
 
-def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified, **changed):
+    """A context; `changed`: llama_context_params fields set otherwise than llama.cpp's defaults."""
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
+    for field, value in changed.items():
+        setattr(cp, field, value)
     ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot("llama_init_from_model failed")
+    return ctx or cannot("llama_init_from_model failed" + (f" with {changed}" if changed else ""))
 
 
 def decode(ctx, tokens, pos, seqs, outputs):
@@ -85,20 +88,6 @@ def positions(ctx, seq):
 
 
 
-def new_context_with(model, changes, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
-    """A context with the given llama_context_params fields changed from llama.cpp's defaults."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
-    cp.n_threads = cp.n_threads_batch = 1
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.kv_unified = kv_unified
-    for field, value in changes.items():
-        setattr(cp, field, value)
-    ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot(f"llama_init_from_model with {changes} failed")
-
-
-
 def refused_shift():
     """llama_memory_can_shift says this memory cannot shift positions: no shift is asked of it (llama.cpp would abort
     at the next decode), and nothing wrong follows from a shift it refuses."""
@@ -107,7 +96,7 @@ def refused_shift():
 
 def steps():
     model = load_model()
-    ctx = new_context_with(model, {'swa_full': True}, n_ctx=768, n_batch=64, n_ubatch=64, n_seq_max=3, n_rs_seq=4, flash_attn=False, kv_unified=True)
+    ctx = new_context(model, n_ctx=768, n_batch=64, n_ubatch=64, n_seq_max=3, n_rs_seq=4, flash_attn=False, kv_unified=True, swa_full=True)
     rows = decode(ctx, tokens=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], pos=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], seqs=[[0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0], [0]], outputs=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
     if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
         refused_shift()

@@ -33,14 +33,17 @@ def load_model():
     return model or cannot(f"llama_model_load_from_file({MODEL}) failed")
 
 
-def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
+def new_context(model, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified, **changed):
+    """A context; `changed`: llama_context_params fields set otherwise than llama.cpp's defaults."""
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
     cp.n_threads = cp.n_threads_batch = 1
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.kv_unified = kv_unified
+    for field, value in changed.items():
+        setattr(cp, field, value)
     ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot("llama_init_from_model failed")
+    return ctx or cannot("llama_init_from_model failed" + (f" with {changed}" if changed else ""))
 
 
 def decode(ctx, tokens, pos, seqs, outputs):
@@ -88,23 +91,11 @@ def positions(ctx, seq):
 # ggml.h's enum ggml_type (the bindings do not name every one)
 GGML_TYPES = {'f32': 0, 'f16': 1, 'bf16': 30, 'q8_0': 8, 'q4_0': 2, 'q4_1': 3, 'iq4_nl': 20, 'q5_0': 6, 'q5_1': 7}
 
-
-def new_typed_context(model, type_k, type_v, n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, flash_attn, kv_unified):
-    """A context whose KV cache holds K and V in the given ggml types ("q8_0", "f16", ...)."""
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq
-    cp.n_threads = cp.n_threads_batch = 1
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.kv_unified = kv_unified
-    cp.type_k, cp.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
-    ctx = L.llama_init_from_model(model, cp)
-    return ctx or cannot(f"llama_init_from_model with a {type_k} K / {type_v} V cache failed")
-
 def steps():
     model = load_model()
     try:
         with contextlib.redirect_stdout(None):  # (its "cannot run" is the fix)
-            ctx = new_typed_context(model, 'q8_0', 'f16', n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False)
+            ctx = new_context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False, type_k=GGML_TYPES['q8_0'], type_v=GGML_TYPES['f16'])
     except SystemExit:  # llama_init_from_model returned NULL
         sys.exit(3)
 
@@ -119,7 +110,7 @@ if __name__ == "__main__":
                                 **({} if os.environ.get("VERBOSE") else {"GGML_NO_BACKTRACE": "1"})})
     if child.returncode < 0:
         print(f"DEFECT: llama.cpp aborted (signal {signal.Signals(-child.returncode).name}) in: "
-              "ctx = new_typed_context(model, 'q8_0', 'f16', n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False)")
+              "ctx = new_context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=1, n_rs_seq=4, flash_attn=False, kv_unified=False, type_k=GGML_TYPES['q8_0'], type_v=GGML_TYPES['f16'])")
         sys.exit(1)
     if child.returncode == 3:
         print("fixed: llama.cpp refused the context with an error code, no abort")
