@@ -26,6 +26,8 @@ from fuzz.certify.mutate import score, totals_line  # noqa: E402
 
 PAGE = ROOT / "docs" / "mutation.md"
 ACCOUNTS = ROOT / "corpora" / "mutation.toml"
+# the page the earlier samples were shown on (kept as it was: their runs' records were not kept)
+EARLIER = "[mutation-2026-12-06.md](mutation-2026-12-06.md), the samples of 2026-12-06 and 12-07"
 
 
 def cell(text: Any) -> str:
@@ -85,6 +87,13 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
                 f"{a['status']}: {a['why']}" if a else "to do: not analysed yet"
             out.append(f"| `{r['id']}` | `{r['file']}:{r['line']}` | `{cell(r['original'].strip())}` → "
                        f"`{cell(r['mutated'].strip())}` | {now} | {cell(why)} |")
+    shown = {r["id"] for r in res} | {r["id"] for _, run in again for r in run["results"]}
+    earlier = [a for a in accounts.values() if a["id"] not in shown]
+    if earlier:
+        out += ["", "## Survivors of earlier samples", "",
+                f"Each survivor of an earlier sample ({EARLIER}) not drawn above, with its account.", "",
+                "| mutant | account |", "|---|---|"]
+        out += [f"| `{a['id']}` | {cell(a['status'] + ': ' + a['why'])} |" for a in earlier]
     out += ["", "## Every mutant", "", "| mutant | group | verdict | by | seconds |", "|---|---|---|---|---:|"]
     out += [f"| `{r['id']}` | {r['group']} | {r['status']} | {r['by'] or ''} | {r['seconds']:.0f} |" for r in res]
     return "\n".join(out) + "\n"

@@ -153,7 +153,8 @@ def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near
     excuses the move — a move past the bound with no such choice is a finding, whatever its size."""
     import numpy as np
 
-    from fuzz.engine.parity import nmse, routing_near_tie
+    from fuzz.engine.parity import nmse
+    from fuzz.engine.routing import own_rounding, rounding_controls, routing_near_tie
     from fuzz.oracles.determinism import cases
 
     def status(jump, cause=None):
@@ -168,6 +169,18 @@ def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near
     assert routing_near_tie({"scores_max_abs": 2e-4, "margin": 3e-4})  # two scores moving 2e-4 close 4e-4
     assert not routing_near_tie({"scores_max_abs": 2e-4, "margin": 5e-4})
     assert not routing_near_tie({"scores_max_abs": 0.5, "margin": 0.2})  # not rounding
+    # measured: the model's own rounding of the scores at that token (an f32 cache, flash attention the other way)
+    flip = {"scores": "ffn_moe_probs-3", "token": 1, "scores_max_abs": 0.0098, "margin": 0.0025}
+    own = ({"ffn_moe_probs-3": np.array([[0.5, 0.5], [0.4, 0.6]], np.float32)}, {})
+    other = ({"ffn_moe_probs-3": np.array([[0.5, 0.5], [0.4, 0.6005]], np.float32)}, {})
+    rounding = own_rounding(flip, own, [other, own])
+    assert rounding == pytest.approx(5e-4, rel=1e-3)  # the larger move of the two controls
+    assert not routing_near_tie(flip, rounding)  # 0.0098 is past 4 × 5e-4, where the absolute 1e-2 excused it
+    assert routing_near_tie({**flip, "scores_max_abs": 1.9e-3, "margin": 2e-3}, rounding)
+    assert own_rounding(flip, own, [other, None]) is None  # a control that failed excuses nothing
+    assert own_rounding({**flip, "scores": "ffn_moe_probs-1"}, own, [other]) is None
+    assert rounding_controls({"flash_attn": True, "n_ctx": 64}) == [
+        {"flash_attn": True, "n_ctx": 64, "type_k": "f32", "type_v": "f32"}, {"flash_attn": False, "n_ctx": 64}]
     # scale-free: the same logits times 10, or shifted by a constant (which softmax ignores), move by the same NMSE
     a = np.array([[1.0, 2.0, 3.0, 5.0]])
     b = a + np.array([[0.1, -0.1, 0.0, 0.05]])

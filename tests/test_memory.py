@@ -382,6 +382,61 @@ def test_a_fork_copies_its_source_onto_itself_too_and_a_memory_that_takes_that_f
         ref.close()
 
 
+def test_a_recurrent_fork_is_drawn_onto_a_live_destination_too():
+    """A recurrent memory's seq_cp replaces the destination's state, so a runtime need not clear it first: memory
+    programs on a pure recurrent memory draw forks onto a live destination (no seq_rm before the copy), and only
+    there (a KV cache's seq_cp adds the source's cells to the destination's own)."""
+    def forks(kind):
+        m = Model(3)
+        m.decode(0, [3, 1, 4])
+        m.decode(1, [2, 7])
+        mem = Memory(n_vocab=64, recurrent=kind != "kv", swa=0, can_shift=True, n_rs_seq=0, kind=kind)
+        draw = SeededDraws(np.random.Generator(np.random.PCG64(0)))
+        return [draw_op(draw, m, mem, MemoryConfig(), True, "cp") for _ in range(40)]
+
+    live = [op for op in forks("recurrent") if op.get("onto") == "live"]
+    assert live and all(op["dst"] in (0, 1) for op in live)
+    assert "onto its live state" in format_step(live[0])
+    assert not any("onto" in op for kind in ("kv", "hybrid") for op in forks(kind))
+
+
+@pytest.mark.llama
+def test_a_recurrent_fork_onto_a_live_destination_replaces_its_state(fixtures):
+    """seq_cp onto a sequence that holds a state, with no seq_rm first: the copy replaces it (upstream frees the
+    destination's old cell); a memory that kept the destination's own state instead fails at its next decode."""
+    from fuzz.engine.parity import context_params
+    from fuzz.oracles.memory_machine import run_program
+    from targets import open_target
+
+    fixture = fixtures("mamba", layers=2)
+    program = [{"op": "decode", "parts": [[0, [3, 1, 4]], [1, [2, 7]]]},
+               {"op": "cp", "src": 1, "dst": 0, "p0": -1, "p1": -1, "onto": "live"},
+               {"op": "decode", "parts": [[0, [5]], [1, [9]]]}]
+    t, ref = open_target("llama-cpp"), open_target("llama-cpp")
+    calls = []
+    real = t.call
+
+    def spy(op, **args):
+        calls.append((op, args.get("seq", args.get("src")), args.get("dst")))
+        if op == "seq_cp" and args.get("src") != args.get("dst") and ignores:
+            return real("seq_pos", seq=args["src"])  # (the copy not made: the destination keeps its own state)
+        return real(op, **args)
+
+    t.call = spy
+    try:
+        recompute = Recompute(ref, fixture, context_params(n_seq=1, capture=False))
+        ignores = False
+        done, problem, _ = run_program(t, fixture, MemoryConfig(), True, recompute, program, None)
+        assert problem is None and len(done) == 3
+        assert ("seq_rm", 0, None) not in calls and ("seq_cp", 1, 0) in calls
+        ignores = True
+        done, problem, _ = run_program(t, fixture, MemoryConfig(), True, recompute, program, None)
+        assert problem is not None and len(done) in (2, 3), (done, problem)
+    finally:
+        t.close()
+        ref.close()
+
+
 @pytest.mark.llama
 def test_a_coupled_decode_a_memory_cannot_split_is_refused_and_changes_nothing(fixtures):
     """One token in two sequences, decoded where llama.cpp splits a batch sequence by sequence — a recurrent memory,
@@ -922,3 +977,13 @@ def test_a_shift_on_a_model_with_rotary_positions_must_equal_decoding_at_the_new
     unsaid = {"tolerance": 0.1, "shift": 0.003}
     assert shifts_faithful(unsaid, 4.0, "") and not shifts_faithful({**unsaid, "shift": 0.2}, 4.0, "")
     assert not shifts_faithful({"tolerance": 0.1, "rope_type": 0}, 4.0, "")  # (no shift measured: it cannot shift)
+
+
+def test_a_recompute_without_some_params_keeps_what_it_measured():
+    """The cache-type control's recompute: the same one (tolerance, the model's rope type and its shifts' promise)
+    in contexts loaded without the changed params, its own cache of logits."""
+    r = Recompute(None, Path("m.gguf"), {"n_ctx": 64, "type_k": "q8_0", "swa_full": True}, tol=0.25)
+    r.rope_type, r.faithful_shifts, r.memo["x"] = 2, True, "cached"
+    plain = r.without("type_k", "swa_full")
+    assert plain.params == {"n_ctx": 64} and r.params["type_k"] == "q8_0"
+    assert (plain.tol, plain.rope_type, plain.faithful_shifts, plain.memo) == (0.25, 2, True, {})

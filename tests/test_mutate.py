@@ -11,7 +11,7 @@ import pytest
 from fuzz.certify import mutate as mu
 from fuzz.certify.schemas import validate
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 SOURCE = """#include "llama-kv-cache.h"
 
@@ -268,3 +268,22 @@ def test_a_killed_mutants_bundle_replays_on_its_build_and_not_on_the_pinned_one(
     assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     r = run_cli("fuzz", "replay", str(bundle), "--llama-cpp", "pinned", timeout=1800)
     assert r.returncode == 0 and "not reproduced" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_every_survivor_account_is_one_of_three_and_says_why():
+    """corpora/mutation.toml, which docs/mutation.md renders: each survivor accounted for once, by its id (file stem,
+    line, digest), as a generator that kills it since, unobservable (why, with the direct run or the code that shows
+    it) or a to-do; an account that names a killing row x lane names one of the manifest's rows."""
+    import re
+    import tomllib
+
+    from synth.manifest import load_manifest
+
+    accounts = tomllib.loads((ROOT / "corpora" / "mutation.toml").read_text())["survivor"]
+    ids = [a["id"] for a in accounts]
+    assert len(ids) == len(set(ids)) and all(re.fullmatch(r"[a-z0-9-]+-\d+-[0-9a-f]{10}", i) for i in ids), ids
+    assert all(a["status"] in ("generator", "unobservable", "todo") and len(a["why"]) > 80 for a in accounts)
+    rows = set(load_manifest().rows)
+    for a in accounts:
+        for row in re.findall(r"killed since by ([a-z0-9-]+)/", a["why"]):
+            assert row in rows, (a["id"], row)

@@ -70,3 +70,17 @@ def no_new_findings(row: Row, lane: str, did: str, what: str, reps: list[Report]
                           data={"known": [f"corpora/repros/{n}" for n in names], "known_runs": runs},
                           reports=reps, cases=cases)
     return LaneResult(row.key, lane, worst([r.status for r in reps]), did, reports=reps, cases=cases)
+
+
+def memory_verdict(row: Row, lane: str, did: str, what: str, reps: list[Report], cases: list[dict[str, Any]],
+                   repros: dict[int, str | None]) -> LaneResult:
+    """A lane of memory-oracle runs: the first finding that is no committed upstream repro fails it (its message, the
+    operations it took, its cause and whether it reproduced); else no_new_findings."""
+    new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
+    if not new:
+        return no_new_findings(row, lane, did, what, reps, cases, repros)
+    f = new[0]
+    cause = f"; cause: {f.cause['kind']}" if f.cause else ""
+    return LaneResult(row.key, lane, f.status, f"{len(new)} findings; first: {f.message} after "
+                      f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}", reports=reps,
+                      cases=cases)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.certify.lane_result import LaneResult, known_findings, no_new_findings, oracle_run
+from fuzz.certify.lane_result import LaneResult, known_findings, memory_verdict, oracle_run
 from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
 from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.fixtures import quant_head_fixture
@@ -306,13 +306,7 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
            f"{sum(r['steps'] for r in runs)} operations, "
            f"{sum(r['checks'] for r in runs)} logits checks"
            + (f"; {past} drawn past {met} known findings, {clean} of them clean" if past else ""))
-    if new:
-        f = new[0]
-        cause = f"; cause: {f.cause['kind']}" if f.cause else ""
-        return LaneResult(row.key, "memory", f.status, f"{len(new)} findings; first: {f.message} after "
-                          f"{len(f.detail['program'])} operations{cause}; reproduced={f.reproduced}",
-                          reports=reps, cases=cases)
-    return no_new_findings(row, "memory", did, "memory bugs", reps, cases, repros)
+    return memory_verdict(row, "memory", did, "memory bugs", reps, cases, repros)
 
 
 def lane_shift(row: Row, path: Path, target_spec: str) -> LaneResult:
@@ -341,14 +335,7 @@ def lane_shift(row: Row, path: Path, target_spec: str) -> LaneResult:
             worst_d = max(r["max_abs_dlogit"] for r in ran)
             parts.append(f"{what}: max|Δlogit| {worst_d:.1e} (tolerance {rep.extra['noise'].get('tolerance', 0):.2g})")
     did = f"a whole sequence shifted +{SHIFT_DELTA} then one more token, vs decoded there: " + "; ".join(parts)
-    repros = known_findings(row, reps)
-    new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]
-    if new:
-        f = new[0]
-        cause = f"; cause: {f.cause['kind']}" if f.cause else ""
-        return LaneResult(row.key, "shift", f.status, f"{len(new)} findings; first: {f.message}{cause}; "
-                          f"reproduced={f.reproduced}", reports=reps, cases=cases)
-    return no_new_findings(row, "shift", did, "shift bugs", reps, cases, repros)
+    return memory_verdict(row, "shift", did, "shift bugs", reps, cases, known_findings(row, reps))
 
 
 def lane_handoff(row: Row, path: Path, target_spec: str, *, cuts: str | None = None, lane: str = "handoff") \

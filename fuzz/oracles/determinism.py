@@ -35,17 +35,15 @@ from fuzz.engine.parity import (
     context_params,
     describe_node,
     first_differing_graph_node,
-    first_token_flip,
     max_abs,
     nmse,
     pos_per_token,
-    routing_near_tie,
     run_chain,
     run_script,
     script_steps,
-    token_rows,
     traced_steps,
 )
+from fuzz.engine.routing import first_token_flip, routing_near_tie, token_rows
 from fuzz.engine.schedule import Step, main_prompt, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets
 from synth.errors import UserError

@@ -45,16 +45,16 @@ from fuzz.engine.contract import (
     select,
 )
 from fuzz.engine.fleet import Fleet, fixture_header
-from fuzz.engine.parity import (
+from fuzz.engine.parity import context_params, first_rounding_flip, script_steps, token_slice
+from fuzz.engine.routing import (
+    ROUNDING_FACTOR,
     TOP_K_NODES,
-    context_params,
-    first_rounding_flip,
     first_token_flip,
     first_top_k_flip,
+    own_rounding,
+    rounding_controls,
     routing_near_tie,
-    script_steps,
     token_rows,
-    token_slice,
     top_k_near_tie,
 )
 from fuzz.engine.schedule import prompt_tokens, sequential_steps
@@ -379,11 +379,28 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
         a, b = runs[0][:same], runs[1][:same]
         route = first_token_flip(token_rows([a]), token_rows([b]))
         if route is not None:  # a routing choice parted first: numerics only across a near-tie rounding moved
-            return routing_flip(route, "placed") if routing_near_tie(route) else None
+            rounding = self._rounding(t, [*solo[:-1], {**solo[-1], "trace": "all"}], True, route, token_rows([a]),
+                                      last=True)
+            return routing_flip(route, "placed", rounding) \
+                if rounding is not None and routing_near_tie(route, rounding) else None
         flip = first_rounding_flip(a, b)
         if not flip:
             return None
         return {k: v for k, v in flip.items() if k not in ("a", "b")} | {"alone": flip["a"], "placed": flip["b"]}
+
+    def _rounding(self, t: Target, steps: list[dict[str, Any]], kvu: bool, route: dict[str, Any],
+                  own: tuple[dict[str, np.ndarray], dict[str, int]], counts: list[int] | None = None,
+                  last: bool = False) -> float | None:
+        """What the model's own rounding moves the router's scores at a routing flip's token (own_rounding): the
+        sequence's steps alone (`own`: their traced rows; `last`: only the last step traced) again with one rounding
+        changed each (rounding_controls); None where a run failed (the flip is then not excused)."""
+        others = []
+        for params in rounding_controls(self._params(kvu)):
+            r = t.pipeline([("load", {"path": str(self.fixture), **params, "trace": True}),
+                            script_request(steps, reset=True)])
+            nodes = [x.get("nodes") or [] for x in r[-1].data["results"]] if len(r) >= 2 and r[-1].ok else None
+            others.append(None if nodes is None else token_rows(nodes[-1:] if last else nodes, counts))
+        return own_rounding(route, own, others)
 
     def _batch_flip(self, t: Target, i: int, step: int, alone, kvu: bool) -> dict[str, Any] | None:
         """The near-tie choice that turns the batch's shape into another result for sequence i, up to the step whose
@@ -420,7 +437,10 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
 
         route = first_token_flip(token_rows(traced[0], counts), token_rows(traced[1], counts, in_batch))
         if route is not None:
-            return routing_flip(route, "batched") if routing_near_tie(route) else None
+            rounding = self._rounding(t, [{**x, "trace": "all"} for x in mine], kvu, route,
+                                      token_rows(traced[0], counts), counts)
+            return routing_flip(route, "batched", rounding) \
+                if rounding is not None and routing_near_tie(route, rounding) else None
         if kvu:
             ours_steps = set(ours[:step + 1])
             placed_counts = [len(x["tokens"]) if k in ours_steps else 0 for k, x in enumerate(runs[2])]
@@ -458,9 +478,11 @@ def describe_flip(x: dict[str, Any]) -> str:
     step = f" (step {x['step']})" if "step" in x else ""
     what = ("first DSA top-k that differs", "keys") if x["kind"] == "top-k" else \
         ("first MoE routing choice that differs", "experts")
+    own = f", within {ROUNDING_FACTOR:g} × the model's own rounding of them ({x['rounding']:.2g}: an f32 cache, " \
+        "flash attention the other way)" if x.get("rounding") is not None else ""
     return (f"{what[0]}{step}: {x['node']} token {x['token']}: {what[1]} {x['alone']} alone, {x[other]} {other} — "
-            f"the scores moved {x['scores_max_abs']:.2g} across a gap of {x['margin']:.2g} (a near-tie the rounding "
-            "crossed)")
+            f"the scores moved {x['scores_max_abs']:.2g} across a gap of {x['margin']:.2g}{own} (a near-tie the "
+            "rounding crossed)")
 
 
 def is_numerics(cause: dict[str, Any] | None) -> bool:
@@ -480,12 +502,12 @@ def is_numerics(cause: dict[str, Any] | None) -> bool:
     return cause["kind"] == "cell position" and bool(cause.get("flip"))
 
 
-def routing_flip(route: dict[str, Any], other: str) -> dict[str, Any]:
+def routing_flip(route: dict[str, Any], other: str, rounding: float | None) -> dict[str, Any]:
     """A near-tie routing flip (first_token_flip) as a cause's flip: which experts alone and `other`, the router's
-    scores' move and the gap it crossed."""
+    scores' move, the gap it crossed and what the model's own rounding moves them (the bound's measure)."""
     return {"kind": "routing", "node": route["node"], "token": route["token"], "alone": route["a"],
             other: route["b"], "scores": route.get("scores"), "scores_max_abs": route.get("scores_max_abs"),
-            "margin": route.get("margin")}
+            "margin": route.get("margin"), "rounding": rounding}
 
 
 def format_report(rep: dict[str, Any]) -> str:

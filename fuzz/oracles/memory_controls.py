@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.engine.parity import first_token_flip, routing_near_tie, token_rows
+from fuzz.engine.routing import (
+    ROUNDING_FACTOR,
+    first_token_flip,
+    own_rounding,
+    rounding_controls,
+    routing_near_tie,
+    token_rows,
+)
 from fuzz.oracles.memory_machine import ROPE_PARAMS, cache_params, ids, run_program
 from fuzz.oracles.memory_model import Memory, MemoryConfig, format_step, refuses_coupled, step_class
 from fuzz.oracles.memory_recompute import Recompute
@@ -191,12 +198,10 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
         return None
     rope = any(k in ROPE_PARAMS for k in changed)
     plain = dataclasses.replace(cfg, **{k: MemoryConfig.__dataclass_fields__[k].default for k in changed})
-    control = Recompute(recompute.t, recompute.fixture, {k: v for k, v in recompute.params.items() if k not in changed},
-                        recompute.feed, tol=recompute.tol)
+    control = recompute.without(*changed)
     # held to the same promise: a rotary model's shift equals decoding at the new positions there too (a quantized
     # cache's shift, replayed where it ran, is an f16 one's no longer), else its shift replayed would carry the bug
-    control.rope_type = rope_type = recompute.rope_type
-    control.faithful_shifts = recompute.faithful_shifts or (rope_type is not None and rope_type >= 0)
+    control.faithful_shifts = recompute.faithful_shifts or (control.rope_type is not None and control.rope_type >= 0)
     try:
         _, again, mach = run_program(t, fixture, plain, kv_unified, control, program, None)
     except UserError:
@@ -210,7 +215,6 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
             f"fails with {cache_name(cfg)} only"}
 
 
-ROUNDING_FACTOR = 4.0  # a router's scores moved by rounding: at most this × the model's own rounding of them
 
 
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
@@ -242,21 +246,14 @@ def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recom
     # (a node of the last layer holds output rows only: left out by its row count)
     alone_rows = token_rows([alone], [len(mine)])
     flip = first_token_flip(alone_rows, token_rows([nodes], [len(mine)], lambda _i, n: mine if n == len(seqs) else []))
-    if flip is None or not routing_near_tie(flip):
+    if flip is None:
         return None
-    # and no more than the model's own rounding moves those scores: the same history alone with its K and V cached in
-    # f32 (one rounding of every cached value fewer) and with flash attention the other way (another summation order),
-    # each traced; a move past ROUNDING_FACTOR × the larger is not rounding
-    own, tok = alone_rows[0].get(flip.get("scores", "")), flip["token"]
-    moves = []
-    for other in (dict(type_k="f32", type_v="f32"), dict(flash_attn=not recompute.params.get("flash_attn", False))):
-        traced = recompute.with_params(**other).traced(mach.model.log[seq])
-        rows = token_rows([traced], [len(mine)])[0].get(flip.get("scores", "")) if traced is not None else None
-        if rows is None or own is None or rows.shape != own.shape:
-            return None
-        moves.append(float(np.max(np.abs(rows[tok].astype(np.float64) - own[tok].astype(np.float64)))))
-    rounding = max(moves)
-    if flip["scores_max_abs"] > ROUNDING_FACTOR * rounding:
+    # no more than the model's own rounding moves those scores: the same history alone with one rounding changed
+    # (rounding_controls), each traced; a move past ROUNDING_FACTOR × the larger is not rounding
+    traces = [recompute.with_params(**x).traced(mach.model.log[seq]) for x in rounding_controls(recompute.params)]
+    rounding = own_rounding(flip, alone_rows, [token_rows([x], [len(mine)]) if x is not None else None
+                                               for x in traces])
+    if rounding is None or not routing_near_tie(flip, rounding):
         return None
     layer = flip["node"].rsplit("-", 1)[-1]
     return {"kind": "routing-numerics", "numerics": True, "flip": {**flip, "rounding": rounding},

@@ -151,7 +151,8 @@ class Machine:
             elif kind == "cp" and not self.kv_unified and (op["p0"] > 0 or op["p1"] >= 0):
                 self.refused["skipped"] += 1  # (a program drawn for one cache: across streams llama.cpp asserts)
             elif kind == "cp":
-                self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
+                if op.get("onto") != "live":  # (as a runtime forks: the destination cleared first)
+                    self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)
                 self.call("seq_cp", src=op["src"], dst=op["dst"], p0=op["p0"], p1=op["p1"])
                 # the source onto itself, as a runtime may ask: every memory takes it as a no-op
                 self.call("seq_cp", src=op["src"], dst=op["src"], p0=op["p0"], p1=op["p1"])

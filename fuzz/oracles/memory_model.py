@@ -486,7 +486,10 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
         if not mem.recurrent and kv_unified and draw.pick((False, True)):
             p0 = draw.int(lo, hi + 1)
             p1 = draw.pick((-1, draw.int(p0 + 1, hi + 2)))
-        return {"op": "cp", "src": s, "dst": draw.pick(other), "p0": p0, "p1": p1}
+        op = {"op": "cp", "src": s, "dst": draw.pick(other), "p0": p0, "p1": p1}
+        if mem.kind == "recurrent" and model.cells[op["dst"]] and draw.pick((False, True)):
+            op["onto"] = "live"  # a recurrent state is replaced by a copy: no runtime needs to clear it first
+        return op
     if kind == "keep":
         return {"op": "keep", "seq": s}
     # a recurrent state holds one position, its last token's: llama.cpp moves that one. A shift of part of a sequence
@@ -584,7 +587,8 @@ def format_step(op: dict[str, Any]) -> str:
         extra = {"add": f" {op.get('delta', 0):+d}", "div": f" /{op.get('d')}"}.get(k, "")
         return f"seq_{k} s{op['seq']} [{op['p0']}, {op['p1']}){extra}"
     if k == "cp":
-        return f"seq_cp s{op['src']}→s{op['dst']} [{op['p0']}, {op['p1']})"
+        return f"seq_cp s{op['src']}→s{op['dst']} [{op['p0']}, {op['p1']})" + \
+            (" onto its live state" if op.get("onto") == "live" else "")
     if k == "keep":
         return f"seq_keep s{op['seq']}"
     if k == "reload":

@@ -55,6 +55,12 @@ class Recompute:
         other.faithful_shifts, other.rope_type = self.faithful_shifts, self.rope_type
         return other
 
+    def without(self, *names: str) -> Recompute:
+        """The same recompute in contexts loaded without some params (the model's and llama.cpp's defaults)."""
+        other = self.with_params()
+        other.params = {k: v for k, v in self.params.items() if k not in names}
+        return other
+
     def batch_shape_move(self, n_vocab: int) -> tuple[float, float]:
         """The model's own batch-shape numerics: one seeded sequence of 12 tokens, decoded as one batch and one token
         at a time, alone in fresh contexts: how far its last logits move (0 on every fixture's f32 weights; a real

@@ -179,8 +179,8 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
         return [Capacity(-1, f"the server could not list its slots: {r.failure.message}",
                          r.failure.error_kind == "server_crash" or r.failure.kind == "crash")]
     rng = np.random.Generator(np.random.PCG64(seed + 99))
-    out = []
-    for s in r.data["slots"]:
+    out = invalid_token_problems(t, n_vocab, rng)
+    for s in r.data["slots"] if not out or not out[-1].died else ():
         c, cells = s["id"], s.get("n_ctx")
         if not cells:
             out.append((c, f"slot {c}: the server did not say how many cells it has"))
@@ -200,6 +200,21 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
             if out[-1].died:
                 break
     return out
+
+
+def invalid_token_problems(t: Target, n_vocab: int, rng: np.random.Generator) -> list[Capacity]:
+    """A prompt holding an id past the vocabulary's last must be refused as an invalid request (HTTP 400: llama-server
+    validates a prompt's ids before a slot takes it), not decoded nor failed as the server's own error; the probes
+    after it then show the slot it came to kept every cell."""
+    prompt = [*(int(x) for x in rng.integers(0, n_vocab, 3)), n_vocab]
+    r = t.call("complete", requests=[{"prompt": prompt, "n_predict": PROBE_PREDICT}])
+    got = r.data["results"][0] if r.ok else {"error": r.failure.message, "server_crash":
+                                             r.failure.error_kind == "server_crash" or r.failure.kind == "crash"}
+    if "error" in got and "400" in str(got["error"]) and not got.get("server_crash"):
+        return []
+    said = f"answered {got['tokens']}" if "error" not in got else f"failed: {str(got['error'])[:160]}"
+    return [Capacity(-1, f"a prompt holding token id {n_vocab} (the vocabulary has {n_vocab}) was not refused as an "
+                         f"invalid request (HTTP 400): it {said}", bool(got.get("server_crash")))]
 
 
 def busy_slots(t: Target) -> list[int]:

@@ -38,18 +38,20 @@ from fuzz.engine.contract import (
 )
 from fuzz.engine.fleet import Fleet, failure_reason, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
-    TOP_K_NODES,
     Trace,
     context_params,
     first_requantization_flip,
     first_row_diff,
-    first_token_flip,
-    first_top_k_flip,
     max_abs,
     pos_per_token,
-    routing_near_tie,
     run_script,
     script_steps,
+)
+from fuzz.engine.routing import (
+    TOP_K_NODES,
+    first_token_flip,
+    first_top_k_flip,
+    routing_near_tie,
     token_rows,
     top_k_near_tie,
 )
