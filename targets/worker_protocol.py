@@ -71,9 +71,13 @@ def serve(stdin, stdout, make_worker: Any, frames: bool = False) -> None:
         except (ValueError, KeyError, TypeError) as e:
             resp = {"id": rid, "ok": False, "error_kind": "bad_request", "error": f"{type(e).__name__}: {e}",
                     "trace": traceback.format_exc(limit=3)}
-        if log is not None:
+        if log is not None:  # (and the tokens of each answer a server worker gave: which request answered what)
+            answers = resp.get("results") if isinstance(resp.get("results"), list) else \
+                [resp["result"]] if isinstance(resp.get("result"), dict) else []
             log.write(json.dumps({"ok": resp.get("ok", False), **({"error": resp["error"]} if "error" in resp
-                                                                   else {})}) + "\n")
+                                                                   else {}),
+                                  **({"tokens": [a.get("tokens") for a in answers if isinstance(a, dict)]}
+                                     if answers else {})}) + "\n")
         blobs: list[bytes] = []
         resp = _blobs_out(resp, blobs if frames else None)
         if blobs:

@@ -804,10 +804,11 @@ def test_a_whole_shift_is_recomputed_at_the_new_positions_where_the_model_shifts
 
 def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
     """Work llama.cpp defers to the next decode piles up only when two operations meet before it: the seeded drawer
-    follows a shift or a removal with the same operation on the same sequence about BURST of the time."""
+    follows a shift or a removal with the same operation on the same sequence about BURST of the time, and a removal
+    with the state reloaded into a fresh context (an export of a pending rollback) about MOVE of the time."""
     import numpy as np
 
-    from fuzz.oracles.memory_model import BURST, burst
+    from fuzz.oracles.memory_model import BURST, MOVE, burst
 
     class Mach:
         model = Model(3)
@@ -819,6 +820,10 @@ def test_after_a_shift_or_removal_the_same_operation_follows_now_and_then():
     got = [burst(rng, last, Mach, MemoryConfig(), True) for _ in range(400)]
     assert {g for g in got} == {(None, None), ("add", 1)}
     assert abs(got.count(("add", 1)) / 400 - BURST) < 0.06
+    rm = [{"op": "rm", "seq": 1, "p0": 3, "p1": -1}]  # (a rollback: its index pending until the next decode)
+    got = [burst(rng, rm, Mach, MemoryConfig(), True) for _ in range(400)]
+    assert {g for g in got} == {(None, None), ("rm", 1), ("reload", None)}
+    assert abs(got.count(("reload", None)) / 400 - MOVE) < 0.05
     assert burst(rng, [{"op": "decode", "parts": [[1, [5]]]}], Mach, MemoryConfig(), True) == (None, None)
 
 

@@ -38,6 +38,7 @@ def test_a_draw_is_its_seed_and_index_and_asks_only_what_a_server_can_take():
     assert sum("draft-simple" in s for s in spec) >= 12 and sum("ngram" in s for s in spec) >= 20  # both kinds
     assert {d.args[d.args.index("-md") + 1] for d in draws if "-md" in d.args} == set(DRAFTS)
     assert 10 <= sum("-ub" in d.args for d in draws) <= 30
+    assert 6 <= sum(d.args[-1] == "-bs" for d in draws) <= 20  # sampling in the graph (llama-server's -bs), drawn last
     assert {s for d in draws for s in d.args[d.args.index("--spec-type") + 1].split(",")} == set(SPEC_TYPES)
 
 

@@ -15,8 +15,6 @@ from fuzz.engine.contract import TOL_SPREAD
 from synth.errors import UserError
 
 OPS = ("decode", "coupled", "rm", "cp", "keep", "add", "div", "copy_state", "refused_import", "reload")
-
-
 ROPE_SCALINGS = ("none", "linear", "yarn")  # a context's RoPE scalings (targets/PROTOCOL.md `load`: rope_scaling)
 EXPORTS = ("copy_state", "refused_import", "reload")  # the operations that read a sequence's state out
 
@@ -518,20 +516,23 @@ def draw_op(draw: SeededDraws, model: Model, mem: Memory, cfg: MemoryConfig, kv_
     return op
 
 
-BURST = 0.3  # how often an operation that leaves work for the next decode is followed by another of its kind
+BURST, MOVE = 0.3, 0.15  # how often an operation that leaves work for the next decode is followed by another of
+# its kind, and (else, after a removal) by the state moved into a fresh context
 
 
 def burst(rng: np.random.Generator, done: list[dict[str, Any]], mach: Any, cfg: MemoryConfig, kv_unified: bool
           ) -> tuple[str | None, int | None]:
-    """(kind, seq) for the next seeded operation: after a shift or a removal, now and then the same operation on
-    the same sequence again before any decode (work llama.cpp defers to the next decode piles up: two shifts, two
-    rollbacks); (None, None) otherwise: drawn as usual."""
+    """(kind, seq) for the next seeded operation: after a shift or a removal, now and then the same one on the same
+    sequence again before any decode (deferred work piles up: two shifts, two rollbacks), or after a removal the
+    state reloaded before it (an export must carry a rollback's index); (None, None): drawn as usual."""
     last = done[-1] if done else None
-    if last is None or last["op"] not in ("add", "div", "rm") or last.get("seq", -1) < 0 or rng.random() >= BURST:
+    if last is None or last["op"] not in ("add", "div", "rm") or last.get("seq", -1) < 0:
         return None, None
-    if op_weights(mach.model, mach.mem, cfg, kv_unified).get(last["op"], 0.0) <= 0.0:
-        return None, None
-    return last["op"], last["seq"]
+    r, weights = rng.random(), op_weights(mach.model, mach.mem, cfg, kv_unified)
+    if r < BURST:
+        return (last["op"], last["seq"]) if weights.get(last["op"], 0.0) > 0.0 else (None, None)
+    return ("reload", None) if r < BURST + MOVE and last["op"] == "rm" and weights.get("reload", 0.0) > 0.0 else \
+        (None, None)
 
 
 def final_decode(draw: SeededDraws, model: Model, mem: Memory) -> dict[str, Any]:

@@ -132,6 +132,8 @@ def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str
     if rng.random() < 0.5:  # a prompt in several ubatches: checkpoints mid-prompt, drafts beside other slots' tokens
         ub = (8, 16, 32)[int(rng.integers(0, 3))]
         args += ["-b", str((ub, 2 * ub, 256)[int(rng.integers(0, 3))]), "-ub", str(ub)]
+    if np.random.Generator(np.random.PCG64([seed, index, 1])).random() < 0.3:  # (a stream of its own: the draws
+        args.append("-bs")  # above stay the same) sampling in the graph: the context's output buffers laid out anew
     if flags is not None:  # a build without a flag is not drawn it (its value goes with it)
         args = [a for i, a in enumerate(args) if a in flags or (i and args[i - 1] in flags and not a.startswith("-"))]
     motif = toks(int(rng.integers(2, 6)))

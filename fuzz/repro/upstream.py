@@ -14,8 +14,10 @@ run once more with every worker's requests logged (targets.worker_protocol.CALL_
 that died, from its last context's creation to the call it died in, run in a child process — killed by a signal is
 the defect. llama-server aborting as it starts becomes repro.sh: llama-server started on the model with the flags it
 aborted under, its /health asked with curl until it answers (fixed) or the process is killed by a signal (the
-defect). llama-server's other findings (an abort during requests, wrong answers), and calls this writer has no line
-for (a stage fed embeddings, a state file), are refused (exit 2) until their reproducers are written.
+defect). A wrong answer from llama-server becomes repro.sh too (fuzz/repro/upstream_server.py): the requests the
+toolkit sent it, with curl, and the last one's answer against the same prompt's from a server that caches nothing.
+An abort during requests, operations that overlap, and calls this writer has no line for (a stage fed embeddings, a
+state file) are refused (exit 2) until their reproducers are written.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from fuzz.repro.upstream_python import (
     step_lines,
     title_of,
 )
+from fuzz.repro.upstream_server import answer_run, answer_script, server_flags
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from targets import Target
@@ -78,14 +81,25 @@ def write_upstream(bundle_dir: Path, out: Path) -> Path:
     """The upstream-ready report of the bundle in `out` (created; an existing directory's files replaced)."""
     data = read_bundle(bundle_dir)
     crash = data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-cpp"
-    if data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-server":
-        return write_report(bundle_dir, data, out, server_crash_run(bundle_dir), "repro.sh", server_script)
-    if data["oracle"] != "memory" and not crash:
-        raise UserError(f"{bundle_dir}: a {data['oracle']} finding; `fuzz report --upstream` writes standalone "
-                        "reproducers for memory findings and llama.cpp's aborts so far — replay this one with "
-                        "`fuzz replay`")
     if str(data.get("target", "")).startswith("mutant:"):
         raise UserError(f"{bundle_dir}: found on {data['target']}, a defect this toolkit put in: nothing to report")
+    if data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-server":
+        return write_report(bundle_dir, data, out, server_crash_run(bundle_dir), "repro.sh", server_script)
+    if data.get("target") == "llama-server" and data["fingerprint"].get("status") == "finding":
+        _, logs, rep = logged_run(bundle_dir)
+        same = [f for f in rep.findings if f.fingerprint == data["fingerprint"]] or rep.findings
+        if not same:
+            raise UserError(f"{bundle_dir}: the finding does not come back on its build: nothing to report")
+        try:
+            run = answer_run(logs, same[0], rep.llama_cpp_commit)
+        except UserError as e:
+            raise UserError(f"{bundle_dir}: {e}") from None
+        return write_report(bundle_dir, data, out, run, "repro.sh", lambda run, d: answer_script(run, answer_title(d)))
+    if data["oracle"] != "memory" and not crash:
+        an = "an" if data["oracle"][0] in "aeiou" else "a"
+        raise UserError(f"{bundle_dir}: {an} {data['oracle']} finding through the library; `fuzz report --upstream` "
+                        "writes standalone reproducers for memory findings, llama.cpp's aborts and llama-server's "
+                        "findings so far — replay this one with `fuzz replay`")
     if crash:
         return write_report(bundle_dir, data, out, crash_run(bundle_dir), "repro.py", crash_script)
     return write_report(bundle_dir, data, out, memory_run(bundle_dir), "repro.py", memory_script)
@@ -204,6 +218,14 @@ def crash_title(data: dict[str, Any], run: dict[str, Any]) -> str:
     return f"{family}: llama.cpp aborts {what}: {aborted(run['problem']['message'])}"
 
 
+def answer_title(data: dict[str, Any]) -> str:
+    """A wrong answer in one line: the model, and what llama-server answered otherwise."""
+    family = data["spec"]["family"] if data.get("spec") else "model"
+    fp = data["fingerprint"]
+    return (f"{family}: llama-server answers a request otherwise than the same prompt with nothing cached "
+            f"({fp.get('phase')}; {fp.get('cause') or 'cause not localized'})")
+
+
 def aborted(message: str) -> str:
     """The check llama.cpp printed as it aborted, its file named from the tree's root (not the build's path)."""
     m = re.search(r"((?:ggml|tools|common)/[^\s:]+:\d+: .*)$", message) or re.search(r"(src/[^\s:]+:\d+: .*)$",
@@ -228,8 +250,6 @@ def logged_run(bundle_dir: Path) -> tuple[Case, list[list[dict[str, Any]]], Any]
 def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
     """A llama-server that aborts while it starts: the load whose server died by a signal, as the server worker made
     it (targets.llama_server_worker: its DEFAULTS, the flags a start adds)."""
-    from targets.llama_server_worker import DEFAULTS
-
     _, logs, rep = logged_run(bundle_dir)
     died = [(a["request"], b.get("error", "")) for log in logs for a, b in zip(log, log[1:], strict=False)
             if "request" in a and a["request"].get("op") == "load" and "signal" in b.get("error", "")]
@@ -237,11 +257,7 @@ def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
         raise UserError(f"{bundle_dir}: llama-server did not die starting up on the bundle's build (a crash during "
                         "requests has no standalone reproducer yet): nothing to report")
     req, error = died[0]
-    p = {**DEFAULTS, **{k: req[k] for k in DEFAULTS if k in req}}
-    flags = ["-np", p["slots"], "-c", p["n_ctx"], "--cache-ram", p["cache_ram"], "-b", p["n_batch"], "-ub",
-             p["n_ubatch"], "-t", p["threads"], "-tb", p["threads"], "--no-webui", "--no-warmup", "-fit", "off",
-             *req.get("args", [])]
-    return {"steps": [("llama-server", {"flags": [str(f) for f in flags]})],
+    return {"steps": [("llama-server", {"flags": server_flags(req)})],
             "problem": {"check": "crash", "message": error}, "commit": rep.llama_cpp_commit}
 
 
@@ -290,13 +306,18 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     last = len(run["steps"])
     where = {"pos": f"After step {last}: `llama_memory_seq_pos_min` / `_max` of sequence {p.get('seq')}.",
              "logits": f"The logits of step {last}'s `llama_decode`, for sequence {p.get('seq')}.",
-             "crash": f"Step {last}: llama.cpp aborts the process there."}[p["check"]]
+             "crash": f"Step {last}: llama.cpp aborts the process there.",
+             "answer": f"The answer to request {last}."}[p["check"]]
     if cause:
         where += (" What changes one thing and passes (the program's operations counted from 0: each step above but "
                   f"the context's creation, a state copy one operation):\n\n{cause}")
     if p["check"] == "crash":
         expected = "every call returns (a context llama.cpp cannot make or a batch it cannot decode is an error code)"
         actual = f"the process aborts: `{aborted(p['message'])}`"
+    elif p["check"] == "answer":
+        expected = ("the last request is answered as the same prompt is by a llama-server that caches nothing (one "
+                    "slot, `--cache-ram 0`, `cache_prompt: false`); greedy, so token for token")
+        actual = f"`{plain(p['message'])}`"
     elif p["check"] == "pos":
         expected = f"sequence {p['seq']} reports positions {p['want']} (pos_min, pos_max; -1: empty)"
         actual = f"it reports {p['got']}"
@@ -307,7 +328,13 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     info = inspect_file(str(bundle_dir / data["fixture"]))
     model = (f"`model.gguf` beside this file: a {info.arch} model of {info.n_layer} layers, vocabulary "
              f"{info.n_vocab}, random weights, made for this report.")
-    if run["reproducer"] == "repro.sh":  # llama-server, started with the flags it aborts under
+    if p["check"] == "answer":
+        steps = [f"{model} Start llama-server on it:", "", f"    llama-server -m model.gguf {' '.join(run['flags'])}",
+                 "", f"and send it the {last} requests of repro.sh in order (each a `POST /completion` of token "
+                 "ids, greedy, or a slot action); the last one's answer is compared with the same prompt's from a "
+                 "llama-server that caches nothing."]
+        reproduce = ["    LLAMA_SERVER=path/to/llama-server sh repro.sh   # built from the commit above"]
+    elif run["reproducer"] == "repro.sh":  # llama-server, started with the flags it aborts under
         steps = [f"{model} Start llama-server on it:", "",
                  f"    llama-server -m model.gguf {' '.join(run['steps'][0][1]['flags'])}"]
         where = "llama-server aborts while it starts, before it answers `/health`."
@@ -317,8 +344,10 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
                  "bindings in repro.py; `decode` fills one `llama_batch`):", "",
                  *[f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]]
         reproduce = ["    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py"]
+    title = crash_title(data, run) if p["check"] == "crash" else answer_title(data) if p["check"] == "answer" else \
+        title_of(data)
     return "\n".join([
-        f"# {crash_title(data, run) if p['check'] == 'crash' else title_of(data)}", "",
+        f"# {title}", "",
         f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
         "## What is wrong", "", what or (f"llama.cpp aborts: `{aborted(p['message'])}`." if p["check"] == "crash"
                                          else p["message"]), "",
