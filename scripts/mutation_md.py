@@ -64,6 +64,16 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
         out += ["", "The toolkit itself failed under these mutants (not counted; each a toolkit bug, fixed since):",
                 ""]
         out += [f"- `{r['id']}` (`{r['file']}:{r['line']}`) on {r['by']}: {cell(r['detail'])}" for r in errors]
+    # (survivors whose account shows them equivalent by reading the code: TCE compares object code, and a change
+    # that compiles otherwise but computes the same, or a dead statement, passes it)
+    read = {i for i, a in accounts.items() if a["status"] == "unobservable" and a["why"].startswith("equivalent")}
+    if any(r["id"] in read for r in res):
+        out += ["", "With the survivors read to be equivalent (their accounts below) counted as equivalent too:", "",
+                "| group | killed | survived | equivalent by reading | score |", "|---|---:|---:|---:|---:|"]
+        for g in GROUP_NAMES:
+            t = score([{**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r
+                       for r in res], g)
+            out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
     out += ["", totals_line(res), "", "## Survivors", ""]
     surv = [r for r in res if r["status"] == "survived"]
     if not surv:

@@ -377,6 +377,18 @@ def test_mixed_build_chains_cross_on_one_build(tmp_path, row):
                                                                   "candidate → base": "crosses"}
 
 
+@pytest.mark.llama
+def test_the_cross_build_lane_of_a_build_and_itself_does_not_break():
+    """What `mutate` asks of a survivor's rows (bump.cross_broke, the bump's cross-build lane): a build against
+    itself crosses (None), on a recurrent and a sliding-window row as on a plain one."""
+    from fuzz.certify import bump as bp
+    from synth.manifest import load_manifest
+
+    rows = [load_manifest(ROOT / "family_tiers.toml").row(k) for k in ("qwen3", "mamba", "gemma3")]
+    env = builds.resolve("pinned").env()
+    assert bp.cross_broke(rows, env, env) is None
+
+
 def test_a_recorded_build_ignores_the_environments_patch_series(monkeypatch, tmp_path):
     """Replaying a bundle made on the pinned build, with FAMILY_CERTIFY_PATCHES set (a canary job's environment),
     runs the pinned build: the environment names what a command certifies, not what a bundle recorded."""

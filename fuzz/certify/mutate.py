@@ -9,8 +9,9 @@ trivially equivalent compiler output) and not run. Otherwise the rows × lanes o
 mutated line (its pairs.json: each row's processes counted apart) run on the mutant's build, one at a time, until
 one fails: killed (by which row/lane, the finding's line; a crash or hang is a kill too), else survived. A lane that
 passes but whose conversations take fewer prompt tokens from the cache than the pristine build's, or one known on
-both builds that fails more seeded cases, is killed too: a bump of the pristine build to the mutant's says it broke
-(fuzz.certify.bump: reuse_regression, more_known). A mutant that does not compile is `build-failed` and not counted;
+both builds that fails more seeded cases, is killed too, and so is one whose rows' cross-build lane breaks (a state
+crossing between the two builds): a bump of the pristine build to the mutant's says it broke (fuzz.certify.bump:
+reuse_regression, more_known, cross_broke). A mutant that does not compile is `build-failed` and not counted;
 a lane that raises (the toolkit's own failure under a mutant) is `error`, listed and not counted. The score is
 killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the lines the coverage run's build changes against
 BASE (a bump's own diff) and says which changed lines no lane ran.
@@ -356,6 +357,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
     bundles: the killing lane's findings bundled (out/patches/ID/run; each records the mutant's patch series as its
     build)."""
     from fuzz.certify.battery import run_battery
+    from fuzz.certify.bump import cross_broke
     from targets.builds import activate, resolve
 
     t0 = time.perf_counter()
@@ -392,8 +394,14 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
             if broke:
                 res.update(status="killed", by=f"{row.key}/{lane}", detail=f"bump from the pristine build: {broke}")
                 break
-        else:
-            res["detail"] = f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
+        else:  # and the bump's cross-build lane on those rows: the state crossing between the two builds
+            rows = list({row.key: row for row, _ in pairs[:max_runs] if row.runnable}.values())
+            crossed = cross_broke(rows, resolve(spec, None, from_env=False).env(), build.env()) if base else None
+            if crossed:
+                res.update(status="killed", by=crossed.split(":")[0], detail=f"bump from the pristine build: {crossed}")
+            else:
+                res["detail"] = (f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
+                                 + ("; the cross-build lane on their rows did not break" if base else ""))
     finally:
         activate(resolve("pinned" if spec == "pinned" else spec, None, from_env=False))
         if build.bindings:  # (the mutant's cache entry: one build per mutant, not kept)
