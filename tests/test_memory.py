@@ -992,3 +992,40 @@ def test_a_recompute_without_some_params_keeps_what_it_measured():
     plain = r.without("type_k", "swa_full")
     assert plain.params == {"n_ctx": 64} and r.params["type_k"] == "q8_0"
     assert (plain.tol, plain.rope_type, plain.faithful_shifts, plain.memo) == (0.25, 2, True, {})
+
+
+@pytest.mark.llama
+def test_a_hang_is_not_shortened_and_ends_its_layouts_programs(fixtures, monkeypatch):
+    """A program whose call times out (a hang: a mutant's endless loop) is a crash, run once more to reproduce it,
+    then neither shortened nor controlled (each try would wait out the timeout) and no more programs are drawn in
+    that layout; the other layout runs its own."""
+    from types import SimpleNamespace
+
+    import fuzz.oracles.memory as mo
+
+    ran = []
+
+    def hung(t, fixture, cfg, kvu, recompute, program, rng, **kw):
+        ran.append(kvu)
+        op = {"op": "decode", "parts": [[0, [1, 2]]]}
+        mach = SimpleNamespace(commit="c", checks=0, worst=0.0, refused={}, mem=None, rows={},
+                               model=SimpleNamespace(log={}))
+        return [op], {"check": "crash", "op": "decode", "message": "decode: timeout: no reply in 30 s",
+                      "failure": {"kind": "timeout"}}, mach
+
+    monkeypatch.setattr(mo, "run_program", hung)
+    monkeypatch.setattr(mo, "minimize", lambda *a, **k: pytest.fail("a hang was shortened"))
+    monkeypatch.setattr(mo, "cache_type", lambda *a, **k: pytest.fail("a hang was controlled"))
+    rep = mo.run(fixtures("qwen3", layers=2), MemoryConfig(programs=5))
+    assert [r["status"] for r in rep["results"]] == ["crash", "crash"] and len(rep["findings"]) == 2
+    assert ran == [True, True, False, False]  # (each layout: the program, and once more to reproduce it)
+
+
+def test_a_fleet_takes_the_call_timeout_cap_where_it_is_set(monkeypatch):
+    """`mutate` caps every worker call on a mutant (a hang is a kill, waited out once per call, not 120 s)."""
+    from fuzz.engine.fleet import CALL_TIMEOUT, Fleet
+
+    monkeypatch.delenv(CALL_TIMEOUT, raising=False)
+    assert Fleet("llama-cpp", 120.0).timeout == 120.0
+    monkeypatch.setenv(CALL_TIMEOUT, "30")
+    assert Fleet("llama-cpp", 120.0).timeout == 30.0 and Fleet("llama-cpp", 10.0).timeout == 10.0

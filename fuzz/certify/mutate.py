@@ -14,11 +14,9 @@ crossing between the two builds): a bump of the pristine build to the mutant's s
 reuse_regression, more_known, cross_broke). A mutant that does not compile is `build-failed` and not counted;
 a lane that raises (the toolkit's own failure under a mutant) is `error`, listed and not counted. The score is
 killed ÷ (run − equivalent) per group. `--diff BASE` mutates only the lines the coverage run's build changes against
-BASE (a bump's own diff) and says which changed lines no lane ran.
-
-The state is mutate.json in --out (schemas/mutate.schema.json), written after every mutant: a run resumes where it
-stopped (the same seed and sample draw the same mutants), and `--budget` stops it in time.
-"""
+BASE (a bump's own diff) and says which changed lines no lane ran. The state is mutate.json in --out
+(schemas/mutate.schema.json), written after every mutant: a run resumes where it stopped (the same seed and sample
+draw the same mutants), and `--budget` stops it in time. A worker call on a mutant may take MUTANT_CALL_TIMEOUT."""
 
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ import difflib
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import time
@@ -43,6 +42,7 @@ from fuzz.certify.coverage import GROUP_NAMES, in_group
 from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
 from fuzz.engine.contract import FAILING, KNOWN
+from fuzz.engine.fleet import CALL_TIMEOUT
 from synth.errors import UserError
 
 RULES = ("universal", "c_like", "cpp")  # universalmutator's rule files for C++ (its own, as shipped)
@@ -52,6 +52,7 @@ ARID = re.compile(r"LLAMA_LOG|GGML_LOG|\bLOG_(INF|WRN|ERR|DBG|CNT|TEE)\b|"
                   r"printf\s*\(|GGML_UNUSED|std::runtime_error\s*\(|throw\b|format\s*\(|\bt_[a-z_]*_(us|ms)\b|"
                   r"\bn_(p_)?eval\b|ggml_time_us|perf")
 STATUSES = MUTANT_STATUSES
+MUTANT_CALL_TIMEOUT = 30.0  # seconds a worker call may take on a mutant (a hang is a kill; the lanes' calls take ~1 s)
 
 
 @dataclass(frozen=True)
@@ -354,8 +355,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                base: Pristine | None = None) -> dict[str, Any]:
     """Build the mutant, compare its object with the pristine one, run the rows × lanes that ran its line (`pairs`,
     at most max_runs of them) until one fails — or until the bump from the pristine build (`base`) says one broke.
-    bundles: the killing lane's findings bundled (out/patches/ID/run; each records the mutant's patch series as its
-    build)."""
+    bundles: the killing lane's findings bundled (out/patches/ID/run, the mutant's patch series as its build)."""
     from fuzz.certify.battery import run_battery
     from fuzz.certify.bump import cross_broke
     from targets.builds import activate, resolve
@@ -375,6 +375,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
             return {**res, "status": "equivalent", "detail": "the compiled object is the pristine one",
                     "seconds": round(time.perf_counter() - t0, 1)}
         activate(build)
+        os.environ[CALL_TIMEOUT] = str(MUTANT_CALL_TIMEOUT)
         res["status"] = "survived"
         for row, lane in pairs[:max_runs]:
             try:
@@ -403,6 +404,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
                 res["detail"] = (f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
                                  + ("; the cross-build lane on their rows did not break" if base else ""))
     finally:
+        os.environ.pop(CALL_TIMEOUT, None)
         activate(resolve("pinned" if spec == "pinned" else spec, None, from_env=False))
         if build.bindings:  # (the mutant's cache entry: one build per mutant, not kept)
             shutil.rmtree(Path(build.bindings).parent, ignore_errors=True)

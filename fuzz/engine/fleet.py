@@ -6,6 +6,7 @@ report starts with."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,17 @@ from synth.inspect import ModelInfo
 from targets import Failure, Reply, Target, close_all, open_target
 from targets.llama_server_worker import NO_SERVER, server_binary
 
+CALL_TIMEOUT = "FAMILY_CERTIFY_CALL_TIMEOUT"  # seconds: a cap on every worker call's timeout (unset: the oracle's own)
+
 
 class Fleet:
     """The workers of one oracle run, on its target (or another spec: a mutant's reference is the real one).
     `open(n)` starts them at once when asked (they come up side by side); leaving the `with` closes them all."""
 
     def __init__(self, target: str, timeout: float):
-        self.target, self.timeout = target, timeout
+        # (at most CALL_TIMEOUT where it is set: `mutate` bounds what a mutant that hangs costs each call)
+        cap = os.environ.get(CALL_TIMEOUT)
+        self.target, self.timeout = target, min(timeout, float(cap)) if cap else timeout
         self.workers: list[Target] = []
 
     def open(self, n: int = 1, *, spec: str | None = None, start: bool = False) -> list[Target]:

@@ -252,18 +252,22 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 row = {"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
                        "max_abs_dlogit": mach.worst, "ops": dict(Counter(op_name(op) for op in done)),
                        "refused": dict(mach.refused), "status": PASS}
+                hang = bool(problem) and (problem.get("failure") or {}).get("kind") == "timeout"
                 if problem:
                     # (the operations as they ran: drawn under the model the machine kept, refusals included)
                     again = run_program(t, fixture, cfg, kvu, recompute, done, None, check=False)[1]
-                    # a drawn program is shortened here; a given one (a bundle's) runs exactly as given
+                    # a drawn program is shortened here (a hang is not: each try would wait out the timeout); a
+                    # given one (a bundle's) runs exactly as given
                     short = minimize(t, fixture, cfg, kvu, recompute, done, problem) if same_problem(
-                        again, problem) and program is None else done
-                    _, last, ran = run_program(t, fixture, cfg, kvu, recompute, short, None, check=False)
+                        again, problem) and program is None and not hang else done
+                    _, last, ran = run_program(t, fixture, cfg, kvu, recompute, short, None, check=False) \
+                        if not hang else (None, None, mach)
                     final = last or problem
                     row["status"] = CRASH if problem["check"] == "crash" else FINDING
                     cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows,
                                     ran.model.log) if mach.mem and problem["check"] != "crash" else \
-                        cache_type(t, fixture, cfg, kvu, recompute, short) if problem["check"] == "crash" else None
+                        cache_type(t, fixture, cfg, kvu, recompute, short) if problem["check"] == "crash" and not hang \
+                        else None
                     if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
                         row["status"] = NUMERICS
                     (numerics if row["status"] == NUMERICS else findings).append({
@@ -271,8 +275,8 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                         "memory": mach.mem.name if mach.mem else None, "cause": cause,
                         "reproduced": same_problem(again, problem), "steps": short, "drawn_steps": len(done)})
                 results.append(row)
-                if problem and problem["op"] == "load":  # no context in this layout: nothing more to run
-                    break
+                if problem and (problem["op"] == "load" or hang):  # no context in this layout, or a hang (each
+                    break  # program more would wait out the timeout): nothing more to run in it
     return {**fixture_header(source, info, target=cfg.target, commit=commit),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
             "results": results, "findings": findings, "numerics": numerics, "noise": tolerance if not why else {},
