@@ -256,28 +256,31 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     other finding fails the lane."""
     spec = row.spec()
     n = spec.n_layer
-    runs_of = [oracle_run("memory", path, MemoryConfig(target=target_spec)),
-               oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4, flash_attn=True))]
+    configs = [(path, MemoryConfig(target=target_spec)),
+               (path, MemoryConfig(target=target_spec, programs=4, flash_attn=True))]
     if n > 1:
-        runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=4,
-                                                               stage=f"{n // 2}:{n}")))
+        configs.append((path, MemoryConfig(target=target_spec, programs=4, stage=f"{n // 2}:{n}")))
     for fa in (False, True):  # (flash attention: llama-server's default on the CPU, where a server's cells interleave)
-        runs_of.append(oracle_run("memory", path, pressure_config(spec.n_vocab, target=target_spec, flash_attn=fa)))
-    runs_of.append(oracle_run("memory", path, capacity_config(target=target_spec)))
+        configs.append((path, pressure_config(spec.n_vocab, target=target_spec, flash_attn=fa)))
+    configs.append((path, capacity_config(target=target_spec)))
     wide = quant_head_fixture(row, path.parent)
     if wide is not None:  # (a quantized KV cache, as llama-server's -ctk/-ctv: on heads a whole number of blocks)
-        runs_of.append(oracle_run("memory", wide, MemoryConfig(target=target_spec, programs=2, flash_attn=True,
-                                                               type_k="q8_0", type_v="q8_0")))
+        configs.append((wide, MemoryConfig(target=target_spec, programs=2, flash_attn=True, type_k="q8_0",
+                                           type_v="q8_0")))
     # and a bf16 one (-ctk/-ctv bf16: a float type without blocks, any head, flash attention off)
-    runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=1, type_k="bf16",
-                                                           type_v="bf16")))
+    configs.append((path, MemoryConfig(target=target_spec, programs=1, type_k="bf16", type_v="bf16")))
     # decodes the runtime cancels (llama.cpp's abort callback, after a drawn number of graph nodes)
-    runs_of.append(oracle_run("memory", path, MemoryConfig(target=target_spec, programs=2, aborts=True)))
+    configs.append((path, MemoryConfig(target=target_spec, programs=2, aborts=True)))
     window = sliding_window(str(path)) > 0
     for full in (False, True) if window else ():  # three sequences filling one 768-cell cache: the window's cache
         # (256 cells, padded) reuses cells past the window; full-size (llama-server's --swa-full) it keeps them
-        runs_of.append(oracle_run("memory", path, capacity_config(target=target_spec, n_seq=3, context=768,
-                                                                  kv_unified=(True,), swa_full=full)))
+        configs.append((path, capacity_config(target=target_spec, n_seq=3, context=768, kv_unified=(True,),
+                                              swa_full=full)))
+    runs_of = []
+    for fixture, cfg in configs:  # (a hang ends the lane: every run more would wait out its calls' timeouts)
+        runs_of.append(oracle_run("memory", fixture, cfg))
+        if any((f.detail.get("failure") or {}).get("kind") == "timeout" for f in runs_of[-1][0].findings):
+            break
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)
     new = [f for rep in reps for f in rep.findings if repros[id(f)] is None]

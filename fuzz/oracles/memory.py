@@ -277,6 +277,8 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 results.append(row)
                 if problem and (problem["op"] == "load" or hang):  # no context in this layout, or a hang (each
                     break  # program more would wait out the timeout): nothing more to run in it
+            if any((f.get("failure") or {}).get("kind") == "timeout" for f in findings):
+                break  # (nor in the other layout)
     return {**fixture_header(source, info, target=cfg.target, commit=commit),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
             "results": results, "findings": findings, "numerics": numerics, "noise": tolerance if not why else {},
