@@ -327,7 +327,8 @@ def test_a_server_that_dies_on_the_capacity_probe_is_a_crash_and_the_probe_ends_
             if op == "slots":
                 return Reply(True, {"slots": [{"id": 0, "n_ctx": 64}, {"id": 1, "n_ctx": 64}]})
             if op == "complete":  # (the prompt with an id past the vocabulary: refused, as llama-server does)
-                return Reply(True, {"results": [{"error": "HTTP 400: Prompt contains invalid tokens"}]})
+                return Reply(True, {"results": [{"error": "HTTP 400: Prompt contains invalid tokens"},
+                                                {"tokens": [3]}]})
             self.sent.append((op, kw.get("name")))
             if op == "submit":
                 return Reply(True, {})
@@ -340,13 +341,20 @@ def test_a_server_that_dies_on_the_capacity_probe_is_a_crash_and_the_probe_ends_
     assert t.sent == [("submit", "probe0"), ("await", "probe0")]
 
 
-@pytest.mark.parametrize("answer, died", [({"tokens": [3, 5], "cache_n": 0}, False),
-                                          ({"error": "HTTP 500: Compute error."}, False),
-                                          ({"error": "llama-server died: signal SIGABRT", "server_crash": True}, True)])
-def test_a_prompt_with_an_id_past_the_vocabulary_must_be_refused_as_an_invalid_request(answer, died):
+REFUSED = {"error": "HTTP 400: Prompt contains invalid tokens"}
+
+
+@pytest.mark.parametrize("answers, died, said", [
+    ([{"tokens": [3, 5], "cache_n": 0}, {"tokens": [7]}], False, "token id 16 (the vocabulary has 16)"),
+    ([{"error": "HTTP 500: Compute error."}, {"tokens": [7]}], False, "token id 16 (the vocabulary has 16)"),
+    ([{"error": "llama-server died: signal SIGABRT", "server_crash": True}] * 2, True, "token id 16"),
+    ([REFUSED, {"tokens": [7, 9]}], False, "a request for one token (n_predict 1, end of generation ignored) was "
+                                           "answered 2: [7, 9]")])
+def test_a_prompt_with_an_id_past_the_vocabulary_must_be_refused_as_an_invalid_request(answers, died, said):
     """Before the capacity probes, a prompt ending in id n_vocab: llama-server validates a prompt's ids and refuses
     it as an invalid request (HTTP 400; the probes in the llama-server test above pass that way). Answered, failed
-    as the server's own error, or a crash is a problem (a server that died ends the probe there)."""
+    as the server's own error, or a crash is a problem (a server that died ends the probe there); so is a request
+    for one token answered with more (a slot that stopped past its n_predict)."""
     from targets.client import Reply
 
     class Server:  # (a stand-in: the requests of the probe as a llama-server's worker answers them)
@@ -358,11 +366,11 @@ def test_a_prompt_with_an_id_past_the_vocabulary_must_be_refused_as_an_invalid_r
             if op == "slots":
                 return Reply(True, {"slots": [{"id": 0, "n_ctx": 64}]})
             if op == "complete":
-                return Reply(True, {"results": [answer]})
+                return Reply(True, {"results": answers})
             return Reply(True, {"result": {"tokens": [1, 2]}})
 
     t = Server()
     got = sa.capacity_problems(t, 16, seed=0)
-    assert got[0].slot == -1 and got[0].died == died and "token id 16 (the vocabulary has 16)" in got[0].why, got
-    assert len(got) == 1 and t.sent[1] == ("complete", [16])
+    assert got[0].slot == -1 and got[0].died == died and said in got[0].why, got
+    assert len(got) == 1 and t.sent[1][0] == "complete" and t.sent[1][1][0] == 16
     assert [op for op, _ in t.sent] == ["slots", "complete"] + ([] if died else ["submit", "await"])

@@ -205,16 +205,22 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
 def invalid_token_problems(t: Target, n_vocab: int, rng: np.random.Generator) -> list[Capacity]:
     """A prompt holding an id past the vocabulary's last must be refused as an invalid request (HTTP 400: llama-server
     validates a prompt's ids before a slot takes it), not decoded nor failed as the server's own error; the probes
-    after it then show the slot it came to kept every cell."""
+    after it then show the slot it came to kept every cell. And a request for one token gets one (n_predict is the
+    most an answer holds; the requests ignore end of generation)."""
     prompt = [*(int(x) for x in rng.integers(0, n_vocab, 3)), n_vocab]
-    r = t.call("complete", requests=[{"prompt": prompt, "n_predict": PROBE_PREDICT}])
-    got = r.data["results"][0] if r.ok else {"error": r.failure.message, "server_crash":
-                                             r.failure.error_kind == "server_crash" or r.failure.kind == "crash"}
-    if "error" in got and "400" in str(got["error"]) and not got.get("server_crash"):
-        return []
-    said = f"answered {got['tokens']}" if "error" not in got else f"failed: {str(got['error'])[:160]}"
-    return [Capacity(-1, f"a prompt holding token id {n_vocab} (the vocabulary has {n_vocab}) was not refused as an "
-                         f"invalid request (HTTP 400): it {said}", bool(got.get("server_crash")))]
+    r = t.call("complete", requests=[{"prompt": prompt, "n_predict": PROBE_PREDICT},
+                                     {"prompt": prompt[:3], "n_predict": 1}])
+    bad, one = r.data["results"] if r.ok else [{"error": r.failure.message, "server_crash": r.failure.error_kind ==
+                                                "server_crash" or r.failure.kind == "crash"}] * 2
+    out = []
+    if "error" not in bad or "400" not in str(bad["error"]) or bad.get("server_crash"):
+        said = f"answered {bad['tokens']}" if "error" not in bad else f"failed: {str(bad['error'])[:160]}"
+        out.append(Capacity(-1, f"a prompt holding token id {n_vocab} (the vocabulary has {n_vocab}) was not refused "
+                                f"as an invalid request (HTTP 400): it {said}", bool(bad.get("server_crash"))))
+    if not out and "error" not in one and len(one["tokens"]) != 1:  # (and n_predict is what an answer holds)
+        out.append(Capacity(-1, f"a request for one token (n_predict 1, end of generation ignored) was answered "
+                                f"{len(one['tokens'])}: {one['tokens']}"))
+    return out
 
 
 def busy_slots(t: Target) -> list[int]:
