@@ -565,7 +565,9 @@ def test_the_lane_reports_known_upstream_bugs_as_known(tmp_path):
     # (a recurrent row meets only the cancelled decodes' upstream defect: every other program passes there)
     assert res.detail.endswith("only upstream's known memory bugs: mamba-memory-abort-keeps-recurrent-tokens")
     detail = lane_memory(m.row("llama"), fixture_path("llama", tmp_path), "llama-cpp").detail
-    assert "llama-memory-seq-keep-per-stream" in detail and "llama-memory-bf16-k-shift" in detail
+    # (the bf16 cache's one program meets an export losing a pending shift before its bf16 shift since removals are
+    # followed now and then by a reload: the bf16 abort is met on other rows, falcon-h1's among them)
+    assert "llama-memory-seq-keep-per-stream" in detail and "llama-memory-div-lost-by-export" in detail
     # the programs known findings ended are drawn again with other seeds (three rounds at most): 17 of the first
     # 46 met one, and 30 more were drawn past them, 18 clean
     assert detail.startswith("76 programs") and "30 drawn past 17 known findings, 18 of them clean" in detail, detail
