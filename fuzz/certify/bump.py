@@ -242,9 +242,9 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
     return out
 
 
-def cross_broke(rows: list[Row], base_env: dict[str, str], candidate_env: dict[str, str]) -> str | None:
+def cross_broke(rows: list[Row], base_env: dict[str, str], candidate_env: dict[str, str]) -> tuple[str, str] | None:
     """The cross-build lane of a bump from the base build to the candidate (their workers' environments) on `rows`,
-    as `bump` runs it: the first row it says broke, named with its detail; None."""
+    as `bump` runs it: the first row it says broke (ROW/cross-build) and its detail; None."""
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
             open_target("llama-cpp", env=base_env) as ta, open_target("llama-cpp", env=candidate_env) as tb:
         for row in rows:
@@ -252,7 +252,7 @@ def cross_broke(rows: list[Row], base_env: dict[str, str], candidate_env: dict[s
             write_fixture(row.spec(), path)
             x = cross_build(str(path), row.spec().n_vocab, ta, tb)
             if x["verdict"] == BROKE:
-                return f"{row.key}/{CROSS_LANE}: {x['detail']}"
+                return f"{row.key}/{CROSS_LANE}", x["detail"]
     return None
 
 

@@ -22,7 +22,7 @@ from fuzz.oracles.determinism import DeterminismConfig
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_configs import SHIFT_DELTA, YARN, capacity_config, pressure_config, shift_config
-from fuzz.oracles.memory_machine import sliding_window
+from fuzz.oracles.memory_machine import hung, sliding_window
 from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
@@ -279,7 +279,7 @@ def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:
     runs_of = []
     for fixture, cfg in configs:  # (a hang ends the lane: every run more would wait out its calls' timeouts)
         runs_of.append(oracle_run("memory", fixture, cfg))
-        if any((f.detail.get("failure") or {}).get("kind") == "timeout" for f in runs_of[-1][0].findings):
+        if any(hung(f.detail) for f in runs_of[-1][0].findings):
             break
     reps, cases = [r for r, _ in runs_of], [c for _, c in runs_of]
     repros = known_findings(row, reps)

@@ -399,7 +399,7 @@ def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Pat
             rows = list({row.key: row for row, _ in pairs[:max_runs] if row.runnable}.values())
             crossed = cross_broke(rows, resolve(spec, None, from_env=False).env(), build.env()) if base else None
             if crossed:
-                res.update(status="killed", by=crossed.split(":")[0], detail=f"bump from the pristine build: {crossed}")
+                res.update(status="killed", by=crossed[0], detail=f"bump from the pristine build: {': '.join(crossed)}")
             else:
                 res["detail"] = (f"{len(res['ran'])} of the {len(pairs)} row x lanes that ran the line, none failed"
                                  + ("; the cross-build lane on their rows did not break" if base else ""))

@@ -64,7 +64,7 @@ from fuzz.engine.parity import (
 )
 from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory_controls import cache_name, cache_type, explain, layout, quantized
-from fuzz.oracles.memory_machine import cache_params, hypothesis_program, run_program
+from fuzz.oracles.memory_machine import cache_params, hung, hypothesis_program, run_program
 from fuzz.oracles.memory_model import (
     ROPE_SCALINGS,
     MemoryConfig,
@@ -252,7 +252,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 row = {"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
                        "max_abs_dlogit": mach.worst, "ops": dict(Counter(op_name(op) for op in done)),
                        "refused": dict(mach.refused), "status": PASS}
-                hang = bool(problem) and (problem.get("failure") or {}).get("kind") == "timeout"
+                hang = bool(problem) and hung(problem)
                 if problem:
                     # (the operations as they ran: drawn under the model the machine kept, refusals included)
                     again = run_program(t, fixture, cfg, kvu, recompute, done, None, check=False)[1]
@@ -277,7 +277,7 @@ def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
                 results.append(row)
                 if problem and (problem["op"] == "load" or hang):  # no context in this layout, or a hang (each
                     break  # program more would wait out the timeout): nothing more to run in it
-            if any((f.get("failure") or {}).get("kind") == "timeout" for f in findings):
+            if any(hung(f) for f in findings):
                 break  # (nor in the other layout)
     return {**fixture_header(source, info, target=cfg.target, commit=commit),
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},

@@ -215,18 +215,15 @@ def cache_type(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, re
             f"fails with {cache_name(cfg)} only"}
 
 
-
-
 def routing(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, recompute: Recompute,
             program: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
     """The routing control, for a MoE model: the failing decode traced in the machine and in the recompute of the
     sequence alone. A token whose chosen experts differ where the router's scores moved by rounding only, across a
     gap at most twice that (routing_near_tie), and by no more than ROUNDING_FACTOR × what the model's own rounding
     moves them on this history (measured alone: with an f32 cache, and with flash attention the other way), is
-    numerics: where the sequence's cells
-    sit changes the order flash attention sums them in, and a near-tie turns that rounding into another expert — a
-    whole-logit move (the near-tie rule is the isolation oracle's). None when no expert choice differs, the scores
-    moved more, a replay failed, or the layout is one stream per sequence."""
+    numerics: where the sequence's cells sit changes the order flash attention sums them in, and a near-tie turns that
+    rounding into another expert — a whole-logit move (the near-tie rule is the isolation oracle's). None when no
+    expert choice differs, the scores moved more, a replay failed, or the layout is one stream per sequence."""
     seq, step = problem.get("seq"), problem.get("step", -1)
     if seq is None or step < 0 or not kv_unified:  # (one stream per sequence splits a batch by sequence: its rows'
         return None                                # order is not the batch's, so they cannot be paired here)

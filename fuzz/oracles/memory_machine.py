@@ -425,6 +425,12 @@ def ids(s: int | list[int]) -> list[int]:
     return s if isinstance(s, list) else [s]
 
 
+def hung(problem: dict[str, Any]) -> bool:
+    """A problem (or a memory finding's detail) that is a call timing out: a hang, each try of which waits out the
+    timeout."""
+    return (problem.get("failure") or {}).get("kind") == "timeout"
+
+
 class Crashed(Exception):
     def __init__(self, problem: dict[str, Any]):
         super().__init__(problem["message"])

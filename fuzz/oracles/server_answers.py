@@ -179,7 +179,7 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
         return [Capacity(-1, f"the server could not list its slots: {r.failure.message}",
                          r.failure.error_kind == "server_crash" or r.failure.kind == "crash")]
     rng = np.random.Generator(np.random.PCG64(seed + 99))
-    out = invalid_token_problems(t, n_vocab, rng)
+    out = request_problems(t, n_vocab, rng)
     for s in r.data["slots"] if not out or not out[-1].died else ():
         c, cells = s["id"], s.get("n_ctx")
         if not cells:
@@ -202,7 +202,7 @@ def capacity_problems(t: Target, n_vocab: int, seed: int) -> list[Capacity]:
     return out
 
 
-def invalid_token_problems(t: Target, n_vocab: int, rng: np.random.Generator) -> list[Capacity]:
+def request_problems(t: Target, n_vocab: int, rng: np.random.Generator) -> list[Capacity]:
     """A prompt holding an id past the vocabulary's last must be refused as an invalid request (HTTP 400: llama-server
     validates a prompt's ids before a slot takes it), not decoded nor failed as the server's own error; the probes
     after it then show the slot it came to kept every cell. And a request for one token gets one (n_predict is the
