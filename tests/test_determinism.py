@@ -155,13 +155,11 @@ def test_a_logit_jump_with_the_same_tokens_is_numerics_only_where_a_routing_near
 
     from fuzz.engine.parity import nmse
     from fuzz.engine.routing import own_rounding, rounding_controls, routing_near_tie
-    from fuzz.oracles.determinism import cases
+    from fuzz.oracles.determinism import pair_status
 
     def status(jump, cause=None):
-        pair = {"pair": ["a", "b"], "class": "ubatch/chunking/flash-attn", "bit_exact": False, "tokens_equal": True,
-                "max_abs": 7.0, "jump": jump, **({"cause": cause} if cause else {})}
-        (case,) = cases({"same_schedule": [], "pairs": [pair], "chains": []})
-        return case["status"]
+        return pair_status({"pair": ["a", "b"], "class": "ubatch/chunking/flash-attn", "bit_exact": False,
+                            "tokens_equal": True, "max_abs": 7.0, "jump": jump, **({"cause": cause} if cause else {})})
 
     assert status(False) == "numerics"
     assert status(True, {"kind": "routing flip"}) == "numerics"

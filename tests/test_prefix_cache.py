@@ -61,7 +61,7 @@ def test_concurrent_duplicate_inserts_are_clean(fixtures, family, knobs):
     checkpoints (recurrent, hybrid), are the known back-to-back one (corpora/repros/mamba-prefix-cache-rewind-
     diverged): an earlier conversation's state, each conversation right from an erased slot."""
     rep = PrefixCache(fixtures(family, **knobs), PrefixCacheConfig(rounds=3, tokens=6)).run()
-    other = [f for f in rep["findings"] if not (f["kind"] == "rewind-diverged" and f["cause"]
+    other = [f for f in rep["findings"] if not (f["phase"] == "rewind-diverged" and f.get("cause")
                                                   and f["cause"]["kind"] == pc.EARLIER)]
     assert not other, other
     assert bool(rep["findings"]) == (family != "llama"), rep["findings"]
@@ -79,26 +79,25 @@ def test_a_unified_layout_tells_where_a_sequence_sits_from_the_cache(fixtures):
     fixture: where the co-batched filler's cells land depends on when the server batches it, and with tied indexer
     keys that moves this fixture's answer anywhere from a few 1e-3 to ~0.8 (the llama fixture's bound is pinned in
     test_radix.py)."""
-    from fuzz.oracles.prefix_cache import ServerFinding
     from targets import close_all
 
     pc = PrefixCache(fixtures("deepseek32", layers=6, indexer_top_k=4),
                      PrefixCacheConfig(rounds=3, tokens=6, kv_unified=True))
-    sched = build_schedule(pc.info.n_vocab, 4, 3, 0)
+    sched = pc.sched
     assert sched.rounds[0].count("leaf") >= 2
-    moved = ServerFinding("diverged", 0, "leaf: token 4: 7 instead of 52", prompt="leaf", answer=[4, 38, 19, 4, 7, 37])
-    made_up = ServerFinding("diverged", 0, "leaf: token 0", prompt="leaf", answer=[1, 2, 3, 4, 5, 6])
+    moved = {"phase": "diverged", "round": 0, "prompt": "leaf", "answer": [4, 38, 19, 4, 7, 37]}
+    made_up = {"phase": "diverged", "round": 0, "prompt": "leaf", "answer": [1, 2, 3, 4, 5, 6]}
     t = open_target("llama-server", timeout=60)
     try:
         t.start()
-        cold = pc._reference(t, sched)
-        pc.explain(t, sched, cold, [moved, made_up])
+        cold = pc.reference = pc._reference(t, sched)
+        pc.explain_rounds(t, [moved, made_up])
         pc.measure_noise(t, sched.prompts, cold)
     finally:
         close_all([t])
     assert cold["leaf"]["tokens"] == [4, 38, 19, 4, 52, 55]
-    assert moved.cause["kind"] == "shared KV cache, not the prompt cache", moved.cause
-    assert made_up.cause is None
+    assert moved["cause"]["kind"] == "shared KV cache, not the prompt cache", moved
+    assert "cause" not in made_up
     assert pc.noise["placement"] > 1e-3 and pc.near_tie == pytest.approx(4 * pc.noise["placement"])
 
 
@@ -115,7 +114,7 @@ def test_a_fixtures_batch_shapes_excuse_no_made_up_answer(fixtures):
     """explain_shapes computes a diverged prompt uncached at every ubatch of SHAPE_UBATCHES: on the llama fixture
     each gives the reference (a finding that claims the reference's answer is excused at the first, ubatch 1, and
     named so), and an answer no shape gives, leaving the reference at step 0, stays a finding."""
-    from fuzz.oracles.prefix_cache import BATCHING, ServerFinding
+    from fuzz.oracles.prefix_cache import BATCHING
     from targets import close_all
 
     pc = PrefixCache(fixtures("llama", layers=4), PrefixCacheConfig(rounds=1, tokens=6))
@@ -124,22 +123,22 @@ def test_a_fixtures_batch_shapes_excuse_no_made_up_answer(fixtures):
     try:
         t.start()
         cold = pc._reference(t, sched)["leaf"]["tokens"]
-        same = ServerFinding("rewind-diverged", None, "x", prompt="leaf", answer=cold, tokens=sched.prompts["leaf"])
+        same = {"phase": "rewind-diverged", "prompt": "leaf", "answer": cold, "tokens": sched.prompts["leaf"]}
         other = [(cold[0] + 1) % pc.info.n_vocab, *cold[1:]]
-        made_up = ServerFinding("rewind-diverged", None, "y", prompt="leaf", answer=other, tokens=sched.prompts["leaf"])
+        made_up = {"phase": "rewind-diverged", "prompt": "leaf", "answer": other, "tokens": sched.prompts["leaf"]}
         pc.explain_shapes(t, [same, made_up])
     finally:
         close_all([t])
-    assert same.cause["kind"] == BATCHING and "at ubatch 1 gives the same answer" in same.cause["detail"]
-    assert made_up.cause is None
+    assert same["cause"]["kind"] == BATCHING and "at ubatch 1 gives the same answer" in same["cause"]["detail"]
+    assert "cause" not in made_up
 
 
 def test_a_duplicate_insert_that_leaks_is_caught(fixtures):
     rep = PrefixCache(fixtures("llama", layers=4),
                       PrefixCacheConfig(rounds=2, tokens=4, target="mutant:server-dup-leak")).run()
-    kinds = {f["kind"] for f in rep["findings"]}
+    kinds = {f["phase"] for f in rep["findings"]}
     assert rep["status"] == "finding" and "leaked-slot" in kinds, rep["findings"]
-    assert all(f["reproduced"] for f in rep["findings"] if f["kind"] == "leaked-slot")
+    assert all(f["reproduced"] for f in rep["findings"] if f["phase"] == "leaked-slot")
 
 
 def test_the_capacity_probe_fills_every_slot(fixtures, monkeypatch):

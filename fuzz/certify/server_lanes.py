@@ -98,10 +98,10 @@ def server_parts(reps: list[Report]) -> list[str]:
     scheds = [r for r in reps if r.oracle == "radix"]
     parts = []
     if rounds:
-        reused = sum(c for r in rounds for x in r.results for c in x["cache_n"])
+        reused = sum(c for r in rounds for x in r.extra.get("rounds") or [] for c in x["cache_n"])
         rewinds = [c for r in rounds for c in r.extra.get("rewinds") or []]
-        parts += [f"{len(rounds[0].results)} rounds of concurrent duplicate inserts each: answers as uncached, "
-                  f"slots freed; {reused} prompt tokens from the cache",
+        parts += [f"{len(rounds[0].extra.get('rounds') or [])} rounds of concurrent duplicate inserts each: answers "
+                  f"as uncached, slots freed; {reused} prompt tokens from the cache",
                   f"{len(rewinds)} rewind conversations (one client, the slot erased between them): answers as "
                   f"uncached, {sum(sum(c['cache_n']) for c in rewinds)} prompt tokens from the cache"]
     if scheds:

@@ -6,14 +6,17 @@ how a finding is explained (`explain`: more target calls; it may add where the d
 makes it `numerics`), and its one-line `message` for a finding. The skeleton owns the rest: the fleet of workers,
 progress, timing, a failed target call as crash or timeout, the reproduce-once rule (a case with a finding is
 observed and judged once more, before it is explained; each finding says whether it came back the same) and the
-Report.
+Report. Where an oracle's cases are not independent checks it says so through hooks, never its own loop: its cases
+yielded as it explores (`total`: what progress counts to), findings explained together (`explain_all`: one control
+for several), the run ended after a case (`done`), only what reproduced reported (`reproduce_only`), and which rows
+the Report lists (`listed`: a finding met again is counted once).
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -36,6 +39,9 @@ class CaseOracle(ABC, Generic[Case]):
 
     name: ClassVar[str]
     unit: ClassVar[str] = "cases"  # what progress counts
+    # a finding that did not come back is not reported (it goes to `self.unreproduced`, for the record): an oracle
+    # whose runs race (a server's schedules) reports only what it saw every time
+    reproduce_only: ClassVar[bool] = False
     sections: ClassVar[tuple[str, ...]] = ()  # the oracle's own sections of the record kept in the Report
 
     def __init__(self, fixture: Path, cfg: Any):
@@ -51,8 +57,12 @@ class CaseOracle(ABC, Generic[Case]):
         hold for the run (a stage-file workspace) goes on `self.scope`, left after the workers close."""
 
     @abstractmethod
-    def cases(self) -> list[Case]:
-        """What it checks, in order."""
+    def cases(self) -> Iterable[Case]:
+        """What it checks, in order (an oracle that explores until a budget is spent yields them as it goes)."""
+
+    def total(self, cases: Iterable[Case]) -> int:
+        """What progress counts to (0: unknown)."""
+        return len(cases) if isinstance(cases, Sized) else 0
 
     @abstractmethod
     def observe(self, case: Case) -> Any:
@@ -70,6 +80,19 @@ class CaseOracle(ABC, Generic[Case]):
         """Fields to add to a finding's row: where it starts, its cause; `status` NUMERICS when the cause is the
         model's numerics, not a bug."""
         return {}
+
+    def explain_all(self, case: Case, seen: Any, bad: list[dict[str, Any]]) -> None:
+        """Explain a case's failing rows (in place). Default: each finding by `explain` (a crash is what it is); an
+        oracle whose controls serve several findings at once (one server load for all of them), or that shortens a
+        crash too, explains them together."""
+        for row in bad:
+            if row["status"] == FINDING:
+                row.update(self.explain(case, seen, row))
+
+    def done(self, rows: list[dict[str, Any]]) -> bool:
+        """Whether the run ends after a case with these rows (default: every case runs). A target that cannot even
+        be set up under the oracle's configuration (a server that aborts loading) has nothing more to show."""
+        return False
 
     @abstractmethod
     def message(self, row: dict[str, Any]) -> str:
@@ -106,7 +129,7 @@ class CaseOracle(ABC, Generic[Case]):
         """Seconds of its own to report beside the wall (llama_decode_s, ...)."""
         return {}
 
-    def checked(self, cases: list[Case], progress: Progress) -> Iterator[tuple[Case, Any, list[dict[str, Any]]]]:
+    def checked(self, cases: Iterable[Case], progress: Progress) -> Iterator[tuple[Case, Any, list[dict[str, Any]]]]:
         """Each case with what was seen and its rows, in case order, progress advanced as each is done (after the
         caller has reproduced and explained it). Default: one case after another; an oracle whose cases run side
         by side on several workers gives them here once they are all seen."""
@@ -114,6 +137,12 @@ class CaseOracle(ABC, Generic[Case]):
             progress.working(f"{self.name} {self.identity(case)}")
             yield case, *self.check(case)
             progress.advance()
+
+    def listed(self, row: dict[str, Any]) -> bool:
+        """Whether a failing or numerics row is listed among the Report's findings or numerics (default: every
+        one). An oracle whose policy makes some cases numerics without a cause lists only the explained ones; one
+        that explores on past a finding lists each finding once."""
+        return True
 
     def more_findings(self, data: dict[str, Any]) -> list[Finding]:
         """Findings that are not one case's (the sweep's control run)."""
@@ -130,15 +159,21 @@ class CaseOracle(ABC, Generic[Case]):
         with ExitStack() as self.scope, Fleet(self.cfg.target, self.fleet_timeout()) as fleet:
             self.open(fleet)
             cases = self.cases()
-            with Progress(len(cases), self.unit) as progress:
+            self.unreproduced: list[dict[str, Any]] = []
+            with Progress(self.total(cases), self.unit) as progress:
                 for case, seen, rows in self.checked(cases, progress):
                     bad = [r for r in rows if r["status"] in FAILING]
                     if bad:  # once more before any is reported
                         self.again(case, seen, bad)
-                    for row in rows:
-                        if row["status"] == FINDING and not isinstance(seen, Failure):
-                            row.update(self.explain(case, seen, row))
+                        if self.reproduce_only:
+                            self.unreproduced += [r for r in bad if r.get("reproduced") is False]
+                            rows = [r for r in rows if r.get("reproduced") is not False]
+                            bad = [r for r in bad if r.get("reproduced") is not False]
+                    if bad and not isinstance(seen, Failure):
+                        self.explain_all(case, seen, bad)
                     results += rows
+                    if self.done(rows):
+                        break
         wall = time.perf_counter() - t0
         return {**self.record(results), "results": results,
                 "timing": {"wall_s": round(wall, 3), **self.timing(wall)}}
@@ -150,9 +185,10 @@ class CaseOracle(ABC, Generic[Case]):
         data = self.collect()
         return make_report(self.name, self.fixture, data, results=data["results"], extra=self.sections,
                            native=self.native(data),
-                           findings=[self.finding(r) for r in data["results"] if r["status"] in FAILING]
-                           + self.more_findings(data),
-                           numerics=[self.finding(r) for r in data["results"] if r["status"] == NUMERICS])
+                           findings=[self.finding(r) for r in data["results"]
+                                     if r["status"] in FAILING and self.listed(r)] + self.more_findings(data),
+                           numerics=[self.finding(r) for r in data["results"]
+                                     if r["status"] == NUMERICS and self.listed(r)])
 
     def finding(self, row: dict[str, Any]) -> Finding:
         return finding_of(self.name, row, self.message(row))

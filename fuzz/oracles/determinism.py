@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.configs import check_config
-from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
-from fuzz.engine.fleet import Fleet, fixture_header, load_full
+from fuzz.engine.case_oracle import CaseOracle
+from fuzz.engine.contract import FAILING, FINDING, NUMERICS, PASS, UNSUPPORTED, Finding, Oracle, Report
+from fuzz.engine.fleet import Fleet, failure_status, fixture_header, load_full
 from fuzz.engine.parity import (
     Trace,
     compare,
@@ -117,14 +116,26 @@ def outputs(tr: Trace, n_prefill: int) -> tuple[list[int], np.ndarray]:
                                                      [so.logits[-1] for so in decode])
 
 
-class Determinism:
+class Determinism(CaseOracle[Schedule]):
+    """On the skeleton (fuzz.engine.case_oracle): its cases are the schedules, in order (the baseline first, and each
+    schedule's first-thread-count sibling before it). A schedule's runs are judged on their own (repeats bit-exact),
+    against the runs of the schedule it pairs with, seen before it (its threads-only sibling, or the baseline), and
+    its chains against its own full runs. A finding is observed again as the whole schedule before it is explained."""
+
+    name = "determinism"
+    unit = "schedules"
+    sections = ("policy", "same_schedule", "pairs", "chains", "rounding_control")
+
     def __init__(self, fixture: Path, cfg: DeterminismConfig):
-        check_config(cfg)
-        self.fixture = Path(fixture)
-        self.cfg = cfg
+        super().__init__(fixture, cfg)
+        if cfg.repeats < 2:
+            raise UserError(f"--repeats {cfg.repeats}: needs at least 2 runs per schedule to compare")
         self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
         self.routed: dict[Schedule, tuple[dict[str, np.ndarray], dict[str, int]] | None] = {}  # _routing's traces
+        self.runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}  # each schedule's first observation
+        self.control: dict[str, Any] | None = None
+        self.controlled = False
 
     def schedules(self) -> list[Schedule]:
         c = self.cfg
@@ -136,97 +147,177 @@ class Determinism:
         return [Schedule(t, u, ch, fa) for t, u, ch, fa in itertools.product(
             config["threads"], config["ubatch"], config["chunks"], config["flash_attn"])]
 
-    def run(self) -> dict[str, Any]:
+    @property
+    def bound(self) -> float | None:
+        """The NMSE kernel pairs may move logits by with the same tokens: ROUNDING_FACTOR x the rounding control's."""
+        return ROUNDING_FACTOR * self.control["nmse"] if self.control else None
+
+    # ---- the skeleton's parts ---------------------------------------------------------------------------------
+    def open(self, fleet: Fleet) -> None:
         cfg = self.cfg
-        t0 = time.perf_counter()
-        if cfg.repeats < 2:
-            raise UserError(f"--repeats {cfg.repeats}: needs at least 2 runs per schedule to compare")
-        sets = [] if cfg.cuts == "none" else cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period,
-                                                      self.fixture)
+        self.sets = [] if cfg.cuts == "none" else cut_sets(cfg.cuts, self.info.n_layer, cfg.stages, self.st.period,
+                                                           self.fixture)
         # unsplit: logits of the last row, as a server decodes (llama.cpp then prunes the last layer to that row);
         # with chains every row, as the sweep does: a stage's pass-through pad after its last real layer would
         # move that pruning, and FFN kernels over one row and over all rows round differently (gemma3, cut 5)
-        self.logits_mode = "all" if sets else "last"
-        prompt = main_prompt(cfg, self.info.n_vocab)
-        findings: list[dict[str, Any]] = []
-        runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}
-        chains: list[dict[str, Any]] = []
-        commit = None
-        with self.st.workspace(cfg.workdir), Fleet(cfg.target, cfg.timeout) as fleet:
-            full = fleet.one()
-            stage_targets = fleet.open(max((len(s) for s in sets), default=0) + 1)
-            # a model the target cannot load at all is bad input; one it cannot load under a schedule the
-            # toolkit chose (e.g. flash attention on) is a finding: a crash, tried twice
-            commit = load_full(full, self.fixture, **context_params()).data.get("llama_cpp_commit")
-            for sch in self.schedules():
-                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
-                                        capture=bool(sets))
-                steps = steps_for(prompt, sch.chunk, cfg.tokens)
-                loaded = full.load(str(self.fixture), **params)
-                if not loaded.ok:
-                    again = full.load(str(self.fixture), **params)
-                    findings.append({"class": "crash", "schedule": sch.name, "reproduced": not again.ok and
-                                     again.failure.kind == loaded.failure.kind,
-                                     "message": f"loading the model under {sch.name}: {loaded.failure.message}"})
-                    continue
-                commit = loaded.data.get("llama_cpp_commit")
-                self.n_pos = pos_per_token(loaded.data)
-                runs[sch] = []
-                ref_trace = None
-                for _ in range(cfg.repeats):
-                    full.reset()
-                    capture = sorted({c - 1 for s in sets for c in s})
-                    tr = run_script(full, script_steps(steps, capture=capture, logits_mode=self.logits_mode))
-                    if isinstance(tr, Failure):
-                        findings.append({"class": "crash", "schedule": sch.name, "message": tr.message})
-                        break
-                    ref_trace = ref_trace or tr
-                    runs[sch].append(outputs(tr, len(steps) - cfg.tokens))
-                if sets and ref_trace is not None:
-                    chains += self._chains(sch, sets, steps, ref_trace, stage_targets, params, findings)
-            control = self._rounding_control(prompt, next(iter(runs))) if runs else None
-        bound = ROUNDING_FACTOR * control["nmse"] if control else None
-        report = self._classify(runs, findings, bound)
-        for f in report["findings"]:
-            pair = [f["schedule"]] * 2 if f["class"] == "same-schedule" else f.get("pair") \
-                if f["class"] == "threads-only" else None
-            if pair:
-                f["node"] = self._localize(by_name(runs, pair), runs, prompt)
-        report["numerics"] = []
-        for f in list(report["findings"]):
-            if f["class"] == "tokens":  # a clear-margin flip across kernels: numerics a routing choice amplified?
-                entry = next(p for p in report["pairs"] if p["pair"] == f["pair"])
-                f["cause"] = entry["cause"] = self._token_cause(by_name(runs, f["pair"]), prompt,
-                                                                entry["first_token_diff"]["step"])
-                if f["cause"]["kind"] == "routing flip":
-                    report["findings"].remove(f)
-                    report["numerics"].append(f)
-        # logits that move past this model's rounding with the same tokens: numerics only where a routing choice at a
-        # near-tie explains it (traced, its measured score move named), else a finding — never by size alone
-        for p in report["pairs"]:
-            p["jump"] = bound is not None and p["class"] != "threads-only" and p["tokens_equal"] and \
-                p["nmse"] > bound
-            if not p["jump"]:
-                continue
-            pair = by_name(runs, p["pair"])
-            (_, a), (_, b) = runs[pair[0]][0], runs[pair[1]][0]
-            row = next((i for i in range(len(a)) if nmse(a[i], b[i]) > bound), 0)
-            p["cause"] = self._token_cause(pair, prompt, row)
-            if p["cause"]["kind"] != "routing flip":
-                report["findings"].append({"class": "logits", "pair": p["pair"], "cause": p["cause"], "message":
-                                           f"{p['pair'][0]} vs {p['pair'][1]}: the same tokens, but logits move by "
-                                           f"NMSE {p['nmse']:.2g} (max |Δ| {p['max_abs']:.2g}), more than "
-                                           f"{ROUNDING_FACTOR:g}× this model's rounding ({control['detail']}), and "
-                                           f"no routing choice at a near-tie explains it: {p['cause']['detail']}"})
-        report["summary"]["findings"] = len(report["findings"])
-        report.update({**fixture_header(self.fixture, self.info, target=cfg.target, commit=commit),
-                       "policy": POLICY, "chains": chains, "rounding_control": control,
-                       "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
-                                  "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,
-                                  "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "tokens": cfg.tokens,
-                                  "seed": cfg.seed},
-                       "timing": {"wall_s": round(time.perf_counter() - t0, 3)}})
-        return report
+        self.logits_mode = "all" if self.sets else "last"
+        self.prompt = main_prompt(cfg, self.info.n_vocab)
+        self.scope.enter_context(self.st.workspace(cfg.workdir))
+        self.full = fleet.one()
+        self.stage_targets = fleet.open(max((len(s) for s in self.sets), default=0) + 1)
+        # a model the target cannot load at all is bad input; one it cannot load under a schedule the toolkit chose
+        # (e.g. flash attention on) is a finding: a crash, observed twice
+        self.commit = load_full(self.full, self.fixture, **context_params()).data.get("llama_cpp_commit")
+
+    def cases(self) -> list[Schedule]:
+        return self.schedules()
+
+    def identity(self, sch: Schedule) -> dict[str, Any]:
+        return {"schedule": sch.name}
+
+    def failed(self, sch: Schedule, f: Failure) -> list[dict[str, Any]]:
+        return [{"case": "schedule", **super().failed(sch, f)[0], "phase": "crash"}]
+
+    def observe(self, sch: Schedule) -> dict[str, Any] | Failure:
+        """The schedule's repeated runs of the full model and, with cut sets, each chain under it; the first
+        schedule that runs also measures the model's rounding (the control the pairs are bounded by)."""
+        cfg = self.cfg
+        params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                capture=bool(self.sets))
+        steps = steps_for(self.prompt, sch.chunk, cfg.tokens)
+        loaded = self.full.load(str(self.fixture), **params)
+        if not loaded.ok:
+            return replace(loaded.failure, message=f"loading the model under {sch.name}: {loaded.failure.message}")
+        self.commit = loaded.data.get("llama_cpp_commit")
+        self.n_pos = pos_per_token(loaded.data)
+        runs, ref = [], None
+        capture = sorted({c - 1 for s in self.sets for c in s})
+        for _ in range(cfg.repeats):
+            self.full.reset()
+            tr = run_script(self.full, script_steps(steps, capture=capture, logits_mode=self.logits_mode))
+            if isinstance(tr, Failure):
+                return replace(tr, message=f"decoding under {sch.name}: {tr.message}")
+            ref = ref or tr
+            runs.append(outputs(tr, len(steps) - cfg.tokens))
+        self.runs.setdefault(sch, runs)
+        if not self.controlled:
+            self.control, self.controlled = self._rounding_control(self.prompt, sch), True
+        return {"runs": runs, "chains": self._chains(sch, steps, ref, params) if self.sets else []}
+
+    def judge(self, sch: Schedule, seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """Repeats and threads-only pairs must be bit-exact; a kernel pair whose greedy tokens part is a finding
+        unless the flip is at a near-tie: a margin under NEAR_TIE, or a pair whose logits up to the flip moved no
+        more than this model's rounding (`bound`); a kernel pair moving logits past the bound with the same tokens is
+        a finding until explained. Chains must be bit-exact with the full model under the same schedule."""
+        rs = seen["runs"]
+        exact = all(a[0] == rs[0][0] and np.array_equal(a[1], rs[0][1]) for a in rs[1:])
+        rows = [{"case": "same-schedule", "schedule": sch.name, "runs": len(rs), "bit_exact": exact,
+                 "max_abs": max((max_abs(a[1], rs[0][1]) for a in rs[1:]), default=0.0),
+                 "status": PASS if exact else FINDING, **({} if exact else {"phase": "same-schedule"})}]
+        pair = self._pair(sch, rs[0])
+        if pair is not None:
+            rows.append(pair)
+        return rows + seen["chains"]
+
+    def _pair(self, sch: Schedule, b: tuple[list[int], np.ndarray]) -> dict[str, Any] | None:
+        """The schedule against the one it pairs with: its first-thread-count sibling when only threads differ,
+        else the baseline (a schedule on another thread count is covered by its sibling); None for the baseline."""
+        base = next(iter(self.runs))
+        if sch == base:
+            return None
+        sibling = Schedule(base.threads, sch.ubatch, sch.chunk, sch.flash_attn)
+        threads_only = sch.threads != base.threads and sibling in self.runs
+        if not threads_only and sch.threads != base.threads:
+            return None
+        other = sibling if threads_only else base
+        a = self.runs[other][0]
+        p = {"case": "pair", "pair": [other.name, sch.name], "class": "threads-only" if threads_only else
+             "ubatch/chunking/flash-attn", "bit_exact": a[0] == b[0] and np.array_equal(a[1], b[1]),
+             "max_abs": max_abs(a[1], b[1]), "nmse": nmse(a[1], b[1]), "tokens_equal": a[0] == b[0]}
+        bound = self.bound
+        if a[0] != b[0]:
+            k = next(i for i, (x, y) in enumerate(zip(a[0], b[0], strict=True)) if x != y)
+            top = np.sort(a[1][k])[-2:]
+            margin = float(top[1] - top[0])
+            moved = nmse(a[1][:k + 1], b[1][:k + 1])
+            p["first_token_diff"] = {"step": k, "baseline_margin": margin, "nmse": moved}
+            if not (margin >= NEAR_TIE and (bound is None or moved > bound)):
+                p["near_tie"] = True
+        p["jump"] = bound is not None and not threads_only and p["tokens_equal"] and p["nmse"] > bound
+        p["status"] = pair_status(p)
+        if p["status"] == FINDING:
+            p["phase"] = "threads-only" if threads_only else "tokens" if not p["tokens_equal"] else "logits"
+        return p
+
+    def explain(self, sch: Schedule, seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """Where runs that should be bit-exact first part (the graph node, traced); why greedy tokens part, or
+        logits move past the model's rounding, between kernels upstream does not promise bit-exact (a routing
+        choice at a near-tie makes it numerics)."""
+        phase = row.get("phase")
+        if phase == "same-schedule":
+            node = self._localize([sch, sch], seen["runs"][0], seen["runs"][-1])
+            return {"node": node, "step": node.get("step")}
+        if phase not in ("threads-only", "tokens", "logits"):
+            return {}
+        pair = by_name(self.schedules(), row["pair"])
+        a, b = self.runs[pair[0]][0], seen["runs"][0]
+        if phase == "threads-only":
+            node = self._localize(pair, a, b)
+            return {"node": node, "step": node.get("step")}
+        if phase == "tokens":
+            step = row["first_token_diff"]["step"]
+        else:
+            step = next((i for i in range(len(a[1])) if nmse(a[1][i], b[1][i]) > self.bound), 0)
+        cause = self._token_cause(pair, self.prompt, step)
+        return {"cause": cause, "status": pair_status({**row, "cause": cause})}
+
+    def message(self, r: dict[str, Any]) -> str:
+        return f"[{r['phase']}] {self._text(r)}"
+
+    def _text(self, r: dict[str, Any]) -> str:
+        phase = r["phase"]
+        if phase == "crash":
+            return r["reason"]
+        if phase == "same-schedule":
+            return f"{r['runs']} runs of {r['schedule']} are not bit-exact"
+        if phase == "chain-parity":
+            return f"chain differs from the full model under the same schedule at step {r['step']} (stage " \
+                   f"{r['stage']} {r['where']})"
+        a, b = r["pair"]
+        if phase == "threads-only":
+            return f"{a} vs {b} differ (max |Δ| {r['max_abs']:.3g}) though only n_threads changed"
+        if phase == "tokens":
+            d = r["first_token_diff"]
+            return f"greedy tokens differ at decode step {d['step']} where the baseline margin is " \
+                   f"{d['baseline_margin']:.3g} (not a near-tie)"
+        c = self.control
+        return f"{a} vs {b}: the same tokens, but logits move by NMSE {r['nmse']:.2g} (max |Δ| {r['max_abs']:.2g}), " \
+               f"more than {ROUNDING_FACTOR:g}× this model's rounding ({c['detail']}), and no routing choice at a " \
+               f"near-tie explains it: {(r.get('cause') or {}).get('detail', 'not traced')}"
+
+    def listed(self, row: dict[str, Any]) -> bool:
+        """Every finding; of the numerics (kernel pairs are numerics by policy) the token flips a traced routing choice
+        at a near-tie excused (a logit move it excused stays on its pair's record)."""
+        return row["status"] != NUMERICS or (row.get("phase") == "tokens" and
+                                             (row.get("cause") or {}).get("kind") == "routing flip")
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        same = [r for r in results if r["case"] == "same-schedule"]
+        pairs = [r for r in results if r["case"] == "pair"]
+        findings = [{**r, "class": r["phase"], "message": self._text(r)} for r in results if r["status"] in FAILING]
+        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=self.commit),
+                "policy": POLICY, "same_schedule": same, "pairs": pairs,
+                "chains": [r for r in results if r["case"] == "chain"], "rounding_control": self.control,
+                "findings": findings,
+                "numerics": [{**r, "class": r["phase"], "message": self._text(r)} for r in pairs
+                             if r["status"] == NUMERICS and self.listed(r)],
+                "summary": {"schedules": len(same), "findings": len(findings),
+                            "not_bit_exact_pairs": [p["pair"] for p in pairs if not p["bit_exact"]]},
+                "config": {"threads": list(cfg.threads), "ubatch": list(cfg.ubatch), "chunks": list(cfg.chunks),
+                           "flash_attn": list(cfg.flash_attn), "repeats": cfg.repeats, "cuts": cfg.cuts,
+                           "prompt_len": cfg.prompt_len, "prompt": list(cfg.prompt), "tokens": cfg.tokens,
+                           "seed": cfg.seed}}
 
     def _rounding_control(self, prompt: list[int], sch: Schedule) -> dict[str, Any] | None:
         """How far one rounding moves this model's logits: the schedule `sch` on the trusted build, unsplit, and
@@ -261,15 +352,17 @@ class Determinism:
                               f"NMSE {moved:.2g}"}
         return None
 
-    def _localize(self, pair: list[Schedule], runs: dict[Schedule, list], prompt: list[int]) -> dict[str, Any]:
-        """Where two runs that should be bit-exact first part: the first output row that differs gives the step;
-        both schedules run again to it with every graph node traced (the same graph both times), and the first
-        node whose bits differ is named. All nodes equal while the logits still differ: the difference comes
-        after the graph; the logits equal too: it did not recur under tracing (timing-dependent)."""
-        a_sch, b_sch = pair
-        (_, a), (_, b) = runs[a_sch][0], runs[b_sch][-1]
+    def _localize(self, pair: list[Schedule], a: tuple[list[int], np.ndarray],
+                  b: tuple[list[int], np.ndarray]) -> dict[str, Any]:
+        """Where two runs that should be bit-exact (`a` under pair[0], `b` under pair[1]) first part: the first
+        output row that differs gives the step; both schedules run again to it with every graph node traced (the
+        same graph both times), and the first node whose bits differ is named. All nodes equal while the logits
+        still differ: the difference comes after the graph; the logits equal too: it did not recur under tracing
+        (timing-dependent)."""
+        a_sch = pair[0]
+        a, b = a[1], b[1]
         row = next((i for i in range(min(len(a), len(b))) if not np.array_equal(a[i], b[i])), 0)
-        steps = steps_for(prompt, a_sch.chunk, self.cfg.tokens)
+        steps = steps_for(self.prompt, a_sch.chunk, self.cfg.tokens)
         n_prefill = len(steps) - self.cfg.tokens
         k = n_prefill - 1 + row
         runs = []
@@ -331,86 +424,33 @@ class Determinism:
                                           [len(st.tokens) for st in steps]) if len(out) == 2 and out[-1].ok else None
         return self.routed[sch]
 
-    def _chains(self, sch: Schedule, sets, steps, ref: Trace, targets, params, findings) -> list[dict[str, Any]]:
+    def _chains(self, sch: Schedule, steps: list[Step], ref: Trace, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each cut set's K-stage chain under the schedule, against the full model's first run under it: a row per
+        chain (pass, finding where it first differs, unsupported, or crash)."""
         out = []
         tokens = [so.tokens for so in ref.steps]
-        for cuts in sets:
+        for cuts in self.sets:
+            at = {"case": "chain", "schedule": sch.name, "cuts": cuts}
             stages = self.st.stages(cuts)
             if isinstance(stages, Unsupported):
-                out.append({"schedule": sch.name, "cuts": cuts, "status": "unsupported", "reason": str(stages)})
+                out.append({**at, "status": UNSUPPORTED, "reason": str(stages)})
                 continue
-            ts = targets[:len(stages)]
-            for k, ((path, _), t) in enumerate(zip(stages, ts, strict=True)):
-                r = t.load(str(path), **{**params, "capture": k < len(stages) - 1})
-                if not r.ok:
-                    findings.append({"class": "crash", "schedule": sch.name, "cuts": cuts,
-                                     "message": r.failure.message})
-                    break
-            else:
+            ts = self.stage_targets[:len(stages)]
+            failed = next((r.failure for k, ((path, _), t) in enumerate(zip(stages, ts, strict=True))
+                           if not (r := t.load(str(path), **{**params, "capture": k < len(stages) - 1})).ok), None)
+            chain = None
+            if failed is None:
                 chain, fail = run_chain(ts, [st.n_layer for _, st in stages], steps, tokens, logits_mode="all",
                                         n_pos_per_token=self.n_pos)
-                if fail:
-                    findings.append({"class": "crash", "schedule": sch.name, "cuts": cuts,
-                                     "message": fail.failure.message})
-                    continue
-                div, worst = compare(ref, chain, steps, cuts)
-                status = PASS if div is None else FINDING
-                out.append({"schedule": sch.name, "cuts": cuts, "status": status, "max_abs": worst})
-                if div is not None:
-                    findings.append({"class": "chain-parity", "schedule": sch.name, "cuts": cuts,
-                                     "message": f"chain differs from the full model under the same schedule at "
-                                                f"step {div.step} (stage {div.stage} {div.where})"})
+                failed = fail.failure if fail else None
+            if failed is not None:
+                out.append({**at, "status": failure_status(failed), "phase": "crash", "reason": failed.message})
+                continue
+            div, worst = compare(ref, chain, steps, cuts)
+            out.append({**at, "status": PASS, "max_abs": worst} if div is None else
+                       {**at, "status": FINDING, "max_abs": worst, "phase": "chain-parity", "step": div.step,
+                        "stage": div.stage, "where": div.where})
         return out
-
-    def _classify(self, runs: dict[Schedule, list], findings: list[dict[str, Any]],
-                  bound: float | None = None) -> dict[str, Any]:
-        """Repeats and threads-only pairs must be bit-exact; a kernel pair whose greedy tokens part is a finding
-        unless the flip is at a near-tie: a margin under NEAR_TIE, or a pair whose logits up to the flip moved no
-        more than this model's rounding (`bound`, an NMSE: the rounding control's times ROUNDING_FACTOR)."""
-        same: list[dict[str, Any]] = []
-        for sch, rs in runs.items():
-            exact = all(a[0] == rs[0][0] and np.array_equal(a[1], rs[0][1]) for a in rs[1:])
-            same.append({"schedule": sch.name, "runs": len(rs), "bit_exact": exact,
-                         "max_abs": max((max_abs(a[1], rs[0][1]) for a in rs[1:]), default=0.0)})
-            if not exact:
-                findings.append({"class": "same-schedule", "schedule": sch.name,
-                                 "message": f"{len(rs)} runs of {sch.name} are not bit-exact"})
-        scheds = [s for s in runs if runs[s]]
-        base = scheds[0] if scheds else None
-        pairs: list[dict[str, Any]] = []
-        for sch in scheds[1:]:
-            # threads-only: against the same schedule on the first thread count; otherwise against the baseline
-            sibling = Schedule(base.threads, sch.ubatch, sch.chunk, sch.flash_attn)
-            threads_only = sch.threads != base.threads and sibling in runs and runs[sibling]
-            other = sibling if threads_only else base
-            if not threads_only and sch.threads != base.threads:
-                continue  # its threads-only sibling covers it
-            a, b = runs[other][0], runs[sch][0]
-            bit = a[0] == b[0] and np.array_equal(a[1], b[1])
-            entry = {"pair": [other.name, sch.name], "class": "threads-only" if threads_only else
-                     "ubatch/chunking/flash-attn", "bit_exact": bit, "max_abs": max_abs(a[1], b[1]),
-                     "nmse": nmse(a[1], b[1]),
-                     "tokens_equal": a[0] == b[0]}
-            pairs.append(entry)
-            if threads_only and not bit:
-                findings.append({"class": "threads-only", "pair": entry["pair"],
-                                 "message": f"{other.name} vs {sch.name} differ (max |Δ| {entry['max_abs']:.3g}) "
-                                            "though only n_threads changed"})
-            if a[0] != b[0]:
-                k = next(i for i, (x, y) in enumerate(zip(a[0], b[0], strict=True)) if x != y)
-                top = np.sort(a[1][k])[-2:]
-                margin = float(top[1] - top[0])
-                moved = nmse(a[1][:k + 1], b[1][:k + 1])
-                entry["first_token_diff"] = {"step": k, "baseline_margin": margin, "nmse": moved}
-                if margin >= NEAR_TIE and (bound is None or moved > bound):
-                    findings.append({"class": "tokens", "pair": entry["pair"],
-                                     "message": f"greedy tokens differ at decode step {k} where the baseline margin "
-                                                f"is {margin:.3g} (not a near-tie)"})
-                else:
-                    entry["near_tie"] = True
-        return {"same_schedule": same, "pairs": pairs, "findings": findings,
-                "summary": {"schedules": len(runs), "findings": len(findings),
-                            "not_bit_exact_pairs": [p["pair"] for p in pairs if not p["bit_exact"]]}}
 
 
 def format_report(rep: dict[str, Any]) -> str:
@@ -456,34 +496,21 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
-def cases(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every comparison as a case in the status vocabulary: repeated schedules and threads-only pairs pass or are
-    findings; the other pairs are numerics when not bit-exact (not promised upstream), findings when greedy tokens
-    flip at a clear margin; chains pass, are findings or unsupported."""
-    out = [{"case": "same-schedule", "schedule": s["schedule"], "status": PASS if s["bit_exact"] else FINDING,
-            "max_abs": s["max_abs"]} for s in data["same_schedule"]]
-    for p in data["pairs"]:
-        clear_flip = not p["tokens_equal"] and not p.get("near_tie") and (p.get("cause") or {}).get("kind") != \
-            "routing flip"
-        jump = p.get("jump") and (p.get("cause") or {}).get("kind") != "routing flip"
-        status = PASS if p["bit_exact"] else FINDING if p["class"] == "threads-only" or clear_flip or jump \
-            else NUMERICS
-        out.append({"case": "pair", "pair": p["pair"], "class": p["class"], "status": status, "max_abs": p["max_abs"]})
-    out += [{"case": "chain", **c} for c in data["chains"]]
-    return out
+def pair_status(p: dict[str, Any]) -> str:
+    """A schedule pair in the status vocabulary: bit-exact passes; a threads-only pair that is not is a finding, as
+    is a greedy token flip at a clear margin or logits moving past the model's rounding with the same tokens, unless
+    a traced routing choice at a near-tie explains it (its `cause`); any other kernel difference is numerics (not
+    promised upstream)."""
+    if p["bit_exact"]:
+        return PASS
+    excused = (p.get("cause") or {}).get("kind") == "routing flip"
+    clear_flip = not p["tokens_equal"] and not p.get("near_tie") and not excused
+    jump = p.get("jump") and not excused
+    return FINDING if p["class"] == "threads-only" or clear_flip or jump else NUMERICS
 
 
 def report(fixture: Path, cfg: DeterminismConfig) -> Report:
-    data = Determinism(fixture, cfg).run()
-    findings = [Finding(oracle="determinism", status=CRASH if f["class"] == "crash" else FINDING, phase=f["class"],
-                        cuts=f.get("cuts"), message=f"[{f['class']}] {f['message']}", node=f.get("node"),
-                        step=(f.get("node") or {}).get("step"), reproduced=f.get("reproduced"), cause=f.get("cause"),
-                        detail=f)
-                for f in data["findings"]]
-    numerics = [Finding(oracle="determinism", status=NUMERICS, phase=f["class"], message=f"[{f['class']}] "
-                        f"{f['message']}", cause=f["cause"], detail=f) for f in data["numerics"]]
-    return make_report("determinism", fixture, data, results=cases(data), findings=findings, numerics=numerics,
-                       extra=("policy", "same_schedule", "pairs", "chains", "rounding_control"))
+    return Determinism(fixture, cfg).report()
 
 
 def only_schedule(config: dict[str, Any], f: Finding) -> dict[str, Any]:

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.case_oracle import finding_of
-from fuzz.engine.configs import check_config
+from fuzz.engine.case_oracle import CaseOracle, finding_of
 from fuzz.engine.contract import (
     CRASH,
+    FAILING,
     FINDING,
     NUMERICS,
     PASS,
@@ -55,7 +55,6 @@ from fuzz.engine.contract import (
     Oracle,
     Report,
     fingerprint,
-    make_report,
 )
 from fuzz.engine.fleet import Fleet, fixture_header
 from fuzz.engine.parity import (
@@ -211,78 +210,155 @@ def shifts_faithful(noise: dict[str, float], noise_factor: float, type_k: str) -
     return noise.get("rope_type", -1) >= 0 or noise_factor * noise["shift"] <= noise["tolerance"]
 
 
+class Memory(CaseOracle[tuple[bool, int] | None]):
+    """On the skeleton (fuzz.engine.case_oracle): its cases are the drawn programs, KV layout by layout (given one,
+    or Hypothesis' shortest failing one, per layout), yielded while the layout can still run one: a program that
+    cannot load a context ends its layout, one that hangs the run (each program more would wait out the timeout).
+    A program's row says what it ran; a finding is run again from a fresh context (it must reproduce), then
+    shortened and explained by the controls (memory_controls) — a crash too (the cache-type control)."""
+
+    name = "memory"
+    unit = "programs"
+    sections = ("noise",)
+
+    def __init__(self, fixture: Path, cfg: MemoryConfig):
+        super().__init__(fixture, cfg)
+        if cfg.n_seq < 2:
+            raise UserError("--n-seq must be at least 2 (the operations move cells between sequences)")
+        if cfg.engine not in ("seeded", "hypothesis"):
+            raise UserError(f"--engine {cfg.engine!r}: seeded or hypothesis")
+        if cfg.rope_scaling not in ("", *ROPE_SCALINGS) or cfg.rope_freq_scale < 0:
+            raise UserError(f"--rope {cfg.rope_scaling}:{cfg.rope_freq_scale:g}: a scaling of "
+                            f"{', '.join(ROPE_SCALINGS)} and a positive frequency scale (yarn:0.5)")
+        self.program = check_program(cfg.program, cfg.n_seq) if cfg.program is not None else None
+        self.info = inspect_file(str(self.fixture))
+        self.tolerance: dict[str, float] = {}
+        self.recomputes: dict[bool, Recompute] = {}
+        self.stopped: set[bool] = set()  # layouts with nothing more to run: no context in them
+        self.hang = False  # a program hung: nothing more runs (each program more would wait out the timeout)
+
+    # ---- the skeleton's parts ---------------------------------------------------------------------------------
+    def open(self, fleet: Fleet) -> None:
+        cfg = self.cfg
+        self.t, self.tr = fleet.open(2)
+        self.ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq, flash_attn=cfg.flash_attn,
+                                         **cache_params(cfg))
+        self.model, self.feed, why = stage_of(self.scope, self.fixture, cfg.stage, self.info.n_layer, self.tr,
+                                              self.ref_params)
+        self.why = why or refused_cache(self.tr, self.model, cfg, self.ref_params)
+
+    def cases(self) -> Iterator[tuple[bool, int] | None]:
+        cfg = self.cfg
+        if self.why:
+            yield None
+            return
+        for kvu in cfg.kv_unified:
+            for k in range(1 if self.program is not None or cfg.engine == "hypothesis" else cfg.programs):
+                if self.hang:
+                    return
+                if kvu in self.stopped:
+                    break
+                yield kvu, k
+
+    def total(self, cases: Any) -> int:
+        cfg = self.cfg
+        return len(cfg.kv_unified) * (1 if self.program is not None or cfg.engine == "hypothesis" else cfg.programs)
+
+    def identity(self, case: tuple[bool, int] | None) -> dict[str, Any]:
+        return {} if case is None else {"kv_unified": case[0], "program": case[1]}
+
+    def recompute(self, kvu: bool) -> Recompute:
+        """The layout's reference (a fresh one-sequence context), its tolerance measured once per run."""
+        if kvu not in self.recomputes:
+            r = self.recomputes[kvu] = Recompute(self.tr, self.model, self.ref_params, self.feed)
+            self.tolerance = calibrated(r, self.cfg, self.info.n_vocab, self.tolerance)
+        return self.recomputes[kvu]
+
+    def observe(self, case: tuple[bool, int] | None) -> dict[str, Any]:
+        """The program (drawn from the seed, the given one, or Hypothesis' shortest failing one) in a fresh
+        context, up to the first check it fails."""
+        if case is None:
+            return {"unsupported": self.why}
+        kvu, k = case
+        cfg = self.cfg
+        given = self.program
+        if given is None and cfg.engine == "hypothesis":
+            given, row = hypothesis_program(self.t, self.model, cfg, kvu, self.recompute(kvu))
+            if given is None:
+                return {"examples": row}
+        rng = np.random.default_rng([cfg.seed, k, int(kvu)])
+        done, problem, mach = run_program(self.t, self.model, cfg, kvu, self.recompute(kvu), given, rng)
+        self.commit = mach.commit
+        return {"done": done, "problem": problem, "mach": mach}
+
+    def judge(self, case: tuple[bool, int] | None, seen: dict[str, Any]) -> list[dict[str, Any]]:
+        if "unsupported" in seen:
+            return [{"status": UNSUPPORTED, "reason": seen["unsupported"], "kv_unified": None, "program": None,
+                     "steps": 0, "checks": 0, "max_abs_dlogit": 0.0, "ops": {}, "refused": {}}]
+        if "examples" in seen:
+            return [seen["examples"]]
+        kvu, k = case
+        done, problem, mach = seen["done"], seen["problem"], seen["mach"]
+        return [{"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
+                 "max_abs_dlogit": mach.worst, "ops": dict(Counter(op_name(op) for op in done)),
+                 "refused": dict(mach.refused),
+                 "status": PASS if not problem else CRASH if problem["check"] == "crash" else FINDING}]
+
+    def again(self, case: tuple[bool, int], seen: dict[str, Any], bad: list[dict[str, Any]]) -> None:
+        """The operations as they ran (drawn under the model the machine kept, refusals included), from a fresh
+        context: the same check must fail at the same operation."""
+        kvu, _ = case
+        seen["again"] = run_program(self.t, self.model, self.cfg, kvu, self.recompute(kvu), seen["done"], None,
+                                    check=False)[1]
+        for r in bad:
+            r["reproduced"] = same_problem(seen["again"], seen["problem"])
+
+    def explain_all(self, case: tuple[bool, int], seen: dict[str, Any], bad: list[dict[str, Any]]) -> None:
+        """A drawn program that reproduced is shortened (a hang is not: each try would wait out the timeout; a given
+        one, a bundle's, runs exactly as given); the controls say why it fails (a crash: the cache-type control),
+        and numerics where they explain it. No context in this layout ends the layout; a hang ends the run."""
+        (row,) = bad
+        kvu, k = case
+        cfg, recompute = self.cfg, self.recompute(kvu)
+        done, problem, mach = seen["done"], seen["problem"], seen["mach"]
+        hang = hung(problem)
+        short = minimize(self.t, self.model, cfg, kvu, recompute, done, problem) if same_problem(
+            seen["again"], problem) and self.program is None and not hang else done
+        _, last, ran = run_program(self.t, self.model, cfg, kvu, recompute, short, None, check=False) \
+            if not hang else (None, None, mach)
+        final = last or problem
+        crash = problem["check"] == "crash"
+        cause = explain(self.t, self.model, cfg, kvu, recompute, short, final, mach.mem, ran.rows, ran.model.log) \
+            if mach.mem and not crash else cache_type(self.t, self.model, cfg, kvu, recompute, short) \
+            if crash and not hang else None
+        if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
+            row["status"] = NUMERICS
+        row["finding"] = {**final, "kv_unified": kvu, "program": k, "status": row["status"],
+                          "memory": mach.mem.name if mach.mem else None, "cause": cause,
+                          "reproduced": row["reproduced"], "steps": short, "drawn_steps": len(done)}
+        if problem["op"] == "load":
+            self.stopped.add(kvu)
+        self.hang = self.hang or hang
+
+    def finding(self, row: dict[str, Any]) -> Finding:
+        return memory_finding(row["finding"])
+
+    def message(self, row: dict[str, Any]) -> str:
+        return row["finding"]["message"]
+
+    def timing(self, wall: float) -> dict[str, float]:
+        return {"seconds": round(wall, 3)}
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**fixture_header(self.fixture, self.info, target=self.cfg.target, commit=self.commit),
+                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.cfg.__dict__.items()},
+                "findings": [r["finding"] for r in results if r["status"] in FAILING],
+                "numerics": [r["finding"] for r in results if r["status"] == NUMERICS],
+                "noise": self.tolerance if not self.why else {}}
+
+
 def run(fixture: Path, cfg: MemoryConfig) -> dict[str, Any]:
-    check_config(cfg)
-    if cfg.n_seq < 2:
-        raise UserError("--n-seq must be at least 2 (the operations move cells between sequences)")
-    if cfg.engine not in ("seeded", "hypothesis"):
-        raise UserError(f"--engine {cfg.engine!r}: seeded or hypothesis")
-    if cfg.rope_scaling not in ("", *ROPE_SCALINGS) or cfg.rope_freq_scale < 0:
-        raise UserError(f"--rope {cfg.rope_scaling}:{cfg.rope_freq_scale:g}: a scaling of {', '.join(ROPE_SCALINGS)} "
-                        "and a positive frequency scale (yarn:0.5)")
-    program = check_program(cfg.program, cfg.n_seq) if cfg.program is not None else None
-    info = inspect_file(str(fixture))
-    t0 = time.perf_counter()
-    results, findings, numerics = [], [], []
-    commit = None
-    ref_params = context_params(n_seq=1, capture=False, n_rs_seq=cfg.n_rs_seq, flash_attn=cfg.flash_attn,
-                                **cache_params(cfg))
-    source = Path(fixture)
-    with contextlib.ExitStack() as stack:
-        t, tr = stack.enter_context(Fleet(cfg.target, cfg.timeout)).open(2)
-        fixture, feed, why = stage_of(stack, Path(fixture), cfg.stage, info.n_layer, tr, ref_params)
-        why = why or refused_cache(tr, fixture, cfg, ref_params)
-        if why:
-            results.append({"status": UNSUPPORTED, "reason": why, "kv_unified": None, "program": None, "steps": 0,
-                            "checks": 0, "max_abs_dlogit": 0.0, "ops": {}, "refused": {}})
-        tolerance: dict[str, float] = {}
-        for kvu in cfg.kv_unified if not why else ():
-            recompute = Recompute(tr, fixture, ref_params, feed)
-            tolerance = calibrated(recompute, cfg, info.n_vocab, tolerance)
-            given = program
-            if program is None and cfg.engine == "hypothesis":
-                given, row = hypothesis_program(t, fixture, cfg, kvu, recompute)
-                if given is None:
-                    results.append(row)
-                    continue
-            for k in range(1 if given is not None else cfg.programs):
-                rng = np.random.default_rng([cfg.seed, k, int(kvu)])
-                done, problem, mach = run_program(t, fixture, cfg, kvu, recompute, given, rng)
-                commit = mach.commit
-                row = {"kv_unified": kvu, "program": k, "steps": len(done), "checks": mach.checks,
-                       "max_abs_dlogit": mach.worst, "ops": dict(Counter(op_name(op) for op in done)),
-                       "refused": dict(mach.refused), "status": PASS}
-                hang = bool(problem) and hung(problem)
-                if problem:
-                    # (the operations as they ran: drawn under the model the machine kept, refusals included)
-                    again = run_program(t, fixture, cfg, kvu, recompute, done, None, check=False)[1]
-                    # a drawn program is shortened here (a hang is not: each try would wait out the timeout); a
-                    # given one (a bundle's) runs exactly as given
-                    short = minimize(t, fixture, cfg, kvu, recompute, done, problem) if same_problem(
-                        again, problem) and program is None and not hang else done
-                    _, last, ran = run_program(t, fixture, cfg, kvu, recompute, short, None, check=False) \
-                        if not hang else (None, None, mach)
-                    final = last or problem
-                    row["status"] = CRASH if problem["check"] == "crash" else FINDING
-                    cause = explain(t, fixture, cfg, kvu, recompute, short, final, mach.mem, ran.rows,
-                                    ran.model.log) if mach.mem and problem["check"] != "crash" else \
-                        cache_type(t, fixture, cfg, kvu, recompute, short) if problem["check"] == "crash" and not hang \
-                        else None
-                    if cause and cause.get("numerics"):  # explained as numerics: listed, not a finding
-                        row["status"] = NUMERICS
-                    (numerics if row["status"] == NUMERICS else findings).append({
-                        **final, "kv_unified": kvu, "program": k, "status": row["status"],
-                        "memory": mach.mem.name if mach.mem else None, "cause": cause,
-                        "reproduced": same_problem(again, problem), "steps": short, "drawn_steps": len(done)})
-                results.append(row)
-                if problem and (problem["op"] == "load" or hang):  # no context in this layout, or a hang (each
-                    break  # program more would wait out the timeout): nothing more to run in it
-            if any(hung(f) for f in findings):
-                break  # (nor in the other layout)
-    return {**fixture_header(source, info, target=cfg.target, commit=commit),
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
-            "results": results, "findings": findings, "numerics": numerics, "noise": tolerance if not why else {},
-            "timing": {"seconds": round(time.perf_counter() - t0, 3)}}
+    return Memory(Path(fixture), cfg).run()
 
 
 def memory_finding(f: dict[str, Any]) -> Finding:
@@ -305,10 +381,7 @@ def memory_finding(f: dict[str, Any]) -> Finding:
 
 
 def report(fixture: Path, cfg: MemoryConfig) -> Report:
-    data = run(Path(fixture), cfg)
-    return make_report("memory", fixture, data, results=data["results"], extra=("noise",),
-                       findings=[memory_finding(f) for f in data["findings"]],
-                       numerics=[memory_finding(f) for f in data["numerics"]])
+    return Memory(Path(fixture), cfg).report()
 
 
 def format_report(rep: dict[str, Any]) -> str:

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.engine.configs import check_config
-from fuzz.engine.contract import CRASH, FINDING, NUMERICS, PASS, Finding, Oracle, Report, make_report
+from fuzz.engine.case_oracle import CaseOracle, finding_of
+from fuzz.engine.contract import CRASH, FAILING, FINDING, NUMERICS, PASS, Finding, Oracle, Report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.oracles.conversations import client_conversations, converse, reuse, rewind_conversations
 from fuzz.oracles.server_answers import (
@@ -41,7 +41,6 @@ from fuzz.oracles.server_answers import (
     capacity_problems,
     cold_answers,
     compare,
-    crashes_loading,
     load_server,
     noise_line,
     numerics_step,
@@ -72,21 +71,6 @@ class PrefixCacheConfig:
     seed: int = 0
     target: str = "llama-server"
     timeout: float = 120.0
-
-
-@dataclass
-class ServerFinding:
-    kind: str  # diverged | leaked-slot | request-failed | capacity | server-crash
-    round: int | None
-    message: str
-    reproduced: bool | None = None
-    prompt: str | None = None  # diverged: the prompt's name
-    answer: list[int] | None = None  # diverged: what the server answered
-    tokens: list[int] | None = None  # diverged: the prompt sent
-    cause: dict[str, Any] | None = None  # diverged, and not the prompt cache's doing (PrefixCache.explain)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -121,75 +105,159 @@ def build_schedule(n_vocab: int, slots: int, rounds: int, seed: int) -> Schedule
     return Schedule(prompts, plan)
 
 
-class PrefixCache:
+class PrefixCache(CaseOracle[str]):
+    """On the skeleton (fuzz.engine.case_oracle): its cases are the passes — the concurrent rounds, then (one KV cache
+    per slot) the rewind conversations from an erased slot, the same back to back, and the clients taking turns —
+    each on a fresh server. A result row per request (its answer against the uncached reference) and per check of the
+    server after a pass (slots idle, a prompt filling most of a slot still fits). A pass with a finding is run again
+    on a fresh server before its findings are explained together (one control for several)."""
+
+    name = "prefix-cache"
+    unit = "passes"
+    sections = ("schedule", "rounds", "noise", "rewinds", "clients")
+
     def __init__(self, fixture: Path, cfg: PrefixCacheConfig):
-        check_config(cfg)
-        self.fixture = Path(fixture)
-        self.cfg = cfg
+        super().__init__(fixture, cfg)
         self.info = inspect_file(str(self.fixture))
+        self.sched = build_schedule(self.info.n_vocab, cfg.slots, cfg.rounds, cfg.seed)
         self.near_tie = NEAR_TIE
         self.noise: dict[str, Any] | None = None  # a unified layout's measured placement move (placement_noise)
-        self.cold: dict[tuple[int, ...], dict[str, Any]] = {}  # a rewind prompt → its uncached reference answer
+        self.cold: dict[tuple[int, ...], dict[str, Any]] = {}  # a prompt sent → its uncached reference answer
+        self.reference: dict[str, dict[str, Any]] | None = None  # the rounds' prompts' uncached answers, by name
+        self.passes: dict[str, Any] = {}  # each pass's record (its first run): rounds, rewinds, clients
+        self.wrong_alone: set[int] = set()  # the rewind conversations answered wrong from an erased slot
 
-    def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        sched = build_schedule(self.info.n_vocab, cfg.slots, cfg.rounds, cfg.seed)
-        with Fleet(cfg.target, cfg.timeout) as fleet:
-            ref_t, srv = fleet.one(start=True), fleet.one(start=True)
-            hello = need_server(srv, "prefix-cache")
-            try:
-                reference = self._reference(ref_t, sched)
-                if cfg.kv_unified:
-                    self.measure_noise(srv, sched.prompts, reference)
-                findings, rounds = self._schedule(srv, sched, reference)
-                rewinds: list[dict[str, Any]] = []
-                clients: dict[str, Any] = {}
-                if not cfg.kv_unified:  # (one client at a time: where its prompt sits in a KV cache is not judged)
-                    rewinds, more = self._rewinds(srv, ref_t)
-                    findings += more + self._back_to_back(srv, ref_t, more)
-                    clients, more = self._clients(srv, ref_t)
-                    findings += more
-            except ServerCrash as e:  # loading aborted: a crash under the configuration chosen here, tried twice
-                findings = [ServerFinding("server-crash", None, str(e),
-                                          reproduced=crashes_loading(srv, self.fixture, e.params))]
-                rounds, rewinds, clients = [], [], {}
-            else:
-                if findings:  # a finding must reproduce on a fresh server before it counts as one
-                    again, _ = self._schedule(srv, sched, reference)
-                    if any(f.kind.startswith("rewind") for f in findings):
-                        again += self._rewinds(srv, ref_t)[1] + self._rewinds(srv, ref_t, erase=False)[1]
-                    if any(f.kind.startswith("clients") for f in findings):
-                        again += self._clients(srv, ref_t)[1]
-                    for f in findings:  # (a crash: wherever the server dies this time)
-                        f.reproduced = any(g.kind == f.kind and (f.kind == "server-crash" or
-                                                                 (g.round, g.prompt) == (f.round, f.prompt))
-                                           for g in again)
-                self.explain(ref_t, sched, reference, findings)  # (not the cache: batching, placement)
-                self.explain_shapes(ref_t, findings)
-        numerics = [f for f in findings if f.cause and f.cause["kind"] in NUMERICS_CAUSES]
-        findings = [f for f in findings if f not in numerics]
-        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
-                "config": dict(cfg.__dict__),
-                "schedule": sched.to_dict(), "rounds": rounds, "rewinds": rewinds, "clients": clients,
-                "findings": [f.to_dict() for f in findings],
-                "numerics": [f.to_dict() for f in numerics],
+    # ---- the skeleton's parts ---------------------------------------------------------------------------------
+    def open(self, fleet: Fleet) -> None:
+        self.ref_t, self.srv = fleet.one(start=True), fleet.one(start=True)
+        self.commit = need_server(self.srv, "prefix-cache").data.get("llama_cpp_commit")
+
+    def cases(self) -> list[str]:
+        # (one client at a time: where its prompt sits in a KV cache is not judged)
+        return ["rounds"] if self.cfg.kv_unified else ["rounds", "rewinds", "serial", "clients"]
+
+    def identity(self, case: str) -> dict[str, Any]:
+        return {"pass": case}
+
+    def observe(self, case: str) -> dict[str, Any]:
+        """The pass on a fresh server: what was sent and answered, and the server's state after it; or the load
+        that aborted (a crash under the configuration chosen here)."""
+        try:
+            if case == "rounds":
+                if self.reference is None:
+                    self.reference = self._reference(self.ref_t, self.sched)
+                    if self.cfg.kv_unified:
+                        self.measure_noise(self.srv, self.sched.prompts, self.reference)
+                return self._schedule(self.srv, self.sched)
+            if case == "clients":
+                return self._clients(self.srv)
+            return self._rewinds(self.srv, erase=case == "rewinds")
+        except ServerCrash as e:
+            return {"crash": str(e)}
+
+    def judge(self, case: str, seen: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every answer against the uncached reference of its prompt (a near-tie is not judged); after the rounds,
+        every slot idle and able to take a prompt filling most of its context. A conversation answered right from an
+        erased slot but wrong back to back has its cause: something of the conversation before it."""
+        if "crash" in seen:
+            return [{"pass": case, "check": "load", "status": CRASH, "phase": "server-crash", "message": seen["crash"]}]
+        rows = [self._judged(case, seen, got) for got in seen["answers"]]
+        if case == "rewinds":
+            self.wrong_alone = {r["conversation"] for r in rows if r["status"] != PASS}
+        for r in rows:
+            if case == "serial" and r.get("phase") == "rewind-diverged" and r["conversation"] not in self.wrong_alone:
+                r["cause"] = {"kind": EARLIER, "detail": "the same conversation from an erased slot answers as "
+                              "uncached: the slot carried something of the conversation before it (a context "
+                              "checkpoint, a cached prompt's state) into this one"}
+        for k, busy in seen.get("busy", {}).items():
+            rows.append({"pass": case, "round": k, "check": "slots idle", **(
+                {"status": FINDING, "phase": "leaked-slot", "message": f"slots {busy} still processing after round "
+                 f"{k} ({len(self.sched.rounds[k])} requests, all answered)"} if busy else {"status": PASS})})
+        rows += [{"pass": case, "check": "capacity", "status": CRASH if p.died else FINDING,
+                  "phase": "server-crash" if p.died else "capacity", "message": f"after the rounds, {p.why}"}
+                 for p in seen.get("capacity", [])]
+        if seen.get("failed"):
+            rows.append({"pass": case, "round": seen.get("round"), "status": CRASH, "phase": "server-crash",
+                         "message": seen["failed"]})
+        return rows
+
+    def _judged(self, case: str, seen: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+        """One request's row: its answer against its prompt's uncached reference."""
+        name, tokens, answer = got["name"], got["tokens"], got["answer"]
+        at = {"pass": case, "prompt": name, **{k: got[k] for k in ("round", "conversation") if k in got},
+              "cache_n": answer.get("cache_n")}
+        why = answer["error"] if "error" in answer else compare(self.cold[tuple(tokens)], answer, self.near_tie)
+        if not why:
+            return {**at, "status": PASS}
+        kind = {"rounds": "", "clients": "clients-"}.get(case, "rewind-")
+        if case == "rounds":
+            said = f"{name}: {why}" if "error" in answer else f"{name} (slot {answer['id_slot']}, " \
+                f"{answer['cache_n']} prompt tokens from the cache): {why}"
+        else:
+            n, shared = seen["sizes"][name]
+            said = f"{got['where']} ({n} tokens, {shared} shared with the one before, {answer.get('cache_n')} from " \
+                   f"the cache): {why}"
+        failed = "error" in answer
+        phase = f"{kind}failed" if failed and kind else "request-failed" if failed else f"{kind}diverged"
+        return {**at, "status": FINDING, "phase": phase, "message": said,
+                **({} if failed else {"answer": answer["tokens"], "tokens": tokens})}
+
+    def same(self, row: dict[str, Any], again: list[dict[str, Any]]) -> bool:
+        """A finding came back on a fresh server: the same kind, for the same request (a crash: wherever the
+        server dies this time)."""
+        return any(a["status"] in FAILING and a.get("phase") == row["phase"] and
+                   (row["phase"] == "server-crash" or (a.get("round"), a.get("prompt")) ==
+                    (row.get("round"), row.get("prompt"))) for a in again)
+
+    def explain_all(self, case: str, seen: dict[str, Any], bad: list[dict[str, Any]]) -> None:
+        """Not the prompt cache's doing: what a request was batched with or where it sat (the same round with the
+        cache off), or the model's kernels at another batch shape (the prompt alone, uncached): numerics."""
+        findings = [r for r in bad if r["status"] == FINDING]
+        if case == "rounds":
+            self.explain_rounds(self.ref_t, findings)
+        self.explain_shapes(self.ref_t, findings)
+        for r in findings:
+            if r.get("cause") and r["cause"]["kind"] in NUMERICS_CAUSES:
+                r["status"] = NUMERICS
+
+    def done(self, rows: list[dict[str, Any]]) -> bool:
+        """A server that aborts loading the model (under the configuration chosen here) ends the run."""
+        return any(r.get("check") == "load" for r in rows)
+
+    def message(self, r: dict[str, Any]) -> str:
+        return f"{r['phase']}" + (f" in round {r['round']}" if r.get("round") is not None else "") + \
+            f": {r['message']}" + (f"; cause: {r['cause']['kind']}" if r.get("cause") else "")
+
+    def finding(self, row: dict[str, Any]) -> Finding:
+        return finding_of(self.name, row, self.message(row), step=row.get("round"))
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        findings = [r for r in results if r["status"] in FAILING]
+        return {**fixture_header(self.fixture, self.info, target=self.cfg.target, commit=self.commit),
+                "config": dict(self.cfg.__dict__), "schedule": self.sched.to_dict(),
+                "rounds": self.passes.get("rounds", []), "rewinds": self.passes.get("rewinds", []),
+                "clients": self.passes.get("clients", {}), "findings": findings,
+                "numerics": [r for r in results if r["status"] == NUMERICS],
                 **({"noise": self.noise} if self.noise else {}), "status": FINDING if findings else PASS}
 
-    def explain(self, t: Target, sched: Schedule, cold: dict[str, dict[str, Any]],
-                findings: list[ServerFinding]) -> None:
+    # ---- controls -------------------------------------------------------------------------------------------
+    def explain_rounds(self, t: Target, findings: list[dict[str, Any]]) -> None:
         """A different answer the same round gives with the prompt cache off (each request computed afresh, in the
         same KV layout, up to UNCACHED_TRIES times) is not the cache's doing: what the request was batched with moved
         it, and on one KV cache for the slots where the sequence sat (deepseek3: DSA's indexer keeps tied keys by cell,
         a known upstream finding, corpora/repros/deepseek32-isolation-unified-kv). So is one that leaves the cold
         answer at or after a step where those cache-off answers already leave it (numerics decide from there on)."""
-        cfg = self.cfg
-        rounds = sorted({f.round for f in findings if f.kind == "diverged" and f.round is not None})
-        seen: dict[int, dict[str, set[tuple[int, ...]]]] = {k: {} for k in rounds}
-        for k in rounds:
+        cfg, sched, cold = self.cfg, self.sched, self.reference or {}
+        diverged = [f for f in findings if f["phase"] == "diverged" and f.get("round") is not None]
+        seen: dict[int, dict[str, set[tuple[int, ...]]]] = {k: {} for k in sorted({f["round"] for f in diverged})}
+        for k in seen:
             names = sched.rounds[k]
-            wanted = {(str(f.prompt), tuple(f.answer or ())) for f in findings if f.kind == "diverged" and f.round == k}
+            wanted = {(f["prompt"], tuple(f.get("answer") or ())) for f in diverged if f["round"] == k}
             for _ in range(UNCACHED_TRIES):  # (until every different answer of the round recurred)
-                self._load(t, slots=cfg.slots, cache_ram=0, kv_unified=cfg.kv_unified)
+                try:
+                    self._load(t, slots=cfg.slots, cache_ram=0, kv_unified=cfg.kv_unified)
+                except ServerCrash:  # (a control the server cannot run excuses nothing)
+                    break
                 reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.tokens, "cache_prompt": False} for n in names]
                 r = t.call("complete", requests=reqs, concurrent=True)
                 if not r.ok:
@@ -201,16 +269,17 @@ class PrefixCache:
                     break
         where = "where the sequence sits in the one KV cache and what it is batched with" if cfg.kv_unified else \
             "what the request is batched with"
-        for f in findings:
-            if f.kind != "diverged" or f.round not in seen or f.prompt is None or f.answer is None:
+        for f in diverged:
+            if f.get("answer") is None:
                 continue
-            why = numerics_step(cold[f.prompt], f.answer, [list(a) for a in seen[f.round].get(f.prompt, ())])
+            controls = [list(a) for a in seen[f["round"]].get(f["prompt"], ())]
+            why = numerics_step(cold[f["prompt"]], f["answer"], controls)
             if why:
-                f.cause = {"kind": PLACEMENT if cfg.kv_unified else BATCHING,
-                           "detail": f"round {f.round} with the prompt cache off (every request computed afresh, up "
-                                     f"to {UNCACHED_TRIES} tries) gives {f.prompt} {why}: {where} moved it"}
+                f["cause"] = {"kind": PLACEMENT if cfg.kv_unified else BATCHING,
+                              "detail": f"round {f['round']} with the prompt cache off (every request computed afresh, "
+                                        f"up to {UNCACHED_TRIES} tries) gives {f['prompt']} {why}: {where} moved it"}
 
-    def explain_shapes(self, t: Target, findings: list[ServerFinding]) -> None:
+    def explain_shapes(self, t: Target, findings: list[dict[str, Any]]) -> None:
         """A different answer the model's own kernels give the prompt uncached at another batch shape is not the
         cache's doing either: a cached prompt is computed in pieces (its prefix in an earlier request, with the tokens
         that request generated one at a time), the uncached reference in one ubatch, and a quantized model's kernels
@@ -219,11 +288,11 @@ class PrefixCache:
         SHAPE_UBATCHES on a one-slot server, the cache off; its finding is numerics where its answer is one of those,
         or they already leave the reference at or before its step. On the fixtures no shape moves a clear pick:
         nothing is excused there."""
-        todo = [f for f in findings if f.kind.endswith("diverged") and f.cause is None and f.tokens is not None
-                and f.answer is not None and tuple(f.tokens) in self.cold]
+        todo = [f for f in findings if f["phase"].endswith("diverged") and not f.get("cause")
+                and f.get("tokens") is not None and f.get("answer") is not None and tuple(f["tokens"]) in self.cold]
         if not todo:
             return
-        prompts = {str(i): f.tokens for i, f in enumerate(todo)}
+        prompts = {str(i): f["tokens"] for i, f in enumerate(todo)}
         shaped: dict[int, dict[str, Any]] = {}
         try:
             for ub in SHAPE_UBATCHES:
@@ -232,15 +301,14 @@ class PrefixCache:
         except (ServerCrash, UserError):  # (a shape the server cannot run excuses nothing)
             return
         for i, f in enumerate(todo):
-            ref = self.cold[tuple(f.tokens)]
-            whys = ((ub, numerics_step(ref, f.answer or [], [shaped[ub][str(i)]["tokens"]])) for ub in SHAPE_UBATCHES)
+            ref = self.cold[tuple(f["tokens"])]
+            whys = ((ub, numerics_step(ref, f["answer"], [shaped[ub][str(i)]["tokens"]])) for ub in SHAPE_UBATCHES)
             shape, why = next(((ub, w) for ub, w in whys if w), (0, None))
             if why:
-                f.cause = {"kind": BATCHING,
-                           "detail": f"the prompt alone with the cache off at ubatch {shape} gives {why}: the "
-                                     f"model's kernels round "
-                                     f"by batch shape, and a cached prompt is computed in other pieces than the "
-                                     f"uncached reference"}
+                f["cause"] = {"kind": BATCHING,
+                              "detail": f"the prompt alone with the cache off at ubatch {shape} gives {why}: the "
+                                        f"model's kernels round by batch shape, and a cached prompt is computed in "
+                                        f"other pieces than the uncached reference"}
 
     def measure_noise(self, t: Target, prompts: dict[str, list[int]], cold: dict[str, Any]) -> None:
         """One KV cache for all slots: answers are judged only where the cold margin clears NOISE_FACTOR × what
@@ -250,26 +318,11 @@ class PrefixCache:
                                      2 * max(160, cfg.n_ctx // max(cfg.slots, 1)))
         self.near_tie = self.noise["near_tie"]
 
-    def _back_to_back(self, t: Target, ref_t: Target, alone: list[ServerFinding]) -> list[ServerFinding]:
-        """The rewind conversations again, back to back on the one slot (nothing erased between them: a server
-        serving unrelated clients in turn). A wrong answer there in a conversation that answered right from an
-        erased slot has its cause: something of the conversation before it."""
-        wrong_alone = {f.prompt.split(".")[0].removeprefix("rewind") for f in alone if f.prompt}
-        found = self._rewinds(t, ref_t, erase=False)[1]
-        for f in found:
-            if f.kind == "rewind-diverged" and f.prompt and \
-                    f.prompt.split(".")[0].removeprefix("serial") not in wrong_alone:
-                f.cause = {"kind": EARLIER, "detail": "the same conversation from an erased slot answers as uncached: "
-                           "the slot carried something of the conversation before it (a context checkpoint, a "
-                           "cached prompt's state) into this one"}
-        return found
-
-    def _rewinds(self, t: Target, ref_t: Target, erase: bool = True) \
-            -> tuple[list[dict[str, Any]], list[ServerFinding]]:
+    # ---- the passes -----------------------------------------------------------------------------------------
+    def _rewinds(self, t: Target, erase: bool = True) -> dict[str, Any]:
         """The rewind conversations on a fresh one-slot server with the host cache on, the slot erased between
         them (or not: back to back), one request after another: per conversation the prompts' lengths, what each
-        shares with the one before, and the prompt tokens each took from the cache; findings where an answer is not
-        the uncached reference's (each prompt alone on a one-slot server, the cache off)."""
+        shares with the one before, and the prompt tokens each took from the cache."""
         pass_name = "rewind" if erase else "serial"
         self._load(t, slots=1, cache_ram=self.cfg.cache_ram)
         convs = rewind_conversations(self.info.n_vocab, self.cfg.seed)
@@ -278,50 +331,47 @@ class PrefixCache:
         if failed:
             if "cannot erase" in failed:
                 raise UserError(f"{self.fixture}: {failed}")
-            return [], [ServerFinding("server-crash", None, f"rewind conversations, {failed}")]
+            return {"answers": [], "failed": f"rewind conversations, {failed}"}
         out = [reuse(sent, answers, [n for n in sent if n.startswith(f"{pass_name}{i}.")]) for i in range(len(convs))]
-        return out, self._judge(ref_t, sent, answers, lambda i, j: f"conversation {i}"
-                                + ("" if erase else " (back to back)") + f", request {j}",
-                                {f"{pass_name}{i}.{j}": (c["lengths"][j], c["shared"][j])
-                                 for i, c in enumerate(out) for j in range(len(c["lengths"]))}, "rewind")
+        if erase:
+            self.passes.setdefault("rewinds", out)
+        self._cold(sent)
+        sizes = {f"{pass_name}{i}.{j}": (c["lengths"][j], c["shared"][j]) for i, c in enumerate(out)
+                 for j in range(len(c["lengths"]))}
 
-    def _clients(self, t: Target, ref_t: Target) -> tuple[dict[str, Any], list[ServerFinding]]:
+        def turn(name: str) -> tuple[int, int]:
+            i, j = name.removeprefix(pass_name).split("+")[0].split(".")
+            return int(i), int(j)
+
+        return {"sizes": sizes, "answers": [
+            {"name": n, "tokens": sent[n], "answer": got, "conversation": turn(n)[0],
+             "where": f"conversation {turn(n)[0]}" + ("" if erase else " (back to back)") + f", request {turn(n)[1]}"}
+            for n, got in answers.items()]}
+
+    def _clients(self, t: Target) -> dict[str, Any]:
         """The clients' conversations (client_conversations) taking turns on a fresh two-slot server with the host
-        cache on, one request after another: what each request took from the cache and which slot served it; findings
-        where an answer is not the uncached reference's."""
+        cache on, one request after another: what each request took from the cache and which slot served it."""
         self._load(t, slots=2, cache_ram=self.cfg.cache_ram)
         convs, order = client_conversations(self.info.n_vocab, self.cfg.seed)
         sent, answers, failed = converse(t, convs, order, self.cfg.tokens, "client")
         if failed:
-            return {}, [ServerFinding("server-crash", None, f"clients taking turns, {failed}")]
+            return {"answers": [], "failed": f"clients taking turns, {failed}"}
         names = list(sent)
         out = {"name": "clients taking turns on two slots", "order": names, **reuse(sent, answers, names)}
-        return out, self._judge(ref_t, sent, answers, lambda i, j: f"clients taking turns, {names[i]}",
-                                {n: (out["lengths"][k], out["shared"][k]) for k, n in enumerate(names)}, "clients",
-                                by_order=True)
+        self.passes.setdefault("clients", out)
+        self._cold(sent)
+        return {"sizes": {n: (out["lengths"][k], out["shared"][k]) for k, n in enumerate(names)},
+                "answers": [{"name": n, "tokens": sent[n], "answer": got, "where": f"clients taking turns, {n}"}
+                            for n, got in answers.items()]}
 
-    def _judge(self, ref_t: Target, sent: dict[str, list[int]], answers: dict[str, dict[str, Any]], where,
-               sizes: dict[str, tuple[int, int]], kind: str, by_order: bool = False) -> list[ServerFinding]:
-        """Every answer against the uncached reference of its prompt (each prompt's once, whichever pass sent it
-        first): a KIND-failed or KIND-diverged finding where it is not. where(i, j) names the request: its
-        conversation and turn (by_order: its place in the order sent, j unused)."""
+    def _cold(self, sent: dict[str, list[int]]) -> None:
+        """The uncached reference of every prompt sent not yet answered uncached (each prompt's once, whichever
+        pass sent it first)."""
         missing = {name: p for name, p in sent.items() if tuple(p) not in self.cold}
         if missing:
-            self._load(ref_t, slots=1, cache_ram=0)
-            for name, ref in cold_answers(ref_t, self.fixture, missing, self.cfg.tokens).items():
+            self._load(self.ref_t, slots=1, cache_ram=0)
+            for name, ref in cold_answers(self.ref_t, self.fixture, missing, self.cfg.tokens).items():
                 self.cold[tuple(missing[name])] = ref
-        findings = []
-        for k, (name, got) in enumerate(answers.items()):
-            why = got["error"] if "error" in got else compare(self.cold[tuple(sent[name])], got, self.near_tie)
-            if why:
-                i, j = (k, 0) if by_order else (int(x) for x in name.lstrip("abcdefghijklmnopqrstuvwxyz")
-                                                .split("+")[0].split("."))
-                n, shared = sizes[name]
-                findings.append(ServerFinding(f"{kind}-failed" if "error" in got else f"{kind}-diverged", None,
-                                              f"{where(i, j)} ({n} tokens, {shared} shared with the one before, "
-                                              f"{got.get('cache_n')} from the cache): {why}", prompt=name,
-                                              answer=got.get("tokens"), tokens=sent[name]))
-        return findings
 
     def _load(self, t: Target, **params: Any) -> None:
         load_server(t, self.fixture, n_ctx=self.cfg.n_ctx, **params)
@@ -333,38 +383,28 @@ class PrefixCache:
         self.cold.update({tuple(sched.prompts[n]): a for n, a in answers.items()})
         return answers
 
-    def _schedule(self, t: Target, sched: Schedule, reference: dict[str, dict[str, Any]]):
-        """One run of every round on a fresh server; findings and a per-round summary."""
+    def _schedule(self, t: Target, sched: Schedule) -> dict[str, Any]:
+        """One run of every round on a fresh server: each request's answer, the slots still busy after each round,
+        and (no slot left busy) what the capacity probe found."""
         cfg = self.cfg
         self._load(t, slots=cfg.slots, cache_ram=cfg.cache_ram, kv_unified=cfg.kv_unified)
-        findings: list[ServerFinding] = []
-        rounds = []
+        seen: dict[str, Any] = {"answers": [], "busy": {}}
+        rounds = self.passes.setdefault("rounds", [])
+        keep = not rounds  # (the pass's record is its first run's)
         for k, names in enumerate(sched.rounds):
             reqs = [{"prompt": sched.prompts[n], "n_predict": cfg.tokens} for n in names]
             r = t.call("complete", requests=reqs, concurrent=True)
             if not r.ok:
-                findings.append(ServerFinding("server-crash", k, r.failure.message))
-                return findings, rounds
-            reused = []
-            for name, got in zip(names, r.data["results"], strict=True):
-                if "error" in got:
-                    findings.append(ServerFinding("request-failed", k, f"{name}: {got['error']}"))
-                    continue
-                reused.append(got["cache_n"])
-                why = compare(reference[name], got, self.near_tie)
-                if why:
-                    findings.append(ServerFinding("diverged", k, f"{name} (slot {got['id_slot']}, {got['cache_n']} "
-                                                  f"prompt tokens from the cache): {why}", prompt=name,
-                                                  answer=got["tokens"], tokens=sched.prompts[name]))
-            busy = busy_slots(t)
-            if busy:
-                findings.append(ServerFinding("leaked-slot", k, f"slots {busy} still processing after round {k} "
-                                        f"({len(names)} requests, all answered)"))
-            rounds.append({"round": k, "prompts": names, "cache_n": reused, "busy_after": busy})
-        if not any(f.kind == "leaked-slot" for f in findings):  # a leaked slot already explains a full server
-            findings += [ServerFinding("server-crash" if p.died else "capacity", None, f"after the rounds, {p.why}")
-                         for p in capacity_problems(t, self.info.n_vocab, cfg.seed)]
-        return findings, rounds
+                return {**seen, "round": k, "failed": r.failure.message}
+            seen["answers"] += [{"name": n, "tokens": sched.prompts[n], "answer": got, "round": k}
+                                for n, got in zip(names, r.data["results"], strict=True)]
+            busy = seen["busy"][k] = busy_slots(t)
+            if keep:
+                rounds.append({"round": k, "prompts": names, "busy_after": busy,
+                               "cache_n": [got["cache_n"] for got in r.data["results"] if "error" not in got]})
+        if not any(seen["busy"].values()):  # a leaked slot already explains a full server
+            seen["capacity"] = capacity_problems(t, self.info.n_vocab, cfg.seed)
+        return seen
 
 
 def format_report(rep: dict[str, Any]) -> str:
@@ -383,37 +423,18 @@ def format_report(rep: dict[str, Any]) -> str:
     if rep.get("noise"):
         lines.append(noise_line(rep["noise"]))
     for f in rep["findings"]:
-        where = f"round {f['round']}, " if f["round"] is not None else ""
-        lines.append(f"  FINDING {f['kind']} ({where}reproduced={f['reproduced']}): {f['message']}")
+        where = f"round {f['round']}, " if f.get("round") is not None else ""
+        lines.append(f"  FINDING {f['phase']} ({where}reproduced={f.get('reproduced')}): {f['message']}")
     for f in rep.get("numerics", ()):
-        where = "" if f["round"] is None else f" (round {f['round']})"
+        where = "" if f.get("round") is None else f" (round {f['round']})"
         lines.append(f"  numerics, not the cache{where}: {f['message']}; {f['cause']['detail']}")
     lines.append(f"{rep['status']}: {len(rep['findings'])} findings")
     return "\n".join(lines)
 
 
-
-
 # ---- the oracle contract ---------------------------------------------------------------------------------
 def report(fixture: Path, cfg: PrefixCacheConfig) -> Report:
-    pc = PrefixCache(fixture, cfg)
-    data = pc.run()
-    found = {f["round"] for f in data["findings"]}
-    explained = {f["round"] for f in data["numerics"]}
-    results = [{**r, "status": FINDING if r["round"] in found else NUMERICS if r["round"] in explained else PASS}
-               for r in data["rounds"]]
-    def said(f: dict[str, Any]) -> str:
-        return f"{f['kind']}" + (f" in round {f['round']}" if f["round"] is not None else "") + f": {f['message']}" \
-            + (f"; cause: {f['cause']['kind']}" if f.get("cause") else "")
-
-    findings = [Finding(oracle="prefix-cache", status=CRASH if f["kind"] == "server-crash" else FINDING,
-                        phase=f["kind"], step=f["round"], reproduced=f["reproduced"], detail=f, cause=f["cause"],
-                        message=said(f)) for f in data["findings"]]
-    numerics = [Finding(oracle="prefix-cache", status=NUMERICS, phase=f["kind"], step=f["round"],
-                        reproduced=f["reproduced"], cause=f["cause"], detail=f, message=said(f))
-                for f in data["numerics"]]
-    return make_report("prefix-cache", fixture, data, results=results, findings=findings, numerics=numerics,
-                       extra=("schedule", "noise", "rewinds", "clients"))
+    return PrefixCache(fixture, cfg).report()
 
 
 ORACLE = Oracle(name="prefix-cache", config=PrefixCacheConfig, run=report, format=lambda rep: format_report(rep.native),

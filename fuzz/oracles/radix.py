@@ -30,19 +30,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fuzz.engine.configs import check_config
-from fuzz.engine.contract import CRASH, FINDING, PASS, TIMEOUT, Finding, Oracle, Report, make_report
+from fuzz.engine.case_oracle import CaseOracle
+from fuzz.engine.contract import CRASH, FAILING, FINDING, NUMERICS, PASS, TIMEOUT, Finding, Oracle, Report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
 from fuzz.engine.progress import Progress
 from fuzz.oracles.conversations import shared_prefix
-from fuzz.oracles.radix_controls import explain
+from fuzz.oracles.radix_controls import explain as controls_explain
 from fuzz.oracles.radix_schedules import (
     CANCEL_AFTER,
     STREAMED,
@@ -132,9 +132,19 @@ def drawn_trees(schedules: int, *, target: str = "llama-server", kv_unified: boo
                        keep_going=True)
 
 
-class Radix:
+class Radix(CaseOracle[Schedule]):
+    """On the skeleton (fuzz.engine.case_oracle): its cases are schedules, yielded as the exploration draws them
+    until the budget, the schedule count or the plans end it. A schedule's run is its one row; a finding is run
+    twice more from its replay string alone and reported only if all three agree (`reproduce_only`); with
+    keep_going a later schedule with the findings of one already found is counted, not replayed or listed."""
+
+    name = "radix"
+    unit = "schedules"
+    reproduce_only = True
+    sections = ("explored", "again", "flaky", "reuse_policy", "noise")
+
     def __init__(self, fixture: Path, cfg: RadixConfig):
-        check_config(cfg)
+        super().__init__(fixture, cfg)
         if cfg.mode not in ("exhaustive", "pct"):
             raise UserError(f"--mode {cfg.mode!r}: use exhaustive or pct")
         if cfg.plan:
@@ -144,8 +154,6 @@ class Radix:
                             "exploration")
         if cfg.tree not in ("fixed", "drawn") or (cfg.tree == "drawn" and cfg.plan):
             raise UserError(f"--tree {cfg.tree!r}: fixed or drawn (a plan names the fixed tree's prompts)")
-        self.fixture = Path(fixture)
-        self.cfg = cfg
         self.info = inspect_file(str(self.fixture))
         self.fixed = Schedule.parse(cfg.replay) if cfg.replay else None
         kinds = {x.kind for x in self.info.layers}
@@ -164,58 +172,112 @@ class Radix:
         self.logged = False  # the server says which checkpoints it restores (the target's load: log_checkpoints)
         self.unlogged: str | None = None  # why its log cannot be judged (then not asked again in this run)
 
-    # ---- the whole run --------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+        self.unit = "schedules" if not cfg.budget else "s"  # (progress counts seconds under a time budget)
+        self.explored = 0
+        self.found: set[tuple[tuple[str, str], ...]] = set()  # the keys of the findings reported so far
+        self.seen_again: list[str] = []  # keep_going: later schedules with the findings of one found (not replayed)
+
+    # ---- the skeleton's parts ---------------------------------------------------------------------------------
+    def open(self, fleet: Fleet) -> None:
+        self.ref_t = fleet.one(spec="llama-server", start=True)  # (a mutant's reference is the real one)
+        self.srv = fleet.one(start=True)
+        self.commit = need_server(self.srv, "radix").data.get("llama_cpp_commit")
+        self.t0 = time.perf_counter()
+
+    def cases(self) -> Iterator[Schedule]:
+        return self.schedules()
+
+    def total(self, cases: Any) -> int:
+        return 0 if self.fixed else self.cfg.schedules if not self.cfg.budget else int(self.cfg.budget)
+
+    def checked(self, cases: Iterable[Schedule], progress: Progress) -> Iterator[tuple[Schedule, Any, list]]:
+        """Schedules one after another until the replay, the schedule count or the time budget ends them (progress
+        counts schedules, or seconds under a budget)."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        runs: list[Run] = []
-        flaky: list[dict[str, Any]] = []
-        numerics: list[dict[str, Any]] = []  # reproduced divergences a control explains (explain), not reported
-        found: list[Run] = []  # reproduced findings no control explains: the first (keep_going: each kind)
-        again: list[str] = []  # keep_going: later schedules with the findings of one already found (not replayed)
-        explored = 0
-        with Fleet(cfg.target, cfg.timeout) as fleet:
-            self.ref_t = fleet.one(spec="llama-server", start=True)  # (a mutant's reference is the real one)
-            self.srv = fleet.one(start=True)
-            hello = need_server(self.srv, "radix")
-            counted = not cfg.budget  # no time limit: the schedule count or the plans bound the exploration
-            with Progress(0 if self.fixed else cfg.schedules if counted else int(cfg.budget),
-                          "schedules" if counted else "s") as progress:
-                for sched in self.schedules():
-                    explored += 1
-                    got = self.run_schedule(sched)
-                    progress.at(explored if counted else int(time.perf_counter() - t0))
-                    progress.working(f"{explored} schedules, {sched.replay}")
-                    if got.findings and any(f.key == got.key for f in found):
-                        runs.append(got)
-                        again.append(sched.replay)
-                    elif got.findings:  # twice more, from its replay string alone, before it counts
-                        reruns = [self.run_schedule(Schedule.parse(sched.replay)) for _ in range(2)]
-                        if all(a.key == got.key for a in reruns):
-                            runs.append(got)
-                            got.cause = self.explain(got)
-                            if got.cause is None:
-                                found.append(got)
-                                if not cfg.keep_going:
-                                    break
-                            else:
-                                numerics.append({"replay": sched.replay, "findings": got.findings,
-                                                 "cause": got.cause})
-                        else:
-                            flaky.append({"replay": sched.replay, "first": got.findings,
-                                          "again": [a.findings for a in reruns]})
-                    else:
-                        runs.append(got)
-                    if self.fixed or (not counted and time.perf_counter() - t0 > cfg.budget) \
-                            or explored == cfg.schedules:
-                        break
-        return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=hello.data.get("llama_cpp_commit")),
-                "config": dict(cfg.__dict__), "explored": explored,
-                "runs": [r.to_dict() for r in runs], "finding": found[0].to_dict() if found else None,
-                "found": [r.to_dict() for r in found], "again": again,
-                "flaky": flaky, "numerics": numerics, "reuse_policy": REUSE_POLICY,
-                **({"noise": self.noise} if self.noise else {}),
-                "timing": {"seconds": round(time.perf_counter() - t0, 3)},
+        counted = not cfg.budget  # no time limit: the schedule count or the plans bound the exploration
+        for sched in cases:
+            self.explored += 1
+            yield sched, *self.check(sched)
+            progress.at(self.explored if counted else int(time.perf_counter() - self.t0))
+            progress.working(f"{self.explored} schedules, {sched.replay}")
+            if self.fixed or (not counted and time.perf_counter() - self.t0 > cfg.budget) \
+                    or self.explored == cfg.schedules:
+                return
+
+    def observe(self, sched: Schedule) -> Run:
+        return self.run_schedule(sched)
+
+    def judge(self, sched: Schedule, run: Run) -> list[dict[str, Any]]:
+        """The schedule's run as its row: its first finding's kind decides its status (the server died: crash; an
+        operation hung: timeout)."""
+        row = run.to_dict()
+        if run.findings:
+            kind = run.findings[0]["kind"]
+            row["status"] = CRASH if kind == "server-crash" else TIMEOUT if kind == "hung" else FINDING
+        return [row]
+
+    def again(self, sched: Schedule, run: Run, bad: list[dict[str, Any]]) -> None:
+        """Twice more from its replay string alone, on fresh servers: reproduced when all three runs find the same
+        (kinds and operations). With keep_going, findings already found are counted, not replayed."""
+        (row,) = bad
+        if run.key in self.found:
+            row["seen_before"] = True
+            self.seen_again.append(sched.replay)
+            return
+        reruns = [self.run_schedule(Schedule.parse(sched.replay)) for _ in range(2)]
+        row["reproduced"] = all(a.key == run.key for a in reruns)
+        if not row["reproduced"]:
+            row.update(first=run.findings, again=[a.findings for a in reruns])
+
+    def explain(self, sched: Schedule, run: Run, row: dict[str, Any]) -> dict[str, Any]:
+        """Why a reproduced divergence is not the prompt cache's (radix_controls): numerics, with its cause."""
+        if row.get("seen_before"):
+            return {}
+        try:
+            cause = controls_explain(self, run)
+        except _Stop:  # a control's server aborted: nothing explained
+            cause = None
+        return {"cause": cause, "status": NUMERICS} if cause else {}
+
+    def done(self, rows: list[dict[str, Any]]) -> bool:
+        """A reproduced finding no control explains is found: the run ends there (keep_going: its kind is
+        remembered and the exploration goes on)."""
+        (row,) = rows
+        if row["status"] not in FAILING or row.get("seen_before"):
+            return False
+        self.found.add(tuple((f["kind"], f["op"]) for f in row["findings"]))
+        return not self.cfg.keep_going
+
+    def listed(self, row: dict[str, Any]) -> bool:
+        return not row.get("seen_before")
+
+    def message(self, row: dict[str, Any]) -> str:
+        x = row["findings"][0]
+        return f"{x['kind']}: {x['message']} (replay {row['replay']})"
+
+    def finding(self, row: dict[str, Any]) -> Finding:
+        x = row["findings"][0]
+        where = x["op"] if x["op"] != "-" else "schedule"  # the operation kind, or the whole schedule
+        status = row["status"]
+        return Finding(oracle="radix", status=status, phase=x["kind"], where=where,
+                       reproduced=True if status != NUMERICS else row.get("reproduced", True),
+                       message=self.message(row), fingerprint={"oracle": "radix", "status": status,
+                                                               "phase": x["kind"], "where": where},
+                       cause={"kind": "not the prompt cache", "detail": row["cause"]} if row.get("cause") else None,
+                       detail={"replay": row["replay"], "findings": row["findings"]})
+
+    def timing(self, wall: float) -> dict[str, float]:
+        return {"seconds": round(wall, 3)}
+
+    def record(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        found = [r for r in results if r["status"] in FAILING and not r.get("seen_before")]
+        return {**fixture_header(self.fixture, self.info, target=self.cfg.target, commit=self.commit),
+                "config": dict(self.cfg.__dict__), "explored": self.explored, "runs": results,
+                "finding": found[0] if found else None, "found": found, "again": self.seen_again,
+                "flaky": [{"replay": r["replay"], "first": r["first"], "again": r["again"]} for r in self.unreproduced],
+                "numerics": [{"replay": r["replay"], "findings": r["findings"], "cause": r["cause"]}
+                             for r in results if r["status"] == NUMERICS],
+                "reuse_policy": REUSE_POLICY, **({"noise": self.noise} if self.noise else {}),
                 "status": FINDING if found else PASS}
 
     def schedules(self) -> Iterator[Schedule]:
@@ -243,13 +305,6 @@ class Radix:
                 if s.replay not in seen:
                     seen.add(s.replay)
                     yield s
-
-    def explain(self, run: Run) -> str | None:
-        """Why a reproduced divergence is not the prompt cache's, or None (a finding): radix_controls."""
-        try:
-            return explain(self, run)
-        except _Stop:  # a control's server aborted: nothing explained
-            return None
 
     # ---- one schedule ---------------------------------------------------------------------------------
     def reference(self, sched: Schedule) -> dict[str, Any]:
@@ -528,20 +583,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 # ---- the oracle contract ---------------------------------------------------------------------------------
 def report(fixture: Path, cfg: RadixConfig) -> Report:
-    rx = Radix(fixture, cfg)
-    data = rx.run()
-    findings = []
-    for f in data["found"]:
-        x = f["findings"][0]
-        status = CRASH if x["kind"] == "server-crash" else TIMEOUT if x["kind"] == "hung" else FINDING
-        where = x["op"] if x["op"] != "-" else "schedule"  # the operation kind, or the whole schedule
-        findings.append(Finding(oracle="radix", status=status, phase=x["kind"], where=where, reproduced=True,
-                                message=f"{x['kind']}: {x['message']} (replay {f['replay']})",
-                                fingerprint={"oracle": "radix", "status": status, "phase": x["kind"],
-                                             "where": where},
-                                detail={"replay": f["replay"], "findings": f["findings"]}))
-    return make_report("radix", fixture, data, results=data["runs"], findings=findings,
-                       extra=("explored", "again", "flaky", "numerics", "reuse_policy", "noise"))
+    return Radix(fixture, cfg).report()
 
 
 def replay_of(config: dict[str, Any], f: Finding) -> dict[str, Any]:

@@ -41,15 +41,6 @@ def load_server(t: Target, fixture: Path, kv_unified: bool = False, **params: An
     return r.data
 
 
-def crashes_loading(t: Target, fixture: Path, params: dict[str, Any]) -> bool:
-    """Whether llama-server aborts loading the model again under the same parameters."""
-    try:
-        load_server(t, fixture, **params)
-    except ServerCrash:
-        return True
-    return False
-
-
 def cold_answers(t: Target, fixture: Path, prompts: dict[str, list[int]], tokens: int) -> dict[str, Any]:
     """Each prompt's answer, one after another with the cache off (on a loaded one-slot server): the reference."""
     reqs = [{"prompt": p, "n_predict": tokens, "cache_prompt": False} for p in prompts.values()]
