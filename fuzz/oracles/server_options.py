@@ -12,7 +12,8 @@ then second turns carrying the first answers, and the repeating prompt again. Ev
 too, must equal the uncached reference (each prompt alone on a one-slot server with the cache off and no options):
 token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. The fixture
 drafting for itself alone must have every draft accepted on an answer clear at every pick, and draft at all with no
-probability floor (self_draft_problems). A schedule with a finding is observed once more before it counts
+probability floor (self_draft_problems); ngram-simple alone must draft where its pattern lookup matches the slot's
+tokens (ngram_problems). A schedule with a finding is observed once more before it counts
 (reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays).
 """
 
@@ -335,7 +336,7 @@ class ServerOptions(CaseOracle[Draw]):
                     wrong.append({"name": name, "completion": c, **({"tokens": answer["tokens"]}
                                                                    if "tokens" in answer else {})})
         problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
-        problems += self_draft_problems(d, seen, self.near_tie)
+        problems += self_draft_problems(d, seen, self.near_tie) + ngram_problems(d, seen)
         answers = [a for g in seen["got"].values() for a in completions(g)]
         row = {**self.identity(d), "n_cmpl": d.n_cmpl,
                "draft_n": sum(a.get("draft_n", 0) for a in answers),
@@ -396,6 +397,52 @@ def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[
             if "tokens" in answer and taken < drafted and answer["tokens"] == ref["tokens"] and clear(ref, near_tie):
                 out.append(f"{name}: the fixture drafting for itself, {drafted - taken} of {drafted} draft tokens "
                            f"rejected on an answer that is the reference's, every pick clear")
+    return out
+
+
+def ngram_draft(tokens: list[int], sampled: int, n: int, m: int) -> tuple[int, int] | None:
+    """Where llama.cpp's ngram-simple speculator finds a draft, and how long it is, or None: the slot's last n-1
+    tokens and the token just sampled, searched for backwards in the slot's tokens (not at position 0 nor at the
+    end), the m-gram after the match the draft (common_ngram_simple_draft, common/ngram-map.cpp)."""
+    size = len(tokens)
+    if size <= n + m + 1:
+        return None
+    pattern = tokens[size - n + 1:] + [sampled]
+    for j in range(size - n - 1, 0, -1):
+        if tokens[j:j + n] == pattern:
+            copy = min(m, size - (j + n))
+            return (j, copy) if copy >= n else None
+    return None
+
+
+def first_ngram_draft(prompt: list[int], answer: list[int], n: int, m: int) -> tuple[int, int, int] | None:
+    """The first generated token at which ngram-simple must draft (the step, the match's position, the draft's
+    length), or None. Until its first draft a slot drafts after every token it samples, from its tokens so far (the
+    prompt and the tokens generated before it), while the answer has room for a draft (two tokens more to come)."""
+    for i in range(len(answer) - 2):
+        found = ngram_draft(prompt + answer[:i], answer[i], n, m)
+        if found:
+            return i, *found
+    return None
+
+
+def ngram_problems(d: Draw, seen: dict[str, Any]) -> list[str]:
+    """A promise of the schedule itself: with ngram-simple the only speculator, an answer that reaches a token the
+    speculator finds a draft for (first_ngram_draft: the pattern is in the slot's own tokens) was drafted for. An
+    answer with no draft is a speculator that was not added or not given the slot's tokens; which drafts are accepted
+    is the model's, and not judged."""
+    a = d.args
+    if "--spec-type" not in a or a[a.index("--spec-type") + 1] != "ngram-simple" or \
+            not {"--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"} <= set(a):
+        return []
+    n, m = (int(a[a.index(f"--spec-ngram-simple-size-{x}") + 1]) for x in "nm")
+    out = []
+    for name, got in seen["got"].items():
+        found = first_ngram_draft(seen["sent"][name], got.get("tokens") or [], n, m)
+        if found and not got.get("draft_n"):
+            step, at, size = found
+            out.append(f"{name}: ngram-simple (size-n {n}, size-m {m}) drafted nothing, though at generated token "
+                       f"{step} its pattern stands at position {at} of the slot's tokens with {size} after it")
     return out
 
 
