@@ -321,6 +321,37 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
 
 
 
+def test_a_memory_lane_broke_where_the_candidates_seeded_programs_refuse_what_the_base_took():
+    """A seeded program runs the same on the same build: where the candidate's refuses an operation more often than
+    the base's (the same run config, layout and index, as many operations, the same status), a capability is lost —
+    DeepSeek-V4's rollbacks all refused with snapshots on (llama-kv-cache-dsv4-1481) changed no check. Programs that
+    ran otherwise (another length or status: one ended at a finding) or runs drawn otherwise are not compared."""
+    from fuzz.certify import bump as bp
+    from fuzz.certify.bump_known import compared, newly_refused
+
+    def program(k, refused, steps=30, status="pass", kvu=False):
+        return {"kv_unified": kvu, "program": k, "steps": steps, "status": status, "refused": refused,
+                "checks": 9, "ops": {}, "max_abs_dlogit": 0.0}
+
+    def lane(*programs, config=None, status="pass"):
+        return {"row": "deepseek4", "lane": "memory", "status": status, "detail": "programs",
+                "reports": [{"oracle": "memory", "target": "llama-cpp", "config": config or {"seed": 0},
+                             "results": list(programs), "findings": []}]}
+
+    base = lane(program(0, {"rm": 1}), program(1, {}))
+    assert newly_refused(base, base) is None
+    assert newly_refused(base, lane(program(0, {}), program(1, {}))) is None  # (fewer refused: not lost)
+    assert newly_refused(base, lane(program(0, {"rm": 4, "add": 1}), program(1, {"rm": 2}))) == (
+        "newly refused: 2 seeded memory programs refuse operations the base took; first: run 0, program 0 "
+        "(per-seq-kv, 30 operations): add 1 more, rm 3 more")
+    assert newly_refused(base, lane(program(0, {"rm": 4}, steps=12, status="finding"), program(1, {}))) is None
+    assert newly_refused(base, lane(program(0, {"rm": 4}), config={"seed": 7})) is None
+    (v,) = bp.verdicts({"results": [base]}, {"results": [lane(program(0, {"rm": 1}), program(1, {"rm": 2}))]}, {})
+    assert v["verdict"] == "broke" and v["detail"].startswith("newly refused: 1 seeded memory programs"), v
+    # mutate's pristine record keeps what the comparison needs of a memory run
+    assert newly_refused(compared(base), compared(lane(program(0, {"rm": 2}), program(1, {})))).endswith("rm 1 more")
+
+
 def test_a_lane_known_on_both_builds_is_fixed_in_part_where_the_candidate_meets_fewer_repros_in_runs_drawn_alike():
     """A known lane whose candidate no longer meets one of the base's repros (in the runs both drew with the same
     config) and meets none the base did not: `fixed`, the gone and the remaining named. A run drawn otherwise on the

@@ -1,13 +1,31 @@
 """A lane known on both builds of a bump, compared: the library oracles' findings case by case (`more_known`: a new
 failure of a known class, except in a drawn program the base failed too — unmasked where a fix let it go on), the
 known repros each build met in the runs both drew alike (`fewer_known`), and a known lane passing on the candidate
-(`known_fixed`). llama-server's reports are left out: which schedules meet a known abort is timing."""
+(`known_fixed`). llama-server's reports are left out: which schedules meet a known abort is timing. And any memory
+lane's seeded programs, program by program: an operation the candidate refuses where the base took it
+(`newly_refused`)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from typing import Any
+
+
+def compared(x: dict[str, Any]) -> dict[str, Any]:
+    """What a bump compares of a lane result: its status, its reports' findings and conversations, and a memory
+    run's config and what each of its programs ran and had refused."""
+    keep, ran = ("phase", "step", "cuts", "fingerprint", "message"), ("kv_unified", "program", "steps", "status",
+                                                                      "refused")
+
+    def programs(r: dict[str, Any]) -> dict[str, Any]:
+        return {"config": r.get("config"), "results": [{k: y.get(k) for k in ran} for y in r.get("results", [])]}
+
+    return {"status": x["status"],
+            "reports": [{"oracle": r.get("oracle"), "target": r.get("target"),
+                         "findings": [{k: f.get(k) for k in keep} for f in r.get("findings", [])],
+                         **{k: r[k] for k in ("rewinds", "clients") if r.get(k)},
+                         **(programs(r) if r.get("oracle") == "memory" else {})} for r in x.get("reports", [])]}
 
 
 def library_findings(lane: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -86,3 +104,31 @@ def known_fixed(base: dict[str, Any]) -> str | None:
         return None
     first = lib[0][1].get("message", "")
     return f"fixed: the base's {len(lib)} findings of known upstream bugs are gone; first: {first}"
+
+
+def newly_refused(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """A memory lane's seeded programs that ran alike on both builds (the same run's config, KV layout and index, as
+    many operations, the same status) where the candidate refused an operation more often than the base: a memory
+    that took it (a rollback, a shift) and no longer does is a capability lost, though each refusal is one the API
+    allows and changes nothing (or None). Seeded programs run the same on the same build."""
+    reps_a, reps_b = base.get("reports", []), candidate.get("reports", [])
+    lost = []
+    for i, (ra, rb) in enumerate(zip(reps_a, reps_b, strict=False)):
+        if ra.get("oracle") != "memory" or rb.get("oracle") != "memory" or ra.get("config") != rb.get("config"):
+            continue
+        theirs = {(r.get("kv_unified"), r.get("program")): r for r in rb.get("results", [])}
+        for x in ra.get("results", []):
+            y = theirs.get((x.get("kv_unified"), x.get("program")))
+            if not isinstance(x.get("program"), int) or y is None or (x["steps"], x["status"]) != (y["steps"],
+                                                                                                  y["status"]):
+                continue
+            more = {op: n - x["refused"].get(op, 0) for op, n in y["refused"].items() if n > x["refused"].get(op, 0)}
+            if more:
+                lost.append((i, x, more))
+    if not lost:
+        return None
+    i, x, more = lost[0]
+    layout = "unified-kv" if x["kv_unified"] else "per-seq-kv"
+    return (f"newly refused: {len(lost)} seeded memory programs refuse operations the base took; first: run {i}, "
+            f"program {x['program']} ({layout}, {x['steps']} operations): "
+            + ", ".join(f"{op} {n} more" for op, n in sorted(more.items())))

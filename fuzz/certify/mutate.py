@@ -38,6 +38,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from fuzz.certify.bump_known import compared, more_known, newly_refused
 from fuzz.certify.coverage import GROUP_NAMES, in_group
 from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
@@ -301,8 +302,9 @@ def covering(plan: list[tuple[Any, str]], m: Mutant, lanes: list[str], rows: Row
 class Pristine:
     """Each row × lane's result on the pristine build, as much of it as a bump compares (run once each, kept in
     out/pristine.json for a resumed run): a lane that passes on a mutant but reuses less of the prompt cache, or is
-    known on both builds but fails more seeded cases, broke — as the bump of the pristine build to the mutant's says
-    (fuzz.certify.bump.reuse_regression, more_known)."""
+    known on both builds but fails more seeded cases, or whose seeded programs have operations refused the pristine
+    build took, broke — as the bump of the pristine build to the mutant's says (fuzz.certify.bump.reuse_regression,
+    fuzz.certify.bump_known)."""
 
     def __init__(self, out: Path, spec: str, manifest: Path):
         self.path, self.spec, self.manifest = out / "pristine.json", spec, manifest
@@ -324,30 +326,20 @@ class Pristine:
         return self.lanes[key]
 
 
-def compared(x: dict[str, Any]) -> dict[str, Any]:
-    """What a bump compares of a lane result: its status, its reports' findings and conversations."""
-    keep = ("phase", "step", "cuts", "fingerprint", "message")
-    return {"status": x["status"],
-            "reports": [{"oracle": r.get("oracle"), "target": r.get("target"),
-                         "findings": [{k: f.get(k) for k in keep} for f in r.get("findings", [])],
-                         **{k: r[k] for k in ("rewinds", "clients") if r.get(k)}} for r in x.get("reports", [])]}
-
-
 def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any], build: Any) -> str | None:
     """What the bump from the pristine build to the mutant's says of a lane the mutant's run did not fail: a reuse
-    regression, or a known lane failing more cases (None: unchanged); the mutant's build activated again after a
-    pristine run."""
+    regression, operations newly refused, or a known lane failing more cases (None: unchanged); the mutant's build
+    activated again after a pristine run."""
     from fuzz.certify.bump import reuse_regression, rewinds_of
-    from fuzz.certify.bump_known import more_known
     from targets.builds import activate
 
-    if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN):
+    if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN or lane in ("memory", "shift")):
         return None
     base, cand = pristine.lane(row, lane), compared(x)
     activate(build)
     if base["status"] == KNOWN == x["status"]:
-        return more_known(base, cand) or reuse_regression(base, cand)
-    return reuse_regression(base, cand) if base["status"] not in FAILING else None
+        return more_known(base, cand) or reuse_regression(base, cand) or newly_refused(base, cand)
+    return reuse_regression(base, cand) or newly_refused(base, cand) if base["status"] not in FAILING else None
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],
