@@ -96,3 +96,44 @@ def test_finding_of_places_what_the_row_names_otherwise_and_drops_what_stays_out
     assert "seq" not in fingerprint(f, "AAAA")
     with pytest.raises(TypeError, match="'payload' is not a placing field"):
         finding_of("skippy", row, "m", payload="kv")
+
+
+class Exploring(Scripted):
+    """The hooks an exploring oracle uses: cases yielded as it goes, only what reproduced reported, the run ended
+    after a case, a finding met again not listed."""
+
+    reproduce_only = True
+
+    def __init__(self, fixture, seen, stop_at: str | None = None):
+        super().__init__(fixture, seen)
+        self.stop_at, self.ends, self.explained_with = stop_at, [], []
+
+    def cases(self):
+        yield from self.seen  # (lazily: a generator has no length)
+
+    def total(self, cases):
+        return len(self.seen)
+
+    def explain_all(self, case, seen, bad):
+        self.explained_with.append((case, [r["case"] for r in bad]))
+        for r in bad:
+            r.update(self.explain(case, seen, r))
+
+    def done(self, rows):
+        self.ends.append([r["case"] for r in rows])
+        return any(r["case"] == self.stop_at for r in rows)
+
+    def listed(self, row):
+        return row["case"] != "b2"  # (the same finding as b's, met again: counted, not listed)
+
+
+def test_an_exploring_oracle_reports_only_what_came_back_and_ends_where_it_says(fixtures):
+    o = Exploring(fixtures("llama", layers=2), {"a": [None], "flaky": [3, 5], "b": [4, 4], "b2": [4, 4],
+                                                "stop": [None], "never": [None]}, stop_at="stop")
+    rep = o.report()
+    assert [r["case"] for r in rep.results] == ["a", "b", "b2", "stop"]  # the flaky row dropped; none past `stop`
+    assert [(r["case"], r["step"], r["reproduced"]) for r in o.unreproduced] == [("flaky", 3, False)]
+    assert o.ends == [["a"], [], ["b"], ["b2"], ["stop"]]  # (done sees a dropped finding's case as no rows)
+    assert o.explained_with == [("b", ["b"]), ("b2", ["b2"])]  # only cases with a failing row, the flaky one not
+    assert [f.message for f in rep.findings] == ["case b at step 4"]
+    assert ("observe", "never") not in o.calls
