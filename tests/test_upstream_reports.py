@@ -22,10 +22,10 @@ BUNDLES = {p.name: json.loads((p / "bundle.json").read_text()) for p in (ROOT / 
 # the upstream repros a standalone reproducer is written for: memory findings, llama.cpp's aborts found through the
 # library, llama-server's aborts as it starts and its wrong answers — not yet: an abort in a stage fed embeddings
 # (kimi-linear-handoff-busy-ubatch-3), llama-server's abort during requests (server-spec-draft-batch-overflow, which
-# needs the slots' drafts to coincide), a state copied through a file (minicpm3-memory-quantized-k-shift-null-rotation),
-# and a wrong answer streamed to a client that then disconnects (laguna-radix-checkpoint-past-window)
+# needs the slots' drafts to coincide) and a wrong answer streamed to a client that then disconnects
+# (laguna-radix-checkpoint-past-window)
 NOT_YET = {"kimi-linear-handoff-busy-ubatch-3", "server-spec-draft-batch-overflow",
-           "minicpm3-memory-quantized-k-shift-null-rotation", "laguna-radix-checkpoint-past-window"}
+           "laguna-radix-checkpoint-past-window"}
 REPORTED = sorted(n for n, b in BUNDLES.items() if n not in NOT_YET and (
     (b["target"] == "llama-cpp" and (b["oracle"] == "memory" or b["fingerprint"]["status"] == "crash"))
     or b["target"] == "llama-server"))
@@ -52,10 +52,26 @@ def test_each_call_is_one_line_of_llama_cpps_api():
 def test_a_call_no_reproducer_writes_yet_is_refused_by_name():
     from synth.errors import UserError
 
-    with pytest.raises(UserError, match="a state_get call .*via.*file.*no standalone reproducer writes it yet"):
-        call_line("ctx", "state_get", {"seq": 0, "via": "file", "tokens": [1]}, "rows")
+    with pytest.raises(UserError, match="a state_get call .*via.*context-file.*no standalone reproducer writes it yet"):
+        call_line("ctx", "state_get", {"seq": 0, "via": "context-file", "tokens": [1]}, "rows")
     with pytest.raises(UserError, match="fed embeddings"):
         call_line("ctx", "decode", {"embd": "AAAA", "pos": [0]}, "rows")
+
+
+def test_a_state_file_and_a_refused_import_are_calls_of_their_own():
+    """A sequence's state through a file (llama_state_seq_save_file / load_file), and an import the program meant
+    llama.cpp to refuse (a state cut short: the first bytes of the last export, its length as the call logged it)."""
+    from fuzz.repro.upstream_python import REFUSED, helpers
+
+    steps = [("state_get", {"seq": 0, "via": "file", "tokens": [5, 6]}), ("state_set", {"seq": 2, "via": "file"}),
+             ("state_get", {"seq": 0}), ("state_set", {"seq": 1, "data": "AAAAAA==", REFUSED: True}),
+             ("state_set", {"seq": 1, "data": "AAAAAA=="})]
+    assert [call_line("ctx", op, req, "rows") for op, req in steps] == [
+        "state_file = save_seq_file(ctx, 0, tokens=[5, 6])", "load_seq_file(ctx, 2, state_file)",
+        "blob = export_seq(ctx, 0)", "refused_import(ctx, 1, blob, size=4)", "import_seq(ctx, 1, blob)"]
+    text = "\n".join(helpers(steps))
+    assert "def save_seq_file(" in text and "def load_seq_file(" in text and "def refused_import(" in text
+    assert helpers(steps[2:3]) == []  # (a script without them is unchanged)
 
 
 def test_the_script_checks_what_the_finding_failed_and_compiles():
@@ -113,7 +129,7 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (40, 5, 3)
+    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (41, 5, 3)
     assert sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)

@@ -17,7 +17,7 @@ aborted under, its /health asked with curl until it answers (fixed) or the proce
 defect). A wrong answer from llama-server becomes repro.sh too (fuzz/repro/upstream_server.py): the requests the
 toolkit sent it, with curl, and the last one's answer against the same prompt's from a server that caches nothing.
 An abort during requests, operations that overlap, and calls this writer has no line for (a stage fed embeddings, a
-state file) are refused (exit 2) until their reproducers are written.
+whole context's session file) are refused (exit 2) until their reproducers are written.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from fuzz.repro.upstream_python import (
     API_NAMES,
     NO_ROOM,
     PRELUDE,
+    REFUSED,
     call_line,
     helpers,
     memory_script,
@@ -161,10 +162,15 @@ def crash_run(bundle_dir: Path) -> dict[str, Any]:
     """The bundle's case run once more on its build with every worker's requests logged (CALL_LOG): the calls of the
     worker that died, from the load of its last context to the request it died in, and how it died."""
     case, logs, rep = logged_run(bundle_dir)
-    died = [[e["request"] for e in log if "request" in e] for log in logs if log and "request" in log[-1]]
+    died = [log for log in logs if log and "request" in log[-1]]
     if not died:
         raise UserError(f"{bundle_dir}: no llama.cpp process died running the bundle on its build: nothing to report")
-    calls = min(died, key=len)
+    log = min(died, key=lambda entries: sum("request" in e for e in entries))
+    # each request with whether its outcome (the entry after it) was a refusal: a state import the program meant
+    # llama.cpp to refuse (a state cut short) is done as one in the reproducer
+    calls = [{**e["request"], **({REFUSED: True} if e["request"]["op"] == "state_set" and i + 1 < len(log)
+                                 and log[i + 1].get("ok") is False else {})}
+             for i, e in enumerate(log) if "request" in e]
     start = max(i for i, r in enumerate(calls) if r["op"] == "load")
     steps = [(r["op"], {k: v for k, v in r.items() if k != "op"}) for r in calls[start:]
              if r["op"] not in QUERIES or r is calls[-1]]

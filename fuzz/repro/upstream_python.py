@@ -4,6 +4,7 @@ memory finding's whole script; and a finding's one-line title."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -125,7 +126,40 @@ def helpers(steps: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return [*([TYPED_HELPER] if any(op == "load" and typed(req) for op, req in steps) else []),
             *([NO_ROOM_HELPER] if any(req.get(NO_ROOM) for _, req in steps) else []),
             *([ABORT_HELPER] if any(req.get("abort_after") for _, req in steps) else []),
-            *([SHIFT_HELPER] if any(op in SHIFTS for op, _ in steps) else [])]
+            *([SHIFT_HELPER] if any(op in SHIFTS for op, _ in steps) else []),
+            *([FILE_HELPER] if any(op.startswith("state_") and req.get("via") == "file" for op, req in steps)
+              else []),
+            *([REFUSED_HELPER] if any(req.get(REFUSED) for _, req in steps) else [])]
+
+
+REFUSED = "refused"  # a recorded state import llama.cpp refused, as the program meant it to (a state cut short)
+REFUSED_HELPER = '''
+
+
+def refused_import(ctx, seq, blob, size):
+    """The first `size` bytes of an export imported into sequence seq: a state cut short, which llama.cpp refuses
+    (what the program did; whether it refuses is not this reproducer's check)."""
+    buf, _ = blob
+    L.llama_state_seq_set_data_ext(ctx, buf, size, seq, 0)'''
+FILE_HELPER = '''
+
+
+def save_seq_file(ctx, seq, tokens):
+    """Sequence seq's state and its tokens written to a file (llama_state_seq_save_file); the file's path."""
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="repro-state-"), "state.bin")
+    toks = (L.ctypes.c_int32 * max(len(tokens), 1))(*tokens)
+    if L.llama_state_seq_save_file(ctx, path.encode(), seq, toks, len(tokens)) == 0:
+        cannot(f"llama_state_seq_save_file of sequence {seq} wrote nothing")
+    return path
+
+
+def load_seq_file(ctx, seq, path):
+    """A state file read into sequence seq (llama_state_seq_load_file)."""
+    out, n = (L.ctypes.c_int32 * 65536)(), L.ctypes.c_size_t(0)
+    if L.llama_state_seq_load_file(ctx, path.encode(), seq, out, 65536, L.ctypes.byref(n)) == 0:
+        cannot(f"llama_state_seq_load_file into sequence {seq} read nothing")'''
 
 
 SHIFTS = ("seq_add", "seq_div")
@@ -227,8 +261,15 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
         return f"L.llama_memory_clear({mem}, True)"
     if op == "state_get" and req.get("via", "memory") == "memory" and not req.get("partial"):
         return f"blob = export_seq({ctx}, {req.get('seq', 0)})"
+    if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial") and req.get(REFUSED) \
+            and "data" in req:
+        return f"refused_import({ctx}, {req.get('seq', 0)}, blob, size={len(base64.b64decode(req['data']))})"
     if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial"):
         return f"import_seq({ctx}, {req.get('seq', 0)}, blob)"
+    if op == "state_get" and req.get("via") == "file":
+        return f"state_file = save_seq_file({ctx}, {req.get('seq', 0)}, tokens={list(req.get('tokens') or [])})"
+    if op == "state_set" and req.get("via") == "file" and not req.get(REFUSED):
+        return f"load_seq_file({ctx}, {req.get('seq', 0)}, state_file)"
     raise UserError(f"a {op} call {json.dumps({k: v for k, v in req.items() if k != 'data'})[:80]}: no standalone "
                     "reproducer writes it yet")
 
