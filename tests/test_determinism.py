@@ -91,6 +91,10 @@ def test_a_token_flip_across_kernels_is_explained_by_its_routing_near_tie(tmp_pa
         assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-1", 31, [1, 2],
                                                                        [0, 2])
         assert c["margin"] < c["scores_max_abs"] < 1e-3
+        # the bound measured on the model: the rounding control (the residual rounded to bf16 once after layer 0)
+        # moves the same scores at that token by 2.8e-4; the kernels moved them 1.3e-4
+        assert 2e-4 < c["own_rounding"] < 4e-4 and c["scores_max_abs"] <= 4 * c["own_rounding"]
+        assert "the residual rounded to bf16 once moves them 0.00028 there" in c["detail"]
 
 
 def test_kernel_rounding_is_bounded_by_the_models_own_rounding_control(tmp_path):
@@ -126,6 +130,7 @@ def test_kernel_rounding_is_bounded_by_the_models_own_rounding_control(tmp_path)
     c = p["cause"]
     assert (c["kind"], c["node"], c["token"], c["a"], c["b"]) == ("routing flip", "ffn_moe_topk-2", 13, [1, 2], [0, 1])
     assert c["scores_max_abs"] < c["margin"] < 2 * c["scores_max_abs"] < 1e-3  # both scores moved: 2x closes it
+    assert 4e-4 < c["own_rounding"] < 7e-4  # (the control's move of the same scores, measured: 5.2e-4)
     assert "routing flip: token 13 (prompt)" in format_report(reps["deepseek3"])
 
 

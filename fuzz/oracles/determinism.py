@@ -8,8 +8,10 @@ Three classes are reported separately, under an explicit policy of what the pinn
   in one thread, and the one thread-dependent reduction (flash attention's split-KV path) needs a KV of >= 512
   cells, which these fixtures never reach (measured on the pinned llama.cpp: docs/oracles.md, "fuzz determinism");
 - schedules that differ in n_ubatch, chunking or flash attention: logits are NOT promised bit-exact upstream
-  (different kernels; server README on cache_prompt): max |Δ| is reported, never a finding. Greedy tokens must
-  still agree where the baseline's top-1/top-2 margin is clear; a flip at a near-tie is reported as such.
+  (different kernels; server README on cache_prompt): max |Δ| is reported; a move past the model's own rounding
+  (its rounding control) with the same tokens needs a traced MoE routing flip at a near-tie, its scores moved within
+  what the same control moves them. Greedy tokens must still agree where the baseline's top-1/top-2 margin is
+  clear; a flip at a near-tie is reported as such.
 
 With --cuts, every schedule also runs the K-stage chain for each cut set and compares it with the full model
 under the same schedule (parity holds per schedule, bit for bit).
@@ -42,7 +44,8 @@ from fuzz.engine.parity import (
     script_steps,
     traced_steps,
 )
-from fuzz.engine.routing import first_token_flip, routing_near_tie, token_rows
+from fuzz.engine.routing import ROUNDING_FACTOR as ROUTING_FACTOR
+from fuzz.engine.routing import first_token_flip, own_rounding, routing_near_tie, token_rows
 from fuzz.engine.schedule import Step, main_prompt, sequential_steps
 from fuzz.engine.stages import FixtureStages, cut_sets
 from synth.errors import UserError
@@ -101,6 +104,13 @@ class DeterminismConfig:
     workdir: Path | None = None
 
 
+def in_model(name: str, first: int) -> str:
+    """A stage's node name (`ffn_moe_probs-1`) as the whole model names it: its layer counted from the stage's first
+    layer, `first`."""
+    base, _, layer = name.rpartition("-")
+    return f"{base}-{int(layer) + first}" if base and layer.isdigit() else name
+
+
 def by_name(schedules, names: list[str]) -> list[Schedule]:
     return [next(x for x in schedules if x.name == n) for n in names]
 
@@ -132,7 +142,7 @@ class Determinism(CaseOracle[Schedule]):
             raise UserError(f"--repeats {cfg.repeats}: needs at least 2 runs per schedule to compare")
         self.st = FixtureStages(self.fixture, period=cfg.period)
         self.info = self.st.info
-        self.routed: dict[Schedule, tuple[dict[str, np.ndarray], dict[str, int]] | None] = {}  # _routing's traces
+        self.routed: dict[Any, Any] = {}  # _routing's and _routing_rounding's traces
         self.runs: dict[Schedule, list[tuple[list[int], np.ndarray]]] = {}  # each schedule's first observation
         self.control: dict[str, Any] | None = None
         self.controlled = False
@@ -390,26 +400,72 @@ class Determinism(CaseOracle[Schedule]):
         upstream does not promise bit-exact: both runs traced node by node (_routing), and the first token (prompt or
         decoded, up to the one whose logits chose at `step`) whose MoE routing choice differs is named, with the
         router's scores there in both runs. A choice flipped by a score change of rounding size across a near-tie gap
-        turns the kernels' rounding into other experts, other logits and maybe another token: numerics. Anything else
+        turns the kernels' rounding into other experts, other logits and maybe another token: numerics. Rounding size
+        is the model's own, measured at that token by the rounding control traced (_routing_rounding: the residual
+        rounded to bf16 once, the size of a quantized kernel's rounding); the scores may move at most
+        ROUTING_FACTOR x that. Anything else — a flip before the control's cut, or a control that could not run —
         is unexplained (a finding)."""
         traced = [self._routing(sch, prompt) for sch in pair]
         if any(x is None for x in traced):
             return {"kind": "unclear", "detail": "a traced run failed"}
         n = len(prompt) + step  # the tokens before the logits that chose at `step`
-        traced = [({name: rows[:n] for name, rows in got.items()}, k) for got, k in traced]
+
+        def upto(got: tuple[dict[str, np.ndarray], dict[str, int]]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+            return {name: rows[:n] for name, rows in got[0].items()}, got[1]
+
+        traced = [upto(x) for x in traced]
         flip = first_token_flip(*traced)
         if flip is None:
             return {"kind": "unexplained", "detail": f"no MoE routing choice differs before decode step {step}"}
         where = (f"token {flip['token']} ({'prompt' if flip['token'] < len(prompt) else 'decoded'}): "
                  f"{flip['node']} picks experts {flip['a']} under {pair[0].name}, {flip['b']} under {pair[1].name}")
-        if not routing_near_tie(flip):
-            return {"kind": "unexplained", **flip,
+        control = self._routing_rounding(pair[0], prompt)
+        rounding = own_rounding(flip, upto(control[0]), [upto(control[1])]) if control is not None else None
+        own = f"{rounding:.2g}" if rounding is not None else "not measured (" + (
+            "the control could not run" if control is None else f"{flip.get('scores')} lies before its cut") + ")"
+        said = f"the residual rounded to {ROUNDING_WIRE} once moves them {own} there"
+        if rounding is None or not routing_near_tie(flip, rounding):
+            return {"kind": "unexplained", **flip, "own_rounding": rounding,
                     "detail": f"{where}, but not across a near-tie moved by rounding (scores moved "
-                              f"{flip.get('scores_max_abs', math.nan):.2g}, gap {flip.get('margin', math.nan):.2g})"}
-        return {"kind": "routing flip", **flip,
+                              f"{flip.get('scores_max_abs', math.nan):.2g}, gap {flip.get('margin', math.nan):.2g}; "
+                              f"{said})"}
+        return {"kind": "routing flip", **flip, "own_rounding": rounding,
                 "detail": f"{where}: the router's scores ({flip['scores']}) differ by {flip['scores_max_abs']:.2g} "
-                          f"(the kernels' rounding, not promised bit-exact) across a gap of {flip['margin']:.2g} "
-                          "between the last expert chosen and the first not — other experts, then other logits"}
+                          f"(the kernels' rounding, not promised bit-exact: {said}, bound {ROUTING_FACTOR:g}x) across "
+                          f"a gap of {flip['margin']:.2g} between the last expert chosen and the first not — other "
+                          "experts, then other logits"}
+
+    def _routing_rounding(self, sch: Schedule, prompt: list[int]) -> tuple[Any, Any] | None:
+        """The MoE router's rows under the rounding control (_rounding_control's split of `sch` on the trusted
+        build: unsplit, and from the control's cut on with the residual rounded to bf16 once), both traced, the
+        split's named by their layers in the whole model (a stage's layers count from 0); None where the control
+        does not run."""
+        key = ("rounding", sch)
+        if key not in self.routed:
+            self.routed[key] = None
+            c = (self.control or {}).get("cut")
+            stages = self.st.stages([c]) if c else None
+            if stages is not None and not isinstance(stages, Unsupported):
+                steps = steps_for(prompt, sch.chunk, self.cfg.tokens)
+                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                        trace=True)
+                with open_target(TRUSTED, timeout=self.cfg.timeout) as full, \
+                        open_target(TRUSTED, timeout=self.cfg.timeout) as rest:
+                    a, b = full.load(str(self.fixture), **params, capture=True), rest.load(str(stages[1][0]), **params)
+                    base = full.script([{**r, "trace": "all"} for r in script_steps(steps, capture=[c - 1],
+                                                                                     logits_mode="last")]) \
+                        if a.ok and b.ok else None
+                    ran = base is not None and base.ok
+                    moved = rest.script([{**r, "trace": "all"} for r in script_steps(
+                        steps, embd=[x["captures"][c - 1] for x in base.data["results"]], wire=ROUNDING_WIRE,
+                        logits_mode="last", n_pos_per_token=pos_per_token(b.data))]) if ran else None
+                if moved is not None and moved.ok:
+                    sizes = [len(st.tokens) for st in steps]
+                    own, split = (token_rows([x.get("nodes") or [] for x in r.data["results"]], sizes)
+                                  for r in (base, moved))
+                    self.routed[key] = own, ({in_model(name, c): rows for name, rows in split[0].items()},
+                                             {str(int(layer) + c): k for layer, k in split[1].items()})
+        return self.routed[key]
 
     def _routing(self, sch: Schedule, prompt: list[int]) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
         """The MoE router's rows of one schedule's whole run, token by token (traced once per schedule); None if
