@@ -20,12 +20,12 @@ REPORTS = ROOT / "corpora" / "upstream-reports"
 BUNDLES = {p.name: json.loads((p / "bundle.json").read_text()) for p in (ROOT / "corpora" / "repros").iterdir()
            if (p / "bundle.json").is_file()}
 # the upstream repros a standalone reproducer is written for: memory findings, llama.cpp's aborts found through the
-# library, llama-server's aborts as it starts and its wrong answers — not yet: an abort in a stage fed embeddings
-# (kimi-linear-handoff-busy-ubatch-3), llama-server's abort during requests (server-spec-draft-batch-overflow, which
-# needs the slots' drafts to coincide) and a wrong answer streamed to a client that then disconnects
+# library (on a stage sliced from the model too: its model is that stage), llama-server's aborts as it starts and its
+# wrong answers — not yet: llama-server's abort during requests (server-spec-draft-batch-overflow, which needs the
+# slots' drafts to coincide) and a wrong answer streamed to a client that then disconnects
 # (laguna-radix-checkpoint-past-window)
-NOT_YET = {"kimi-linear-handoff-busy-ubatch-3", "server-spec-draft-batch-overflow",
-           "laguna-radix-checkpoint-past-window"}
+NOT_YET = {"server-spec-draft-batch-overflow", "laguna-radix-checkpoint-past-window"}
+STAGED = {"kimi-linear-handoff-busy-ubatch-3"}  # a context on a stage: its model is the stage's split GGUF pair
 REPORTED = sorted(n for n, b in BUNDLES.items() if n not in NOT_YET and (
     (b["target"] == "llama-cpp" and (b["oracle"] == "memory" or b["fingerprint"]["status"] == "crash"))
     or b["target"] == "llama-server"))
@@ -56,6 +56,22 @@ def test_a_call_no_reproducer_writes_yet_is_refused_by_name():
         call_line("ctx", "state_get", {"seq": 0, "via": "context-file", "tokens": [1]}, "rows")
     with pytest.raises(UserError, match="fed embeddings"):
         call_line("ctx", "decode", {"embd": "AAAA", "pos": [0]}, "rows")
+
+
+def test_a_context_on_a_stage_takes_the_stage_as_the_reports_model(fixtures):
+    """A worker that died creating a context on a stage the run sliced (its temporary file named by its layers) has
+    that stage sliced again as the report's model — a split pair where the stage shares the globals; any other file
+    is refused by name."""
+    from fuzz.repro.upstream import stage_of_file
+    from synth.errors import UserError
+
+    path = fixtures("llama", layers=4)
+    got = stage_of_file(path, "/tmp/fuzz-stages-x/fixture.L001-004.gguf")
+    assert got["stage"] == [1, 4] and list(got["files"]) == ["model.gguf"]
+    assert got["files"]["model.gguf"][:4] == b"GGUF"
+    assert got == stage_of_file(path, "/tmp/elsewhere/fixture.L001-004.gguf")  # (sliced again: the same bytes)
+    with pytest.raises(UserError, match="a context on another file than the model"):
+        stage_of_file(path, "/tmp/a/other.gguf")
 
 
 def test_a_state_file_and_a_refused_import_are_calls_of_their_own():
@@ -129,11 +145,11 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (41, 5, 3)
+    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (42, 5, 3)
     assert sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)
-        want = {"issue.md", "model.gguf", "repro.sh" if name in SERVER else "repro.py"} | ({"fix"} if fix else set())
+        want = {"issue.md", *models(name), "repro.sh" if name in SERVER else "repro.py"} | ({"fix"} if fix else set())
         assert {p.name for p in (REPORTS / name).iterdir()} == want, name
         for f in ("issue.md", "repro.sh" if name in SERVER else "repro.py"):  # nothing of the machine it was made on
             text = (REPORTS / name / f).read_text()
@@ -220,11 +236,16 @@ def test_the_committed_reports_are_what_the_bundles_give_now(tmp_path):
             assert filecmp.cmp(tmp_path / name / f, REPORTS / name / f, shallow=False), (name, f)
 
 
+def models(name: str) -> tuple[str, ...]:
+    """A report's model files: model.gguf, or a stage's split pair."""
+    return ("model-00001-of-00002.gguf", "model-00002-of-00002.gguf") if name in STAGED else ("model.gguf",)
+
+
 def placed(name: str, reproducer: str, tmp_path: Path) -> Path:
     """A copy of a report's reproducer and model alone in a directory, as a maintainer downloads them."""
     work = tmp_path / name
     work.mkdir(parents=True)
-    for f in (reproducer, "model.gguf"):
+    for f in (reproducer, *models(name)):
         (work / f).write_bytes((REPORTS / name / f).read_bytes())
     return work
 

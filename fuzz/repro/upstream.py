@@ -16,8 +16,9 @@ the defect. llama-server aborting as it starts becomes repro.sh: llama-server st
 aborted under, its /health asked with curl until it answers (fixed) or the process is killed by a signal (the
 defect). A wrong answer from llama-server becomes repro.sh too (fuzz/repro/upstream_server.py): the requests the
 toolkit sent it, with curl, and the last one's answer against the same prompt's from a server that caches nothing.
-An abort during requests, operations that overlap, and calls this writer has no line for (a stage fed embeddings, a
-whole context's session file) are refused (exit 2) until their reproducers are written.
+A context made on a stage the run sliced has that stage as the report's model (stage_of_file). An abort during
+requests, operations that overlap, and calls this writer has no line for (a decode fed embeddings, a whole
+context's session file) are refused (exit 2) until their reproducers are written.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from fuzz.engine.fleet import Fleet
 from fuzz.engine.parity import context_params
+from fuzz.engine.stages import FixtureStages
 from fuzz.oracles.memory import calibrated
 from fuzz.oracles.memory_machine import cache_params, run_program
 from fuzz.oracles.memory_recompute import Feed, Recompute
@@ -50,6 +52,7 @@ from fuzz.repro.upstream_python import (
 from fuzz.repro.upstream_server import answer_run, answer_script, server_flags
 from synth.errors import UserError
 from synth.inspect import inspect_file
+from synth.stage import Unsupported
 from targets import Target
 from targets.worker_protocol import CALL_LOG
 
@@ -110,7 +113,13 @@ def write_report(bundle_dir: Path, data: dict[str, Any], out: Path, run: dict[st
                  script: Any) -> Path:
     """out/: the model, the reproducer `name` (script(run, data)), the fix series if one is written, issue.md."""
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
+    if run.get("files"):  # (a stage of the model: its own file or split pair)
+        for old in out.glob("model*.gguf"):
+            old.unlink()
+        for file, blob in run["files"].items():
+            (out / file).write_bytes(blob)
+    else:
+        shutil.copyfile(bundle_dir / data["fixture"], out / "model.gguf")
     (out / name).write_text(script(run, data))
     if name.endswith(".sh"):
         (out / name).chmod(0o755)
@@ -175,8 +184,37 @@ def crash_run(bundle_dir: Path) -> dict[str, Any]:
     steps = [(r["op"], {k: v for k, v in r.items() if k != "op"}) for r in calls[start:]
              if r["op"] not in QUERIES or r is calls[-1]]
     message = next((f.message for f in rep.findings if f.fingerprint.get("status") == "crash"), "")
+    path = steps[0][1].get("path", "")
+    stage = stage_of_file(case.fixture, path) if steps[0][0] == "load" and Path(path) != case.fixture else None
     return {"steps": steps, "problem": {"check": "crash", "message": message}, "commit": rep.llama_cpp_commit,
-            "model": str(case.fixture)}
+            "model": path if stage else str(case.fixture), **(stage or {})}
+
+
+def model_file(run: dict[str, Any]) -> str:
+    """The file a report's steps load: model.gguf, or a stage's split pair's first part."""
+    return next(iter(run.get("files") or {"model.gguf": b""}))
+
+
+def stage_of_file(fixture: Path, path: str) -> dict[str, Any]:
+    """The stage a dying worker's context was made on (a file the run sliced from the fixture in its temporary
+    workspace, named by its layers: synth.stage.stage_path), sliced again (synth is byte-deterministic): its layers
+    and its files' bytes under the report's names — a stage with shared globals is a split GGUF pair, which llama.cpp
+    loads from its first part."""
+    m = re.search(r"\.L(\d{3})-(\d{3})(-00001-of-00002)?\.gguf$", path)
+    if not m:
+        raise UserError(f"a context on another file than the model ({Path(path).name}): no standalone reproducer yet")
+    a, b = int(m[1]), int(m[2])
+    fs = FixtureStages(fixture)
+    with fs.workspace(None):
+        st = fs.stage(a, b)
+        if isinstance(st, Unsupported):
+            raise UserError(f"stage {a}:{b} of {fixture} cannot be sliced again: {st}")
+        first = st[0]
+        files = {"model.gguf": first.read_bytes()} if not m[3] else {
+            "model-00001-of-00002.gguf": first.read_bytes(),
+            "model-00002-of-00002.gguf": first.with_name(first.name.replace("-00001-of-00002", "-00002-of-00002"))
+            .read_bytes()}
+    return {"stage": [a, b], "files": files}
 
 
 def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
@@ -195,6 +233,8 @@ def crash_script(run: dict[str, Any], data: dict[str, Any]) -> str:
         "`llama_cpp` bindings (built from that tree); the model beside this file (model.gguf).",
         "Exits 1 while the defect is present (llama.cpp aborts), 0 once it is fixed, 2 when this program cannot run.",
         '"""', "", *(["import contextlib"] if refusal else []), "import signal", "import subprocess", PRELUDE,
+        *([f"MODEL = Path(__file__).with_name({model_file(run)!r})  # a stage of the model, as the run sliced it"]
+          if run.get("files") else []),
         *helpers(run["steps"]), "",
         "def steps():", "    model = load_model()", *body, "", "",
         'if __name__ == "__main__":',
@@ -334,6 +374,13 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     info = inspect_file(str(bundle_dir / data["fixture"]))
     model = (f"`model.gguf` beside this file: a {info.arch} model of {info.n_layer} layers, vocabulary "
              f"{info.n_vocab}, random weights, made for this report.")
+    if run.get("files"):  # (a stage: the layers [a, b) of that model, as a split runtime's stage holds them)
+        a, b = run["stage"]
+        pair = " and its second part, `model-00002-of-00002.gguf` (the shared tensors)" if len(run["files"]) > 1 \
+            else ""
+        model = (f"`{model_file(run)}`{pair} beside this file: layers [{a}, {b}) of a {info.arch} model of "
+                 f"{info.n_layer} layers (vocabulary {info.n_vocab}, random weights, made for this report), sliced "
+                 "as a split runtime's stage holds them.")
     if p["check"] == "answer":
         steps = [f"{model} Start llama-server on it:", "", f"    llama-server -m model.gguf {' '.join(run['flags'])}",
                  "", f"and send it the {last} requests of repro.sh in order (each a `POST /completion` of token "
