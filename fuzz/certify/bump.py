@@ -26,9 +26,11 @@ an error; taken and wrong is `broke`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,18 +245,25 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
     return out
 
 
-def cross_broke(rows: list[Row], base_env: dict[str, str], candidate_env: dict[str, str]) -> tuple[str, str] | None:
-    """The cross-build lane of a bump from the base build to the candidate (their workers' environments) on `rows`,
-    as `bump` runs it: the first row it says broke (ROW/cross-build) and its detail; None."""
+def cross_builds(rows: list[Row], base_env: dict[str, str], candidate_env: dict[str, str]
+                 ) -> Iterator[tuple[Row, str, dict[str, Any]]]:
+    """Each runnable row's cross-build lane (cross_build) between the base's and the candidate's workers (their
+    environments), with the fixture it ran: written for the row, there while the caller is at that row."""
     with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
             open_target("llama-cpp", env=base_env) as ta, open_target("llama-cpp", env=candidate_env) as tb:
         for row in rows:
+            if not row.runnable:
+                continue
             path = Path(d) / f"{row.key}.gguf"
             write_fixture(row.spec(), path)
-            x = cross_build(str(path), row.spec().n_vocab, ta, tb)
-            if x["verdict"] == BROKE:
-                return f"{row.key}/{CROSS_LANE}", x["detail"]
-    return None
+            yield row, str(path), cross_build(str(path), row.spec().n_vocab, ta, tb)
+
+
+def cross_broke(rows: list[Row], base_env: dict[str, str], candidate_env: dict[str, str]) -> tuple[str, str] | None:
+    """The cross-build lane of a bump from the base build to the candidate on `rows`, as `bump` runs it: the first
+    row it says broke (ROW/cross-build) and its detail; None."""
+    with contextlib.closing(cross_builds(rows, base_env, candidate_env)) as lanes:
+        return next(((f"{row.key}/{CROSS_LANE}", x["detail"]) for row, _, x in lanes if x["verdict"] == BROKE), None)
 
 
 def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
@@ -499,19 +508,11 @@ def bump_builds(plan: list[tuple[Row, list[str]]], builds: dict[str, Any], *, ma
             write_certificate(out / which, runs[which], manifest)
     activate(resolve("pinned", from_env=False))
     cross = {}
-    with tempfile.TemporaryDirectory(prefix="family-certify-") as d, \
-            open_target("llama-cpp", env=builds["base"].env()) as ta, \
-            open_target("llama-cpp", env=builds["candidate"].env()) as tb:
-        for row, _ in plan:
-            if not row.runnable:
-                continue
-            path = Path(d) / f"{row.key}.gguf"
-            write_fixture(row.spec(), path)
-            cross[row.key] = with_chains(cross_build(str(path), row.spec().n_vocab, ta, tb),
-                                         mixed_chains(str(path), {k: b.env() for k, b in builds.items()},
-                                                      wide=len({b.backend for b in builds.values()}) > 1))
-            print(f"{row.key:<16} {CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} "
-                  f"{cross[row.key]['detail']}", flush=True)
+    for row, path, x in cross_builds([row for row, _ in plan], builds["base"].env(), builds["candidate"].env()):
+        cross[row.key] = with_chains(x, mixed_chains(path, {k: b.env() for k, b in builds.items()},
+                                                     wide=len({b.backend for b in builds.values()}) > 1))
+        print(f"{row.key:<16} {CROSS_LANE:<15} {cross[row.key]['verdict'].upper():<12} {cross[row.key]['detail']}",
+              flush=True)
     return bump_report(runs["base"]["build"], runs["candidate"]["build"],
                           verdicts(runs["base"], runs["candidate"], cross), wall_s=time.perf_counter() - t0,
                           build_s={k: round(b.seconds, 1) for k, b in builds.items()}, command=command,
