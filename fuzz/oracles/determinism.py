@@ -42,6 +42,7 @@ from fuzz.engine.parity import (
     run_chain,
     run_script,
     script_steps,
+    script_trace,
     traced_steps,
 )
 from fuzz.engine.routing import ROUNDING_FACTOR as ROUTING_FACTOR
@@ -334,26 +335,12 @@ class Determinism(CaseOracle[Schedule]):
         split after the first layer a stage can start at, the residual crossing rounded to ROUNDING_WIRE (bf16:
         relative error up to 2^-8, about what a quantized matmul's 8-bit activation quantization does) — the logits'
         NMSE between the two runs. None when no split of this model can be made or run."""
-        cfg = self.cfg
-        steps = steps_for(prompt, sch.chunk, cfg.tokens)
-        n_prefill = len(steps) - cfg.tokens
-        params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn)
+        n_prefill = len(steps_for(prompt, sch.chunk, self.cfg.tokens)) - self.cfg.tokens
         for c in range(1, self.info.n_layer):
-            stages = self.st.stages([c])
-            if isinstance(stages, Unsupported):
+            ran = self._split_rounded(sch, prompt, c)
+            if ran is None:
                 continue
-            with open_target(TRUSTED, timeout=cfg.timeout) as full, open_target(TRUSTED, timeout=cfg.timeout) as rest:
-                a, b = full.load(str(self.fixture), **params, capture=True), rest.load(str(stages[1][0]), **params)
-                if not (a.ok and b.ok):
-                    continue
-                base = run_script(full, script_steps(steps, capture=[c - 1], logits_mode="last"))
-                if isinstance(base, Failure):
-                    continue
-                embd = [so.captures[c - 1] for so in base.steps]
-                tr = run_script(rest, script_steps(steps, embd=embd, wire=ROUNDING_WIRE, logits_mode="last",
-                                                   n_pos_per_token=pos_per_token(b.data)))
-            if isinstance(tr, Failure):
-                continue
+            base, tr = (script_trace(r) for r in ran)
             _, x = outputs(base, n_prefill)
             y = np.stack([tr.steps[n_prefill - 1].logits[-1]] + [so.logits[-1] for so in tr.steps[n_prefill:]])
             moved = nmse(x, y)
@@ -361,6 +348,34 @@ class Determinism(CaseOracle[Schedule]):
                     "detail": f"the residual rounded to {ROUNDING_WIRE} once, after layer {c - 1}, moves the logits by "
                               f"NMSE {moved:.2g}"}
         return None
+
+    def _split_rounded(self, sch: Schedule, prompt: list[int], c: int, *,
+                       trace: bool = False) -> tuple[Any, Any] | None:
+        """The rounding control's two runs of `sch` on the trusted build (their script replies): the model unsplit,
+        capturing the residual after layer c-1, and the stage from layer c fed that residual rounded to
+        ROUNDING_WIRE; every graph node traced where asked. None where the stage cannot be made or a run fails."""
+        stages = self.st.stages([c])
+        if isinstance(stages, Unsupported):
+            return None
+        steps = steps_for(prompt, sch.chunk, self.cfg.tokens)
+        params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
+                                **({"trace": True} if trace else {}))
+
+        def traced(reqs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{**r, "trace": "all"} for r in reqs] if trace else reqs
+
+        with open_target(TRUSTED, timeout=self.cfg.timeout) as full, \
+                open_target(TRUSTED, timeout=self.cfg.timeout) as rest:
+            a, b = full.load(str(self.fixture), **params, capture=True), rest.load(str(stages[1][0]), **params)
+            if not (a.ok and b.ok):
+                return None
+            base = full.script(traced(script_steps(steps, capture=[c - 1], logits_mode="last")))
+            if not base.ok:
+                return None
+            moved = rest.script(traced(script_steps(steps, embd=[x["captures"][c - 1] for x in base.data["results"]],
+                                                    wire=ROUNDING_WIRE, logits_mode="last",
+                                                    n_pos_per_token=pos_per_token(b.data))))
+        return (base, moved) if moved.ok else None
 
     def _localize(self, pair: list[Schedule], a: tuple[list[int], np.ndarray],
                   b: tuple[list[int], np.ndarray]) -> dict[str, Any]:
@@ -436,35 +451,19 @@ class Determinism(CaseOracle[Schedule]):
                           "experts, then other logits"}
 
     def _routing_rounding(self, sch: Schedule, prompt: list[int]) -> tuple[Any, Any] | None:
-        """The MoE router's rows under the rounding control (_rounding_control's split of `sch` on the trusted
-        build: unsplit, and from the control's cut on with the residual rounded to bf16 once), both traced, the
-        split's named by their layers in the whole model (a stage's layers count from 0); None where the control
-        does not run."""
+        """The MoE router's rows under the rounding control (_split_rounded at the control's cut, traced): unsplit,
+        and from the cut on with the residual rounded to bf16 once, the split's named by their layers in the whole
+        model (a stage's layers count from 0); None where the control does not run."""
         key = ("rounding", sch)
         if key not in self.routed:
-            self.routed[key] = None
             c = (self.control or {}).get("cut")
-            stages = self.st.stages([c]) if c else None
-            if stages is not None and not isinstance(stages, Unsupported):
-                steps = steps_for(prompt, sch.chunk, self.cfg.tokens)
-                params = context_params(n_ubatch=sch.ubatch, n_threads=sch.threads, flash_attn=sch.flash_attn,
-                                        trace=True)
-                with open_target(TRUSTED, timeout=self.cfg.timeout) as full, \
-                        open_target(TRUSTED, timeout=self.cfg.timeout) as rest:
-                    a, b = full.load(str(self.fixture), **params, capture=True), rest.load(str(stages[1][0]), **params)
-                    base = full.script([{**r, "trace": "all"} for r in script_steps(steps, capture=[c - 1],
-                                                                                     logits_mode="last")]) \
-                        if a.ok and b.ok else None
-                    ran = base is not None and base.ok
-                    moved = rest.script([{**r, "trace": "all"} for r in script_steps(
-                        steps, embd=[x["captures"][c - 1] for x in base.data["results"]], wire=ROUNDING_WIRE,
-                        logits_mode="last", n_pos_per_token=pos_per_token(b.data))]) if ran else None
-                if moved is not None and moved.ok:
-                    sizes = [len(st.tokens) for st in steps]
-                    own, split = (token_rows([x.get("nodes") or [] for x in r.data["results"]], sizes)
-                                  for r in (base, moved))
-                    self.routed[key] = own, ({in_model(name, c): rows for name, rows in split[0].items()},
-                                             {str(int(layer) + c): k for layer, k in split[1].items()})
+            ran = self._split_rounded(sch, prompt, c, trace=True) if c else None
+            self.routed[key] = None
+            if ran is not None:
+                sizes = [len(st.tokens) for st in steps_for(prompt, sch.chunk, self.cfg.tokens)]
+                own, split = (token_rows([x.get("nodes") or [] for x in r.data["results"]], sizes) for r in ran)
+                self.routed[key] = own, ({in_model(name, c): rows for name, rows in split[0].items()},
+                                         {str(int(layer) + c): k for layer, k in split[1].items()})
         return self.routed[key]
 
     def _routing(self, sch: Schedule, prompt: list[int]) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
