@@ -253,16 +253,20 @@ class Memory(CaseOracle[tuple[bool, int] | None]):
             yield None
             return
         for kvu in cfg.kv_unified:
-            for k in range(1 if self.program is not None or cfg.engine == "hypothesis" else cfg.programs):
+            for k in range(self.per_layout):
                 if self.hang:
                     return
                 if kvu in self.stopped:
                     break
                 yield kvu, k
 
+    @property
+    def per_layout(self) -> int:
+        """Programs per KV layout: the drawn ones, or one (the given program, Hypothesis' shortest failing one)."""
+        return 1 if self.program is not None or self.cfg.engine == "hypothesis" else self.cfg.programs
+
     def total(self, cases: Any) -> int:
-        cfg = self.cfg
-        return len(cfg.kv_unified) * (1 if self.program is not None or cfg.engine == "hypothesis" else cfg.programs)
+        return len(self.cfg.kv_unified) * self.per_layout
 
     def identity(self, case: tuple[bool, int] | None) -> dict[str, Any]:
         return {} if case is None else {"kv_unified": case[0], "program": case[1]}
