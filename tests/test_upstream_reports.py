@@ -88,6 +88,10 @@ def test_a_state_file_and_a_refused_import_are_calls_of_their_own():
     text = "\n".join(helpers(steps))
     assert "def save_seq_file(" in text and "def load_seq_file(" in text and "def refused_import(" in text
     assert helpers(steps[2:3]) == []  # (a script without them is unchanged)
+    from synth.errors import UserError
+
+    with pytest.raises(UserError, match="no standalone reproducer writes it yet"):  # (a refused blob not logged inline)
+        call_line("ctx", "state_set", {"seq": 1, "path": "/tmp/blob", REFUSED: True}, "rows")
 
 
 def test_the_script_checks_what_the_finding_failed_and_compiles():

@@ -52,7 +52,7 @@ from fuzz.repro.upstream_python import (
 from fuzz.repro.upstream_server import answer_run, answer_script, server_flags
 from synth.errors import UserError
 from synth.inspect import inspect_file
-from synth.stage import Unsupported
+from synth.stage import SPLIT_FIRST, SPLIT_SECOND, Unsupported
 from targets import Target
 from targets.worker_protocol import CALL_LOG
 
@@ -200,7 +200,7 @@ def stage_of_file(fixture: Path, path: str) -> dict[str, Any]:
     workspace, named by its layers: synth.stage.stage_path), sliced again (synth is byte-deterministic): its layers
     and its files' bytes under the report's names — a stage with shared globals is a split GGUF pair, which llama.cpp
     loads from its first part."""
-    m = re.search(r"\.L(\d{3})-(\d{3})(-00001-of-00002)?\.gguf$", path)
+    m = re.search(rf"\.L(\d{{3}})-(\d{{3}})({re.escape(SPLIT_FIRST)}|\.gguf)$", path)
     if not m:
         raise UserError(f"a context on another file than the model ({Path(path).name}): no standalone reproducer yet")
     a, b = int(m[1]), int(m[2])
@@ -210,10 +210,9 @@ def stage_of_file(fixture: Path, path: str) -> dict[str, Any]:
         if isinstance(st, Unsupported):
             raise UserError(f"stage {a}:{b} of {fixture} cannot be sliced again: {st}")
         first = st[0]
-        files = {"model.gguf": first.read_bytes()} if not m[3] else {
-            "model-00001-of-00002.gguf": first.read_bytes(),
-            "model-00002-of-00002.gguf": first.with_name(first.name.replace("-00001-of-00002", "-00002-of-00002"))
-            .read_bytes()}
+        files = {"model.gguf": first.read_bytes()} if m[3] != SPLIT_FIRST else {
+            f"model{SPLIT_FIRST}": first.read_bytes(),
+            f"model{SPLIT_SECOND}": first.with_name(first.name.replace(SPLIT_FIRST, SPLIT_SECOND)).read_bytes()}
     return {"stage": [a, b], "files": files}
 
 

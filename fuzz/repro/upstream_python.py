@@ -264,7 +264,7 @@ def call_line(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | No
     if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial") and req.get(REFUSED) \
             and "data" in req:
         return f"refused_import({ctx}, {req.get('seq', 0)}, blob, size={len(base64.b64decode(req['data']))})"
-    if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial"):
+    if op == "state_set" and req.get("via", "memory") == "memory" and not req.get("partial") and not req.get(REFUSED):
         return f"import_seq({ctx}, {req.get('seq', 0)}, blob)"
     if op == "state_get" and req.get("via") == "file":
         return f"state_file = save_seq_file({ctx}, {req.get('seq', 0)}, tokens={list(req.get('tokens') or [])})"
