@@ -422,7 +422,8 @@ def server_options_cmd(
     bundle: BundleOpt = None,
 ) -> int:
     """llama-server under options drawn per schedule (speculative decoding, n_cmpl, checkpoints, idle slots,
-    --swa-full): every answer equals the uncached reference; every slot idle after each round."""
+    --swa-full, embeddings beside completions): every answer equals the uncached reference, every embedding the same
+    prompt's alone; every slot idle after each round."""
     if schedules < 1 or n_ctx < 256:
         raise UserError("--schedules must be at least 1 and --n-ctx at least 256 (three slots of a second turn)")
     cfg = ServerOptionsConfig(schedules=schedules, schedule=schedule, tokens=tokens, n_ctx=n_ctx, target=target,

@@ -125,6 +125,16 @@ def answer_of(data: dict) -> dict:
             **{k: int(timings[k]) for k in ("draft_n", "draft_n_accepted") if k in timings}}
 
 
+def embedding_of(data: Any) -> dict:
+    """An /embedding response's pooled vector: {embedding: [float]} (a pooling none response, one vector a token:
+    the last token's)."""
+    first = data[0] if isinstance(data, list) else data
+    vec = first.get("embedding", [])
+    while vec and isinstance(vec[0], list):
+        vec = vec[-1]
+    return {"embedding": [float(x) for x in vec]}
+
+
 PORT_TRIES = 5  # starts of one load whose port another server took first
 
 # Flags that only save start-up time, passed when the binary's --help lists them (another build may not know them):
@@ -454,6 +464,9 @@ class ServerWorker:
     def _complete_one(self, r: dict) -> dict:
         body = completion_body(r, stream=False)
         try:
+            if r.get("embed"):  # an /embedding of the prompt beside the completions (a server loaded --embeddings)
+                return embedding_of(self._post("/embedding", {"content": body["prompt"]},
+                                               timeout=float(r.get("timeout", 60))))
             data = self._post("/completion", body, timeout=float(r.get("timeout", 60)))
         except urllib.error.HTTPError as e:
             return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"}

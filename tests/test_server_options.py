@@ -140,6 +140,60 @@ def test_ngram_simple_must_draft_where_its_pattern_is_in_the_slots_tokens():
         assert problems(replace(d, args=["--spec-type", other, *d.args[2:]]), draft_n=0) == []
 
 
+def test_embeddings_are_drawn_beside_completions_on_several_slots_in_a_stream_of_their_own():
+    """--embeddings with a pooling in 16 of seed 0's 48 schedules, only where there are several slots (one slot would
+    serve the embedding after the completions, never beside them); the embedding prompt is the random prompt's first
+    8 tokens (within the smallest ubatch drawn). Its own stream: the rest of a draw is the draw without it."""
+    from fuzz.oracles.server_options import POOLINGS
+
+    draws = [draw(1000, 0, k, list(SPEC_TYPES), None) for k in range(48)]
+    with_it = [d for d in draws if "--embeddings" in d.args]
+    assert len(with_it) == 16 and all(d.slots > 1 for d in with_it)
+    assert {d.args[d.args.index("--pooling") + 1] for d in with_it} == set(POOLINGS)
+    for d in draws:
+        assert ("embed" in d.prompts) == (d in with_it)
+        if d in with_it:
+            assert d.prompts["embed"] == d.prompts["random"][:8]
+            at = d.args.index("--embeddings")
+            assert d.args[at:at + 3] == ["--embeddings", "--pooling", d.args[at + 2]]
+
+
+def test_an_embedding_beside_completions_must_equal_the_same_prompts_alone():
+    from fuzz.oracles.server_options import embedding_problems
+
+    alone = {"embedding": [0.6, -0.8, 0.0]}
+    assert embedding_problems({}) == []  # (no embedding in the schedule)
+    same = {"round 1": {"embedding": [0.6, -0.8, 0.0]}, "round 2": {"embedding": [0.6, -0.8, 1e-4]}}
+    assert embedding_problems({"embeddings": {**same, "alone": alone}}) == []
+    zeros = {"round 1": {"embedding": [0.0, 0.0, 0.0]}, "round 2": {"error": "HTTP 500: boom"}}
+    assert embedding_problems({"embeddings": {**zeros, "alone": alone}}) == [
+        "the embedding sent beside the completions of round 1 differs from the same prompt's alone: NMSE 1 (the "
+        "bound: 0.0001 of its power)",
+        "the embedding sent beside the completions of round 2: HTTP 500: boom"]
+
+
+def test_a_bundle_replays_its_schedules_flags_and_shrinks_them_one_by_one():
+    """A finding's bundle runs its schedule with the flags it ran under (given, not drawn again), and the shrinker
+    tries each flag (with its values) left out."""
+    from fuzz.engine.contract import Finding
+    from fuzz.oracles.server_options import flag_spans, reduce_config, replay_of, with_args
+
+    f = Finding("server-options", FINDING, "x", step=12, detail={"options": "-ctxcp 0 --swa-full --embeddings "
+                                                                             "--pooling mean"})
+    cfg = replay_of({"schedules": 13, "seed": 0}, f)
+    assert cfg == {"schedules": 13, "seed": 0, "schedule": 12,
+                   "args": ["-ctxcp", "0", "--swa-full", "--embeddings", "--pooling", "mean"]}
+    assert flag_spans(cfg["args"]) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert [c["args"] for c in reduce_config(cfg)] == [
+        ["--swa-full", "--embeddings", "--pooling", "mean"], ["-ctxcp", "0", "--embeddings", "--pooling", "mean"],
+        ["-ctxcp", "0", "--swa-full", "--pooling", "mean"], ["-ctxcp", "0", "--swa-full", "--embeddings"]]
+    d = draw(1000, 0, 3, list(SPEC_TYPES), None)
+    given = with_args(d, ["--embeddings", "--pooling", "mean"])
+    assert (given.slots, given.prompts["random"], given.prompts["embed"]) == (d.slots, d.prompts["random"],
+                                                                               d.prompts["random"][:8])
+    assert "embed" not in with_args(given, ["-ctxcp", "0"]).prompts
+
+
 @pytest.mark.llama
 @pytest.mark.server
 @pytest.mark.parametrize("family,knobs", [("qwen3", {"layers": 2}), ("qwen3next", {"layers": 4, "period": 4})])
@@ -154,6 +208,22 @@ def test_drawn_options_answer_as_uncached_with_drafts_accepted_and_rejected(fixt
     drafted, accepted = sum(r["draft_n"] for r in rows), sum(r["draft_n_accepted"] for r in rows)
     assert 0 < accepted < drafted, (accepted, drafted)
     assert any(r["n_cmpl"] for r in rows) and rep.extra["drafts"]["other"] == "its family, seed + 1"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+def test_embeddings_beside_completions_equal_each_alone_and_mean_pooling_on_three_slots_is_upstreams_abort(fixtures):
+    """qwen3's drawn schedules 2 and 6 serve embeddings (last pooling, 3 and 2 slots): both rounds' embeddings sent
+    beside the completions equal the prompt's alone. Schedule 12 of llama (mean pooling, 3 slots) aborts loading:
+    corpora/repros/server-embeddings-mean-pooling-parallel, known in any family by the check and mean pooling."""
+    from fuzz.repro.campaign import known_repro, known_upstream
+
+    for k in (2, 6):
+        rep = ServerOptions(fixtures("qwen3", layers=2), ServerOptionsConfig(schedules=8, schedule=k)).report()
+        assert [(r["status"], r.get("embeddings")) for r in rep.results] == [(PASS, 2)], format_report(rep.native)
+    rep = ServerOptions(fixtures("llama"), ServerOptionsConfig(schedules=13, schedule=12)).report()
+    assert [f.status for f in rep.findings] == ["crash"] and "--pooling mean" in rep.findings[0].message
+    assert known_repro(known_upstream(), "llama", rep.findings[0]) == "server-embeddings-mean-pooling-parallel"
 
 
 @pytest.mark.llama

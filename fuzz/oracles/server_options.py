@@ -13,8 +13,10 @@ too, must equal the uncached reference (each prompt alone on a one-slot server w
 token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. The fixture
 drafting for itself alone must have every draft accepted on an answer clear at every pick, and draft at all with no
 probability floor (self_draft_problems); ngram-simple alone must draft where its pattern lookup matches the slot's
-tokens (ngram_problems). A schedule with a finding is observed once more before it counts
-(reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays).
+tokens (ngram_problems). In some schedules the server also serves embeddings (--embeddings, a pooling type): an
+/embedding sent beside each round's completions must equal the same prompt's alone (embedding_problems). A schedule
+with a finding is observed once more before it counts (reproduced or not); `--schedule K` runs the K-th draw alone
+(what a bundle replays, with its flags as shrunk: `args`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ BATCHING_RUNS = 2  # runs of three prompts at once that measure what batching mo
 PLACEMENT, BATCHED = "shared KV cache, not the options", "batched with other slots, not the options"
 CHECKPOINT = "a checkpoint another prompt left"  # a finding's cause (checkpoint_cause), still a finding
 ROUNDS = (("random", "repeat", "branch"), ("random+", "repeat", "branch+"))  # + : the first turn and its answer, more
+# an /embedding request sent in each round beside the completions, in about this share of the schedules with several
+# slots, on a server loaded with --embeddings and one of these poolings; it must equal the
+# same prompt's embedding alone on the idle server to within EMBED_NMSE of its own power (scale-free: a slot batched
+# with a completion it must not share a batch with reads no embedding at all, 1.0)
+EMBED_SHARE, POOLINGS, EMBED_TOKENS, EMBED_NMSE = 0.4, ("mean", "last", "cls"), 8, 1e-4
 
 
 @dataclass
@@ -67,6 +74,7 @@ class ServerOptionsConfig:
     seed: int = 0
     target: str = "llama-server"
     timeout: float = 120.0
+    args: list[str] | None = None  # the schedule's flags as given (a bundle's, shrunk) instead of the drawn ones
 
 
 @dataclass
@@ -133,6 +141,9 @@ def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str
     if rng.random() < 0.5:  # a prompt in several ubatches: checkpoints mid-prompt, drafts beside other slots' tokens
         ub = (8, 16, 32)[int(rng.integers(0, 3))]
         args += ["-b", str((ub, 2 * ub, 256)[int(rng.integers(0, 3))]), "-ub", str(ub)]
+    embed = np.random.Generator(np.random.PCG64([seed, index, 2]))  # (a stream of its own, as -bs's below)
+    if slots > 1 and embed.random() < EMBED_SHARE:  # an /embedding beside completions
+        args += ["--embeddings", "--pooling", POOLINGS[int(embed.integers(0, len(POOLINGS)))]]
     if np.random.Generator(np.random.PCG64([seed, index, 1])).random() < 0.3:  # (a stream of its own: the draws
         args.append("-bs")  # above stay the same) sampling in the graph: the context's output buffers laid out anew
     if flags is not None:  # a build without a flag is not drawn it (its value goes with it)
@@ -143,8 +154,25 @@ def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str
     branch = random[:int(rng.integers(2, len(random)))] + toks(int(rng.integers(4, 9)))
     n_cmpl = {name: int(rng.integers(2, slots + 1)) for name in ("random", "repeat", "branch+")
               if slots > 1 and rng.random() < 0.4}
-    return Draw(index, slots, (0, 64)[int(rng.integers(0, 2))], args, n_cmpl,
-                {"random": random, "repeat": repeat, "branch": branch, "motif": motif})
+    prompts = {"random": random, "repeat": repeat, "branch": branch, "motif": motif}
+    if "--embeddings" in args:  # (within the smallest ubatch drawn: an embedding is computed in one)
+        prompts["embed"] = random[:EMBED_TOKENS]
+    return Draw(index, slots, (0, 64)[int(rng.integers(0, 2))], args, n_cmpl, prompts)
+
+
+def with_args(d: Draw, args: list[str]) -> Draw:
+    """The draw with these flags instead of its own (its prompts and slots kept; the embedding prompt with
+    --embeddings)."""
+    prompts = {k: v for k, v in d.prompts.items() if k != "embed"}
+    if "--embeddings" in args:
+        prompts["embed"] = d.prompts["random"][:EMBED_TOKENS]
+    return replace(d, args=list(args), prompts=prompts)
+
+
+def flag_spans(args: list[str]) -> list[tuple[int, int]]:
+    """Each flag of a command line and the values after it, as [start, end) spans."""
+    starts = [i for i, a in enumerate(args) if a.startswith("-")]
+    return list(zip(starts, starts[1:] + [len(args)], strict=True))
 
 
 class ServerOptions(CaseOracle[Draw]):
@@ -211,7 +239,8 @@ class ServerOptions(CaseOracle[Draw]):
     def cases(self) -> list[Draw]:
         cfg = self.cfg
         picks = [cfg.schedule] if cfg.schedule >= 0 else range(cfg.schedules)
-        return [draw(self.info.n_vocab, cfg.seed, k, self.offered, self.flags) for k in picks]
+        drawn = [draw(self.info.n_vocab, cfg.seed, k, self.offered, self.flags) for k in picks]
+        return drawn if cfg.args is None else [with_args(d, cfg.args) for d in drawn]
 
     def identity(self, d: Draw) -> dict[str, Any]:
         return {"step": d.index, "options": " ".join(d.args), "slots": d.slots, "cache_ram": d.cache_ram}
@@ -241,8 +270,10 @@ class ServerOptions(CaseOracle[Draw]):
         sent = dict(sent or {})
         got: dict[str, dict[str, Any]] = {}
         busy: list[list[int]] = []
-        for names in ROUNDS:
-            reqs = []
+        embeds: dict[str, dict[str, Any]] = {}  # an /embedding beside each round's completions (not in a control)
+        for r_i, names in enumerate(ROUNDS):
+            reqs = [(f"round {r_i + 1}", {"prompt": d.prompts["embed"], "embed": True})] \
+                if "embed" in d.prompts and not again else []
             for name in names:
                 key = name if name not in got else f"{name}.again"
                 base = name.rstrip("+")
@@ -256,13 +287,20 @@ class ServerOptions(CaseOracle[Draw]):
             r = self.srv.call("complete", requests=[q for _, q in reqs], concurrent=True)
             if not r.ok:
                 return r.failure
-            for (key, _), answer in zip(reqs, r.data["results"], strict=True):
-                if key in got:  # (a control's further completion of the same prompt)
+            for (key, q), answer in zip(reqs, r.data["results"], strict=True):
+                if q.get("embed"):
+                    embeds[key] = answer
+                elif key in got:  # (a control's further completion of the same prompt)
                     got[key].setdefault("more", []).append(answer)
                 else:
                     got[key] = answer
             busy.append(busy_slots(self.srv))
-        return {"sent": sent, "got": got, "busy": busy}
+        if embeds:  # the same prompt's embedding alone, the slots idle: what each round's must equal
+            alone = self.srv.call("complete", requests=[{"prompt": d.prompts["embed"], "embed": True}])
+            if not alone.ok:
+                return alone.failure
+            embeds["alone"] = alone.data["results"][0]
+        return {"sent": sent, "got": got, "busy": busy, **({"embeddings": embeds} if embeds else {})}
 
     def explain(self, d: Draw, seen: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
         """A different answer the same rounds give with no options at all — the prompt cache off, each completion a
@@ -336,12 +374,13 @@ class ServerOptions(CaseOracle[Draw]):
                     wrong.append({"name": name, "completion": c, **({"tokens": answer["tokens"]}
                                                                    if "tokens" in answer else {})})
         problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
-        problems += self_draft_problems(d, seen, self.near_tie) + ngram_problems(d, seen)
+        problems += self_draft_problems(d, seen, self.near_tie) + ngram_problems(d, seen) + embedding_problems(seen)
         answers = [a for g in seen["got"].values() for a in completions(g)]
         row = {**self.identity(d), "n_cmpl": d.n_cmpl,
                "draft_n": sum(a.get("draft_n", 0) for a in answers),
                "draft_n_accepted": sum(a.get("draft_n_accepted", 0) for a in answers),
                "cache_n": sum(a.get("cache_n", 0) for a in answers),
+               **({"embeddings": len(seen["embeddings"]) - 1} if seen.get("embeddings") else {}),  # (compared)
                "status": FINDING if problems else PASS}
         return [{**row, "reason": "; ".join(problems), "diverged": wrong} if problems else row]
 
@@ -446,6 +485,31 @@ def ngram_problems(d: Draw, seen: dict[str, Any]) -> list[str]:
     return out
 
 
+def embedding_problems(seen: dict[str, Any]) -> list[str]:
+    """A promise of the schedule itself: an /embedding sent beside completions equals the same prompt's embedding
+    alone on the idle server, to within EMBED_NMSE of its own power. (llama-server batches a slot only with slots of
+    its task's type: an embedding batched with a completion is computed with the context's embeddings off and comes
+    back zeros.)"""
+    embeds = dict(seen.get("embeddings") or {})
+    alone = embeds.pop("alone", None)
+    if alone is None:
+        return []
+    if "error" in alone or not alone.get("embedding"):
+        return [f"the embedding alone: {alone.get('error', 'no vector')}"]
+    ref = np.asarray(alone["embedding"], dtype=np.float64)
+    power = float(np.sum(ref ** 2)) or 1.0
+    out = []
+    for when, got in embeds.items():
+        if "error" in got or len(got.get("embedding", [])) != len(ref):
+            out.append(f"the embedding sent beside the completions of {when}: {got.get('error', 'another size')}")
+            continue
+        nmse = float(np.sum((np.asarray(got["embedding"], dtype=np.float64) - ref) ** 2)) / power
+        if not nmse <= EMBED_NMSE:
+            out.append(f"the embedding sent beside the completions of {when} differs from the same prompt's alone: "
+                       f"NMSE {nmse:.3g} (the bound: {EMBED_NMSE:g} of its power)")
+    return out
+
+
 def margin_at(ref: dict[str, Any], got: dict[str, Any]) -> str:
     """The reference's top-2 margin where got leaves it ("" where it does not, lists no two candidates, or got is an
     error without tokens)."""
@@ -478,11 +542,21 @@ def report(fixture: Path, cfg: ServerOptionsConfig) -> Report:
 
 
 def replay_of(cfg: dict[str, Any], finding: Any) -> dict[str, Any]:
-    """A finding names its schedule (step): the bundle runs that draw alone."""
-    return {**cfg, "schedule": int(finding.step)} if finding.step is not None else cfg
+    """A finding names its schedule (step) and its flags: the bundle runs that draw alone, with those flags given."""
+    if finding.step is None:
+        return cfg
+    options = (finding.detail or {}).get("options") if isinstance(finding.detail, dict) else None
+    return {**cfg, "schedule": int(finding.step), **({"args": options.split()} if isinstance(options, str) else {})}
+
+
+def reduce_config(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Smaller schedules to try: the given flags with one flag (and its values) left out."""
+    args = cfg.get("args") or []
+    return [{**cfg, "args": args[:a] + args[b:]} for a, b in flag_spans(args)]
 
 
 ORACLE = Oracle(name="server-options", config=ServerOptionsConfig, run=report,
                 format=lambda rep: format_report(rep.native), replay_of=replay_of, shrink=(("tokens", 2),),
-                case_fields=("schedules", "schedule", "tokens", "n_ctx", "kv_unified", "seed"))
+                reduce=reduce_config,
+                case_fields=("schedules", "schedule", "tokens", "n_ctx", "kv_unified", "seed", "args"))
 
