@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from families_md import cell  # noqa: E402  (scripts/: a table cell as the families page writes one)
 
-from fuzz.certify.coverage import ACCOUNTS, load_accounts  # noqa: E402
+from fuzz.certify.coverage import ACCOUNTS, account_of, load_accounts  # noqa: E402
 
 PAGE = ROOT / "docs" / "coverage.md"
 
@@ -62,9 +62,10 @@ def page(rep: dict[str, Any], machine: str, day: str) -> str:
     unrun = [fn for fn in rep["functions"] if fn["groups"] and not fn["ran"]]
     by_account: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     loose = []
-    for fn in unrun:
-        if fn.get("account"):
-            by_account[(fn["account"]["status"], fn["account"]["why"])].append(fn)
+    for fn in unrun:  # (each by the accounts as they are now: an account reworded since the run still holds)
+        a = account_of(fn["file"], fn["function"], accounts)
+        if a is not None:
+            by_account[(a.status, a.why)].append(fn)
         else:
             loose.append(fn)
     out += ["", "## Functions no lane runs", "",

@@ -160,3 +160,24 @@ def test_known_findings_match_by_assert_and_layout_not_by_the_shrunk_configurati
             "server-spec-draft-batch-overflow"
     assert known_repro(known, "mamba", crash(None, drafts.replace("sampled", "drafted"), oracle="server-options")) \
         is None
+
+
+def test_a_general_check_is_known_only_where_the_message_names_the_repros_configuration():
+    """llama-server loading with --embeddings, mean pooling and a slot count that does not divide the ubatch aborts on
+    a shape check every graph shares (corpora/repros/server-embeddings-mean-pooling-parallel, scope "any", names
+    "--pooling mean"): known in any family where the message names mean pooling, never for the same check elsewhere."""
+    from fuzz.engine.contract import CRASH, Finding
+    from fuzz.repro.campaign import known_repro, known_upstream
+
+    known = known_upstream()
+    check = "ggml/src/ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed"
+
+    def crash(message):
+        return Finding("server-options", CRASH, message,
+                       fingerprint={"oracle": "server-options", "status": CRASH, "phase": None})
+
+    loading = "llama-server aborted loading with -b 16 -ub 16 --embeddings --pooling mean: loading with 3 slots: "
+    for family in ("llama", "qwen3", "mamba"):
+        assert known_repro(known, family, crash(loading + check)) == "server-embeddings-mean-pooling-parallel"
+    assert known_repro(known, "llama", crash(loading.replace("mean", "last") + check)) is None
+    assert known_repro(known, "llama", crash("llama-server died during the requests: " + check)) is None

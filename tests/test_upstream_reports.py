@@ -149,7 +149,7 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (42, 5, 3)
+    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (43, 6, 4)
     assert sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)
@@ -173,7 +173,7 @@ def test_every_fix_is_in_the_series_of_all_fixes_and_names_real_repros():
     for p in (p for name in table for p in sorted((FIXES / name).glob("*.patch"))):
         if all(p.read_bytes() != q.read_bytes() for q in queue):
             queue.append(p)
-    assert len(queue) == 13  # (two fixes carry a copy of another's patch: 15 patches in their series)
+    assert len(queue) == 14  # (two fixes carry a copy of another's patch: 16 patches in their series)
     everything = sorted((FIXES / "all").glob("*.patch"))
     assert [p.read_bytes() for p in everything] == [p.read_bytes() for p in queue]
     assert [p.name[5:] for p in everything] == [p.name[5:] for p in queue]  # (renumbered in the queue)
@@ -204,11 +204,9 @@ def bare_path(tmp_path: Path) -> Path:
 def test_each_server_reproducer_shows_the_defect_with_the_pinned_llama_server(name, tmp_path):
     """repro.sh as a maintainer runs it: sh, curl and the llama-server built from the pinned tree, nothing else —
     an abort as it starts, or the last request answered otherwise than the same prompt with nothing cached."""
-    from targets.llama_server_worker import free_port, server_binary
+    from targets.llama_server_worker import server_binary
 
-    work = placed(name, "repro.sh", tmp_path)
-    r = subprocess.run(["sh", str(work / "repro.sh")], capture_output=True, text=True, cwd=work, timeout=120,
-                       env={"LLAMA_SERVER": str(server_binary()), "PATH": "/usr/bin:/bin", "PORT": str(free_port())})
+    r = run_server_reproducer(name, tmp_path, server_binary())
     if name in SERVER_CRASH:
         assert r.returncode == 1 and r.stdout.startswith("DEFECT: llama-server was killed by signal 6"), \
             (r.returncode, r.stdout, r.stderr)
@@ -254,6 +252,15 @@ def placed(name: str, reproducer: str, tmp_path: Path) -> Path:
     return work
 
 
+def run_server_reproducer(name: str, tmp_path: Path, server: Path | None) -> subprocess.CompletedProcess:
+    """`sh repro.sh` beside its model, with sh, curl and this llama-server, nothing else."""
+    from targets.llama_server_worker import free_port
+
+    work = placed(name, "repro.sh", tmp_path)
+    return subprocess.run(["sh", str(work / "repro.sh")], capture_output=True, text=True, cwd=work, timeout=120,
+                          env={"LLAMA_SERVER": str(server), "PATH": "/usr/bin:/bin", "PORT": str(free_port())})
+
+
 def run_reproducer(name: str, tmp_path: Path, bindings: Path | None = None) -> subprocess.CompletedProcess:
     """`python3 repro.py` beside its model, with nothing but llama-cpp-python (the venv's, or a build's bindings
     first on the path) and what it requires: python -S, no site-packages, no editable install of this project."""
@@ -268,7 +275,8 @@ def run_reproducer(name: str, tmp_path: Path, bindings: Path | None = None) -> s
 @pytest.mark.llama
 def test_with_every_fix_the_fixed_reproducers_exit_0_and_the_rest_1(tmp_path):
     """The pinned build with corpora/fixes/all (an incremental build on the pinned tree, cached): each report whose
-    repro a fix names exits 0 — the defect gone — and every other still exits 1."""
+    repro a fix names exits 0 — the defect gone — and every other still exits 1; a server reproducer with a fix runs
+    against that build's llama-server."""
     from targets.builds import resolve
 
     build = resolve("pinned", str(FIXES / "all"), from_env=False)
@@ -278,3 +286,8 @@ def test_with_every_fix_the_fixed_reproducers_exit_0_and_the_rest_1(tmp_path):
     assert {n: r.returncode for n, r in got.items()} == {n: 0 if n in fixed else 1 for n in library}, \
         {n: (r.stdout, r.stderr[-500:]) for n, r in got.items() if r.returncode not in (0, 1)}
     assert all(r.stdout.startswith("fixed: ") for n, r in got.items() if n in fixed)
+    served = [n for n in SERVER if n in fixed]
+    assert served == ["server-embeddings-mean-pooling-parallel"]
+    for name in served:
+        r = run_server_reproducer(name, tmp_path / "served", build.server)
+        assert r.returncode == 0 and r.stdout.startswith("fixed: "), (r.returncode, r.stdout, r.stderr)

@@ -115,7 +115,10 @@ def known_upstream() -> list[dict[str, Any]]:
                         # "scope": "any" — an abort in code every family shares (llama-server's batch, the KV
                         # cache's shift) or one a layout does not decide: matched by the check it names in any
                         # family and either KV layout
-                        "any_family": data.get("scope") == "any"})
+                        "any_family": data.get("scope") == "any",
+                        # "names": text the finding's message must hold besides the check (a check as general as a
+                        # shape assert is that repro only where the message names the same configuration)
+                        "names": data.get("names")})
     return out
 
 
@@ -152,7 +155,8 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
     family where they name a cause (in the repro's own family where none does, or where the repro's scope is its
     family: bundle.json "scope": "family"); an abort whose repro's scope is "any" by the check it names in any
-    family and either layout; anything else by the family, the
+    family and either layout (and where the repro `names` a text, only in a finding whose message holds it); anything
+    else by the family, the
     oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
@@ -171,7 +175,7 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
         if a and b and a != b and not (x["any_family"] and x["abort"]):
             continue
         if x["abort"] and k.get("status") == CRASH:
-            if abort == x["abort"]:
+            if abort == x["abort"] and str(x.get("names") or "") in str(f.message):
                 return x["repro"]
         same_phase = layout_family(k.get("phase")) == layout_family(fp.get("phase")) and \
             (a or k.get("phase") == fp.get("phase"))

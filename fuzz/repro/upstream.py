@@ -407,17 +407,17 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
         "## Steps (minimized)", "", *steps, "",
         "## Where it first differs", "", where, "",
         "## Reproduce", "", *reproduce,
-        "", "Exits 1 while the defect is present, 0 once it is fixed.", "", *fix_section(fix)])
+        "", "Exits 1 while the defect is present, 0 once it is fixed.", "", *fix_section(fix, run["reproducer"])])
 
 
-def fix_section(fix: Path | None) -> list[str]:
+def fix_section(fix: Path | None, reproducer: str) -> list[str]:
     """issue.md's fix: the series beside it (fix/) and what its README says of the defect and the change."""
     if fix is None:
         return []
     readme = (fix / "README.md").read_text() if (fix / "README.md").is_file() else ""
     said = [b for b in readme.split("\n\n") if b.startswith(("**The fix**", "**What else it could affect.**"))]
     patches = ", ".join(f"`fix/{p.name}`" for p in sorted(fix.glob("*.patch")))
-    return ["## A fix", "", f"{patches} (`git apply` in the llama.cpp tree): with it repro.py exits 0.", "",
+    return ["## A fix", "", f"{patches} (`git apply` in the llama.cpp tree): with it {reproducer} exits 0.", "",
             *[plain(b.replace("\n", " ")) + "\n" for b in said]]
 
 
