@@ -351,7 +351,11 @@ class LlamaWorker:
             raise RequestError("decode_failed", f"llama_decode returned {rc}: " + self._last_error(""))
         rows = [i for i in range(n) if out[i]]
         n_vocab = info["n_vocab"]
-        ptrs = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in rows]
+        if req.get("logits_from") == "buffer":  # llama_get_logits: the output rows contiguous, in the batch's order
+            base = ctypes.cast(L.llama_get_logits(ctx), ctypes.c_void_p).value if rows else 0
+            ptrs = [base + 4 * n_vocab * k for k in range(len(rows))]
+        else:
+            ptrs = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in rows]
         resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [self.native.argmax(p, n_vocab) for p in ptrs],
                                 "n_vocab": n_vocab}
         if req.get("return_logits", True) and rows:

@@ -49,8 +49,9 @@ def _b64(a: np.ndarray) -> str:
 def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | None = None,
               seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None, logits: str | Sequence[bool] = "last",
               capture: Sequence[int] = (), n_pos_per_token: int = 1, trace: int | str | None = None,
-              wire: str | None = None) -> dict[str, Any]:
-    """A decode request in protocol form (wire: the embd rows arrive through a split runtime's wire of that type)."""
+              wire: str | None = None, logits_from: str | None = None) -> dict[str, Any]:
+    """A decode request in protocol form (wire: the embd rows arrive through a split runtime's wire of that type;
+    logits_from "buffer": the logits read as llama_get_logits gives them, every output row in one buffer)."""
     args: dict[str, Any] = {"seq": seq if isinstance(seq, int) else [int(x) for x in seq],
                             "logits": logits if isinstance(logits, str) else [bool(x) for x in logits]}
     if tokens is not None:
@@ -67,6 +68,8 @@ def step_args(tokens: Sequence[int | str] | None = None, *, embd: np.ndarray | N
         args["trace"] = trace if trace == "all" else int(trace)
     if wire is not None:
         args["wire"] = wire
+    if logits_from is not None:
+        args["logits_from"] = logits_from
     return args
 
 
@@ -165,13 +168,15 @@ class Target:
     def decode(self, tokens: Sequence[int] | None = None, *, embd: np.ndarray | None = None,
                seq: int | Sequence[int] = 0, pos: Sequence[int] | None = None,
                logits: str | Sequence[bool] = "last", capture: Sequence[int] = (),
-               n_pos_per_token: int = 1, trace: int | str | None = None, timeout: float | None = None) -> Reply:
+               n_pos_per_token: int = 1, trace: int | str | None = None, logits_from: str | None = None,
+               timeout: float | None = None) -> Reply:
         """One llama_decode. Reply.data: logits (rows × n_vocab), argmax, captures {layer: (n × n_embd)}; with
         trace k (a context loaded with trace=True), nodes: every graph node of layer k in execution order (trace
         "all": every node of the graph)."""
         r = self.client.call("decode", timeout=timeout, **step_args(tokens, embd=embd, seq=seq, pos=pos,
                                                                      logits=logits, capture=capture,
-                                                                     n_pos_per_token=n_pos_per_token, trace=trace))
+                                                                     n_pos_per_token=n_pos_per_token, trace=trace,
+                                                                     logits_from=logits_from))
         if r.ok:
             decode_result(r.data)
         return r

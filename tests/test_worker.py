@@ -337,3 +337,26 @@ def test_rows_run_side_by_side_share_the_cores(monkeypatch):
 
     assert targets.worker_env() == {"OPENBLAS_NUM_THREADS": "1"}
     assert os.environ["OMP_WAIT_POLICY"] == "passive"
+
+
+@pytest.mark.parametrize("family", ["mamba", "qwen3"])
+def test_the_one_logits_buffer_holds_the_rows_in_the_batchs_order_as_each_row_read_alone(llama, fixtures, family):
+    """decode's logits_from "buffer" reads llama_get_logits (every output row in one buffer, in the batch's order, as
+    llama.h promises) instead of llama_get_logits_ith per row. Three sequences of 9, 3 and 5 tokens in one batch, an
+    output at each one's last token: a recurrent memory splits it into equal ubatches, so the shortest sequence's
+    output is computed first and llama.cpp must put the rows back in order in the buffer; the same rows either way."""
+    assert llama.load(str(fixtures(family)), n_seq_max=3).ok
+    lengths = (9, 3, 5)
+    toks = [(7 * i + 3) % 32 for i in range(sum(lengths))]
+    seqs = [s for s, n in enumerate(lengths) for _ in range(n)]
+    pos = [p for n in lengths for p in range(n)]
+    last = {sum(lengths[:s + 1]) - 1 for s in range(3)}
+    rows = {}
+    for via in ("ith", "buffer"):
+        assert llama.reset().ok
+        r = llama.decode(toks, seq=seqs, pos=pos, logits=[i in last for i in range(len(toks))],
+                         **({"logits_from": via} if via == "buffer" else {}))
+        assert r.ok, r.failure
+        rows[via] = r.data["logits"]
+    assert rows["ith"].shape == (3, rows["ith"].shape[1]) and np.array_equal(rows["ith"], rows["buffer"])
+    assert not np.array_equal(rows["ith"][0], rows["ith"][1])  # (three distinct rows: an order is visible)

@@ -235,12 +235,17 @@ class Isolation(CaseOracle[tuple[bool, bool]]):
             seqs += [i] * len(p)
             pos += list(range(len(p)))
             out.append(len(toks) - 1)
-        steps = [{"tokens": toks, "seq": seqs, "pos": pos, "logits": [j in out for j in range(len(toks))]}]
+        # (the batched run reads its logits as llama_get_logits gives them, one buffer of every output row in the
+        # batch's order, where the solo runs read each row by llama_get_logits_ith: a runtime may read either, and
+        # llama.cpp puts outputs its ubatches computed out of order back in order only in the buffer)
+        steps = [{"tokens": toks, "seq": seqs, "pos": pos, "logits": [j in out for j in range(len(toks))],
+                  "logits_from": "buffer"}]
         n = len(self.prompts)
         for k in range(self.cfg.tokens):
             steps.append({"tokens": [alone[i][0][k] if keep is None or i == keep else (alone[i][0][k] + 1) % n_vocab
                                      for i in range(n)], "seq": list(range(n)),
-                          "pos": [len(self.prompts[i]) + k for i in range(n)], "logits": "all"})
+                          "pos": [len(self.prompts[i]) + k for i in range(n)], "logits": "all",
+                          "logits_from": "buffer"})
         r = t.script(steps, reset=True)
         if not r.ok:
             return f"{r.failure.kind}: {r.failure.message}"
