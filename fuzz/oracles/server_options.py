@@ -402,6 +402,14 @@ def completions(got: dict[str, Any]) -> list[dict[str, Any]]:
     return [got, *got.get("more", [])]
 
 
+def verifies_drafts(d: Draw) -> bool:
+    """Whether the server can verify a draft at all: with --embeddings it reserves one output per sequence
+    (server_output_limits, server-context.cpp:41-45), and a sequence sampled in the graph (-bs) may not output more
+    (llama-context.cpp:1758), so with both it drafts nothing (answers stay right; measured: the same schedule drafts
+    with either alone)."""
+    return not {"--embeddings", "-bs"} <= set(d.args)
+
+
 def self_drafted(d: Draw) -> bool:
     """The schedule drafts with the fixture itself alone: draft-simple, no n-gram kind beside it, -md {self}."""
     a = d.args
@@ -421,7 +429,7 @@ def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[
     the target's own greedy picks, so on an answer that is the reference and clear at every pick the target must
     accept every draft token it was given (a rejection there is a speculator told the wrong count, a rollback that
     lost state, or drafts made from another context than the slot's); with no probability floor it must draft."""
-    if not self_drafted(d):
+    if not self_drafted(d) or not verifies_drafts(d):
         return []
     out = []
     answers = [a for g in seen["got"].values() for a in completions(g) if len(a.get("tokens", [])) > 1]
@@ -471,7 +479,7 @@ def ngram_problems(d: Draw, seen: dict[str, Any]) -> list[str]:
     answer with no draft is a speculator that was not added or not given the slot's tokens; which drafts are accepted
     is the model's, and not judged."""
     a = d.args
-    if "--spec-type" not in a or a[a.index("--spec-type") + 1] != "ngram-simple" or \
+    if "--spec-type" not in a or a[a.index("--spec-type") + 1] != "ngram-simple" or not verifies_drafts(d) or \
             not {"--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"} <= set(a):
         return []
     n, m = (int(a[a.index(f"--spec-ngram-simple-size-{x}") + 1]) for x in "nm")

@@ -116,9 +116,10 @@ def known_upstream() -> list[dict[str, Any]]:
                         # cache's shift) or one a layout does not decide: matched by the check it names in any
                         # family and either KV layout
                         "any_family": data.get("scope") == "any",
-                        # "names": text the finding's message must hold besides the check (a check as general as a
-                        # shape assert is that repro only where the message names the same configuration)
-                        "names": data.get("names")})
+                        # "names": text the finding's message must hold (a string or several): a check as general
+                        # as a shape assert, or a crash that names none, is that repro only where the message names
+                        # the same configuration
+                        "names": [data["names"]] if isinstance(data.get("names"), str) else data.get("names", [])})
     return out
 
 
@@ -155,14 +156,16 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
     oracle over code every family shares (its `known_key`: the memory operations) by those fields, whatever the
     family where they name a cause (in the repro's own family where none does, or where the repro's scope is its
     family: bundle.json "scope": "family"); an abort whose repro's scope is "any" by the check it names in any
-    family and either layout (and where the repro `names` a text, only in a finding whose message holds it); anything
-    else by the family, the
-    oracle, the status, the layout and the rest of its fingerprint. None if it is none of them."""
+    family and either layout; anything else by the family, the
+    oracle, the status, the layout and the rest of its fingerprint — each only where the finding's message holds
+    every text the repro `names`. None if it is none of them."""
     fp = finding_key(f.fingerprint)
     abort = abort_of(f.message) if f.status == CRASH else None
     shared = get_oracle(fp["oracle"]).known_key if fp.get("oracle") in ORACLES_BY_NAME else ()
     for x in sorted(known, key=lambda x: x["key"].get("oracle") != fp.get("oracle")):  # its own oracle's first
         k = x["key"]
+        if any(n not in str(f.message) for n in x["names"]):
+            continue
         if shared and k.get("oracle") == fp.get("oracle") and not x["abort"]:  # a bug every family shares
             # (by its cause; a finding no control explained is that repro only in the repro's own family)
             if all(k.get(n) == fp.get(n) for n in shared) and \
@@ -175,7 +178,7 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
         if a and b and a != b and not (x["any_family"] and x["abort"]):
             continue
         if x["abort"] and k.get("status") == CRASH:
-            if abort == x["abort"] and str(x.get("names") or "") in str(f.message):
+            if abort == x["abort"]:
                 return x["repro"]
         same_phase = layout_family(k.get("phase")) == layout_family(fp.get("phase")) and \
             (a or k.get("phase") == fp.get("phase"))
