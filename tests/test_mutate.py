@@ -111,10 +111,12 @@ def test_arid_and_plausible_lines():
     assert mu.plausible("const int n = a * b;", "const int n = a / b;") and mu.plausible("x = a * b;", "x = a + b;")
 
 
-def test_a_mutant_meets_every_covering_lane_early():
+def test_a_mutant_meets_every_covering_lane_and_as_many_rows_as_it_can_early():
+    """Round-robin over the lanes, each turn on a row no pair before took where the lane has one: the first three
+    pairs are three lanes on two rows (parity ran only on a), not three lanes of row a."""
     pairs = [("a", "load"), ("b", "load"), ("a", "memory"), ("c", "load"), ("b", "memory"), ("a", "parity")]
-    assert mu.interleaved(pairs) == [("a", "load"), ("a", "memory"), ("a", "parity"), ("b", "load"),
-                                     ("b", "memory"), ("c", "load")]
+    assert mu.interleaved(pairs) == [("a", "load"), ("b", "memory"), ("a", "parity"), ("c", "load"),
+                                     ("a", "memory"), ("b", "load")]
 
 
 def test_a_mutant_runs_on_the_rows_x_lanes_that_ran_its_line(tmp_path):

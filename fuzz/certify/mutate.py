@@ -261,16 +261,20 @@ def summary_md(rep: dict[str, Any]) -> str:
 
 
 def interleaved(pairs: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
-    """Row × lane pairs taken round-robin over their lanes (each lane's first row, then each lane's second, ...):
-    a mutant meets every covering lane early, not one lane's every row first."""
+    """Row × lane pairs taken round-robin over their lanes, each turn's lane on a row no pair before took where it
+    has one: a mutant meets every covering lane and as many rows (architectures) as it can early, not one lane's
+    every row first nor one row's every lane (a memory only one family has is found by that family's lanes)."""
     by: dict[str, list[tuple[Any, str]]] = {}
     for pair in pairs:
         by.setdefault(pair[1], []).append(pair)
-    out = []
+    out, seen = [], set()
     while any(by.values()):
         for lane in list(by):
             if by[lane]:
-                out.append(by[lane].pop(0))
+                pick = next((q for q in by[lane] if getattr(q[0], "key", q[0]) not in seen), by[lane][0])
+                by[lane].remove(pick)
+                seen.add(getattr(pick[0], "key", pick[0]))
+                out.append(pick)
     return out
 
 
