@@ -250,7 +250,8 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
                              "baichuan-memory-shift-alibi-keys-rotated", "maincoder-memory-shift-k-norm-after-rope",
                              "cohere2-memory-shift-nope-global-layers", "dots3note-memory-shift-indexer-keys",
                              "lfm2-swa-memory-shift-empty-graph-abort", "exaone-moe-memory-shift-nope-global-layers",
-                             "minicpm3-memory-quantized-k-shift-null-rotation"}
+                             "minicpm3-memory-quantized-k-shift-null-rotation",
+                             "lfm2-memory-refused-import-half-cleared"}
     # an arch's own behaviour (minimax-m3's sparse attention turning dense in a unified multi-sequence context)
     # names a cause (layout), but is that family's only: another family's finding of the same shape is no known one
     dense = next(x for x in known if x["repro"] == "minimax-m3-memory-msa-dense-unified-kv")
@@ -286,6 +287,14 @@ def test_memory_findings_match_repros_by_cause_whatever_the_family():
     bare = [{**lfm2, "key": {k: v for k, v in lfm2["key"].items() if k != "cause"}}]
     f = F(**{k: v for k, v in lfm2["key"].items() if k not in ("cause", "oracle", "status", "phase")})
     assert known_repro(bare, "lfm2", f) == "lfm2-memory-rollback-moves-fork" and known_repro(bare, "llama", f) is None
+    # a memory finding of scope "any" with the text it names (a hybrid's half-cleared sequence after a refused read):
+    # in any family where the message names it, never for the same check and operation otherwise
+    half = F(where="pos", op="refused_import", memory="hybrid", ops=["decode", "refused_import"])
+    half.message = "sequence 2's state cut to 10 of 20 bytes, refused as 0, left 0 reporting positions [0, -1]: " \
+                   "neither what it held ([0, 0]) nor empty"
+    assert known_repro(known, "jamba", half) == "lfm2-memory-refused-import-half-cleared"
+    half.message = "sequence 0 reports positions [0, -1], the model holds [0, 0]"
+    assert known_repro(known, "jamba", half) is None
     # an abort of scope "any" (the KV cache's shift of a quantized cache): by the check it names, in any family and
     # either layout
     shift = F(status="crash", where="crash", op="decode", cause="cache-type", phase="per-seq-kv")

@@ -110,10 +110,18 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
             res.pictures.append(name)
     if res.status not in FAILING:
         return
+    from fuzz.repro.campaign import known_repro, known_upstream
+    from synth.make import spec_of
+
+    known = known_upstream()
     seen: list[dict[str, Any]] = []  # a finding both batch shapes show is bundled once
     for rep, case in zip(res.reports, res.cases, strict=True):
         if rep.findings:
-            made = bundle_findings(rep, case, out / "bundles" / res.row, seen=seen)
+            spec = spec_of(rep.fixture) if Path(rep.fixture).is_file() else None
+            family = spec.family if spec is not None else res.row
+            # (a finding that is a committed upstream repro has its bundle: the lane's go to the new ones)
+            made = bundle_findings(rep, case, out / "bundles" / res.row, seen=seen,
+                                   skip=lambda f, family=family: known_repro(known, family, f) is not None)
             res.bundles += [str(p.relative_to(out)) for p in made]
 
 

@@ -191,6 +191,16 @@ class Machine:
                     return self.problem("refusal", f"sequence {op['src']}'s state {what} was imported as "
                                         f"{op['dst']} without an error")
                 self.refused["import"] += 1
+                left = self.call("seq_pos", seqs=[op["dst"]]).data["pos"][str(op["dst"])]
+                was = m.span(op["dst"])
+                lo, hi = self.mem.expected_min(was)
+                if left != [-1, -1] and not (left[1] == was[1] and lo <= left[0] <= hi):
+                    # (a refused read leaves the sequence as it was, or empty: llama.cpp clears what a failed read
+                    # may have half written, state_clear)
+                    return self.problem("pos", f"sequence {op['src']}'s state {what}, refused as {op['dst']}, "
+                                        f"left {op['dst']} reporting positions [{left[0]}, {left[1]}]: neither "
+                                        f"what it held ([{was[0]}, {was[1]}]) nor empty", seq=op["dst"], got=left,
+                                        want=[lo if lo == hi else [lo, hi], was[1]], or_empty=True)
                 self.call("seq_rm", seq=op["dst"], p0=-1, p1=-1)  # as a runtime does: the failed id is dropped
                 m.clear(op["dst"])
             elif kind == "reload" and op.get("via", "sequences") != "sequences":

@@ -408,17 +408,19 @@ def finding_key(fp: dict[str, Any]) -> dict[str, Any]:
 
 
 def bundle_findings(report: Report, config: dict[str, Any], out_root: Path, *, max_bundles: int = 3,
-                    seen: list[dict[str, Any]] | None = None) -> list[Path]:
+                    seen: list[dict[str, Any]] | None = None,
+                    skip: Callable[[Finding], bool] | None = None) -> list[Path]:
     """Each distinct finding of a report (by fingerprint, whichever sequence) run again — it must reproduce — then
     shrunk and bundled. `config` is the run's case config (Oracle.case_config); `seen`: fingerprints bundled
-    already (another run of the same lane), shared and extended."""
+    already (another run of the same lane), shared and extended; `skip`: findings not to bundle (a committed
+    repro's already: the lane's own bundles go to what is new)."""
     oracle = get_oracle(report.oracle)
     seen = [] if seen is None else seen
     paths = []
     for f in report.findings:
         # the same finding on another sequence of the batch is the same bug: bundled once, for its first sequence
         key = finding_key(f.fingerprint)
-        if (oracle.per_cut and f.cuts is None) or key in seen or len(paths) >= max_bundles:
+        if (oracle.per_cut and f.cuts is None) or key in seen or len(paths) >= max_bundles or (skip and skip(f)):
             continue
         seen.append(key)
         config_f = oracle.replay_of(config, f) if oracle.replay_of else config

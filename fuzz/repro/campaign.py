@@ -114,7 +114,7 @@ def known_upstream() -> list[dict[str, Any]]:
                         "family_only": data.get("scope") == "family",
                         # "scope": "any" — an abort in code every family shares (llama-server's batch, the KV
                         # cache's shift) or one a layout does not decide: matched by the check it names in any
-                        # family and either KV layout
+                        # family and either KV layout; a memory finding by its known_key fields in any family
                         "any_family": data.get("scope") == "any",
                         # "names": text the finding's message must hold (a string or several): a check as general
                         # as a shape assert, or a crash that names none, is that repro only where the message names
@@ -168,8 +168,8 @@ def known_repro(known: list[dict[str, Any]], family: str, f: Any, layout: str | 
             continue
         if shared and k.get("oracle") == fp.get("oracle") and not x["abort"]:  # a bug every family shares
             # (by its cause; a finding no control explained is that repro only in the repro's own family)
-            if all(k.get(n) == fp.get(n) for n in shared) and \
-                    (x["family"] == family or (k.get("cause") and not x.get("family_only"))):
+            if all(k.get(n) == fp.get(n) for n in shared) and (x["family"] == family or x["any_family"] or (
+                    k.get("cause") and not x.get("family_only"))):
                 return x["repro"]
             continue
         if (x["family"] != family and not (x["any_family"] and x["abort"])) or k.get("status") != fp.get("status"):

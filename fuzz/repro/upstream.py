@@ -23,6 +23,7 @@ context's session file) are refused (exit 2) until their reproducers are written
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -65,6 +66,7 @@ class Recorder:
     def __init__(self, t: Target):
         self.t = t
         self.steps: list[tuple[str, dict[str, Any]]] = []
+        self.exported = b""  # the last state exported (what a refused import cut short)
 
     def load(self, path: str, **params: Any) -> Any:
         self.steps.append(("load", params))
@@ -72,9 +74,17 @@ class Recorder:
 
     def call(self, op: str, **args: Any) -> Any:
         r = self.t.call(op, **args)
+        if op == "state_get" and r.ok and args.get("via", "memory") == "memory":
+            self.exported = base64.b64decode(r.data["data"]) if isinstance(r.data.get("data"), str) else \
+                bytes(r.data.get("data") or b"")
         if op not in QUERIES:  # (a decode refused for room, as the oracle expected: the reproducer expects it too)
             no_room = op == "decode" and r.failure is not None and r.failure.error_kind == "no_memory_slot"
-            self.steps.append((op, {**args, NO_ROOM: True} if no_room else args))
+            refused = op == "state_set" and not r.ok and args.get("via", "memory") == "memory"
+            if refused and not self.exported.startswith(base64.b64decode(args.get("data", ""))):
+                raise UserError("a refused import of a state other than the last export cut short: no standalone "
+                                "reproducer writes it yet")
+            self.steps.append((op, {**args, NO_ROOM: True} if no_room else {**args, REFUSED: True} if refused
+                               else args))
         return r
 
     def __getattr__(self, name: str) -> Any:

@@ -290,8 +290,11 @@ def memory_script(run: dict[str, Any], data: dict[str, Any]) -> str:
         want_min, want_max = p["want"]
         lo, hi = want_min if isinstance(want_min, list) else (want_min, want_min)
         said = f"[{lo}, {want_max}]" if lo == hi else f"[{lo}..{hi}, {want_max}]"
+        empty = p.get("or_empty")  # (a refused import: what the sequence held, or nothing)
+        said += " (what it held) or [-1, -1] (nothing)" if empty else ""
         lines += ["", f"# the check: sequence {p['seq']}'s positions as the memory reports them",
                   f"got = positions(ctx, {p['seq']})",
+                  f"if tuple(got) != (-1, -1) and (got[1] != {want_max} or not {lo} <= got[0] <= {hi}):" if empty else
                   f"if got[1] != {want_max} or not {lo} <= got[0] <= {hi}:",
                   f'    print(f"DEFECT: sequence {p["seq"]} reports positions {{list(got)}}, expected {said}")',
                   "    sys.exit(1)",
