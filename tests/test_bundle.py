@@ -240,6 +240,10 @@ def test_a_finding_whose_shrinking_raises_is_bundled_unshrunk_and_said_in_one_li
     def broken(*a, **k):
         raise KeyError("oops")
 
+    # a finding `skip` names (a committed repro's, in a lane) is not bundled: the bundles go to what is new
+    assert bd.bundle_findings(rep, {"n": 4}, tmp_path / "c", skip=lambda f: f.message == "always") == []
+    assert not (tmp_path / "c").exists()
+
     monkeypatch.setattr(bd, "shrink", broken)
     (made,) = bd.bundle_findings(rep, {"n": 4}, tmp_path / "b")
     data = json.loads((made / "bundle.json").read_text())
