@@ -21,11 +21,10 @@ BUNDLES = {p.name: json.loads((p / "bundle.json").read_text()) for p in (ROOT / 
            if (p / "bundle.json").is_file()}
 # the upstream repros a standalone reproducer is written for: memory findings, llama.cpp's aborts found through the
 # library (on a stage sliced from the model too: its model is that stage), llama-server's aborts as it starts and its
-# wrong answers — not yet: llama-server's death during requests (server-spec-draft-batch-overflow, which needs the
-# slots' drafts to coincide; lfm2-server-embeddings-completion-crash, not localized yet) and a wrong answer streamed to
-# a client that then disconnects (laguna-radix-checkpoint-past-window)
-NOT_YET = {"server-spec-draft-batch-overflow", "laguna-radix-checkpoint-past-window",
-           "lfm2-server-embeddings-completion-crash"}
+# wrong answers and its deaths during requests — not yet: a wrong answer streamed to a client that then disconnects
+# (laguna-radix-checkpoint-past-window)
+NOT_YET = {"laguna-radix-checkpoint-past-window"}
+DIED = {"server-spec-draft-batch-overflow", "lfm2-server-embeddings-completion-crash"}  # during requests
 STAGED = {"kimi-linear-handoff-busy-ubatch-3"}  # a context on a stage: its model is the stage's split GGUF pair
 REPORTED = sorted(n for n, b in BUNDLES.items() if n not in NOT_YET and (
     (b["target"] == "llama-cpp" and (b["oracle"] == "memory" or b["fingerprint"]["status"] == "crash"))
@@ -150,7 +149,7 @@ def test_a_finding_of_another_oracle_is_refused_before_anything_runs(tmp_path):
 
 
 def test_every_reportable_upstream_repro_has_its_committed_report_with_its_fix():
-    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (44, 6, 4)
+    assert (len(REPORTED), len(SERVER), len(SERVER_CRASH)) == (46, 8, 6)
     assert sorted(p.name for p in REPORTS.iterdir()) == REPORTED
     for name in REPORTED:
         fix = fix_of(name)
@@ -208,7 +207,10 @@ def test_each_server_reproducer_shows_the_defect_with_the_pinned_llama_server(na
     from targets.llama_server_worker import server_binary
 
     r = run_server_reproducer(name, tmp_path, server_binary())
-    if name in SERVER_CRASH:
+    if name in DIED:  # (the requests of the round it died in, side by side)
+        assert r.returncode == 1 and r.stdout.startswith("DEFECT: llama-server was killed by signal ") and \
+            r.stdout.rstrip().endswith("during the requests"), (r.returncode, r.stdout, r.stderr)
+    elif name in SERVER_CRASH:
         assert r.returncode == 1 and r.stdout.startswith("DEFECT: llama-server was killed by signal 6"), \
             (r.returncode, r.stdout, r.stderr)
         assert "GGML_ASSERT" in r.stdout

@@ -50,7 +50,7 @@ from fuzz.repro.upstream_python import (
     step_lines,
     title_of,
 )
-from fuzz.repro.upstream_server import answer_run, answer_script, server_flags
+from fuzz.repro.upstream_server import answer_run, answer_script, died_run, died_script, server_flags
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import SPLIT_FIRST, SPLIT_SECOND, Unsupported
@@ -98,7 +98,11 @@ def write_upstream(bundle_dir: Path, out: Path) -> Path:
     if str(data.get("target", "")).startswith("mutant:"):
         raise UserError(f"{bundle_dir}: found on {data['target']}, a defect this toolkit put in: nothing to report")
     if data["fingerprint"].get("status") == "crash" and data.get("target") == "llama-server":
-        return write_report(bundle_dir, data, out, server_crash_run(bundle_dir), "repro.sh", server_script)
+        run = server_crash_run(bundle_dir)
+        if "requests" in run:  # (it died during requests, not as it started)
+            return write_report(bundle_dir, data, out, run["requests"], "repro.sh",
+                                lambda run, d: died_script(run, died_title(d, run)))
+        return write_report(bundle_dir, data, out, run, "repro.sh", server_script)
     if data.get("target") == "llama-server" and data["fingerprint"].get("status") == "finding":
         _, logs, rep = logged_run(bundle_dir)
         same = [f for f in rep.findings if f.fingerprint == data["fingerprint"]] or rep.findings
@@ -273,6 +277,15 @@ def crash_title(data: dict[str, Any], run: dict[str, Any]) -> str:
     return f"{family}: llama.cpp aborts {what}: {aborted(run['problem']['message'])}"
 
 
+def died_title(data: dict[str, Any], run: dict[str, Any]) -> str:
+    """A llama-server that dies during requests, in one line: the model and the signal."""
+    family = data["spec"]["family"] if data.get("spec") else "model"
+    message = run["problem"]["message"]
+    m = re.search(r"signal (\w+)", message)
+    check = f": {aborted(message)}" if "GGML_ASSERT" in message else ""
+    return f"{family}: llama-server dies{' of ' + m.group(1) if m else ''} during requests{check}"
+
+
 def answer_title(data: dict[str, Any]) -> str:
     """A wrong answer in one line: the model, and what llama-server answered otherwise."""
     family = data["spec"]["family"] if data.get("spec") else "model"
@@ -309,8 +322,10 @@ def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
     died = [(a["request"], b.get("error", "")) for log in logs for a, b in zip(log, log[1:], strict=False)
             if "request" in a and a["request"].get("op") == "load" and "signal" in b.get("error", "")]
     if not died:
-        raise UserError(f"{bundle_dir}: llama-server did not die starting up on the bundle's build (a crash during "
-                        "requests has no standalone reproducer yet): nothing to report")
+        during = died_run(logs, rep.llama_cpp_commit)
+        if during is None:
+            raise UserError(f"{bundle_dir}: llama-server did not die on the bundle's build: nothing to report")
+        return {"requests": during}
     req, error = died[0]
     return {"steps": [("llama-server", {"flags": server_flags(req)})],
             "problem": {"check": "crash", "message": error}, "commit": rep.llama_cpp_commit}
@@ -366,7 +381,10 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     if cause:
         where += (" What changes one thing and passes (the program's operations counted from 0: each step above but "
                   f"the context's creation, a state copy one operation):\n\n{cause}")
-    if p["check"] == "crash":
+    if run.get("died"):
+        expected = "llama-server answers every request (an error response at worst) and goes on running"
+        actual = died_title(data, run).split(": ", 1)[1].replace("llama-server dies", "it dies")
+    elif p["check"] == "crash":
         expected = "every call returns (a context llama.cpp cannot make or a batch it cannot decode is an error code)"
         actual = f"the process aborts: `{aborted(p['message'])}`"
     elif p["check"] == "answer":
@@ -390,7 +408,14 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
         model = (f"`{model_file(run)}`{pair} beside this file: layers [{a}, {b}) of a {info.arch} model of "
                  f"{info.n_layer} layers (vocabulary {info.n_vocab}, random weights, made for this report), sliced "
                  "as a split runtime's stage holds them.")
-    if p["check"] == "answer":
+    if run.get("died"):
+        flags = " ".join(run["flags"]).replace('"$dir/model.gguf"', "model.gguf")
+        steps = [f"{model} Start llama-server on it:", "", f"    llama-server -m model.gguf {flags}",
+                 "", f"and send it the {last} requests of repro.sh (each a `POST /completion` or `/embedding` of token "
+                 "ids, greedy; those of one round side by side)."]
+        where = "llama-server dies during the requests, before it answers them."
+        reproduce = ["    LLAMA_SERVER=path/to/llama-server sh repro.sh   # built from the commit above"]
+    elif p["check"] == "answer":
         steps = [f"{model} Start llama-server on it:", "", f"    llama-server -m model.gguf {' '.join(run['flags'])}",
                  "", f"and send it the {last} requests of repro.sh in order (each a `POST /completion` of token "
                  "ids, greedy, or a slot action); the last one's answer is compared with the same prompt's from a "
@@ -406,12 +431,13 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
                  "bindings in repro.py; `decode` fills one `llama_batch`):", "",
                  *[f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]]
         reproduce = ["    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py"]
-    title = crash_title(data, run) if p["check"] == "crash" else answer_title(data) if p["check"] == "answer" else \
-        title_of(data)
+    title = died_title(data, run) if run.get("died") else crash_title(data, run) if p["check"] == "crash" else \
+        answer_title(data) if p["check"] == "answer" else title_of(data)
     return "\n".join([
         f"# {title}", "",
         f"llama.cpp commit `{run['commit']}`, CPU backend.", "",
-        "## What is wrong", "", what or (f"llama.cpp aborts: `{aborted(p['message'])}`." if p["check"] == "crash"
+        "## What is wrong", "", what or (died_title(data, run).split(": ", 1)[1] + "." if run.get("died")
+                                         else f"llama.cpp aborts: `{aborted(p['message'])}`." if p["check"] == "crash"
                                          else p["message"]), "",
         "## Expected and actual", "", f"Expected: {expected}.", "", f"Actual: {actual}.", "",
         "## Steps (minimized)", "", *steps, "",

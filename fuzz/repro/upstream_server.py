@@ -53,6 +53,68 @@ def answer_run(logs: list[list[dict[str, Any]]], finding: Any, commit: str | Non
                     "cancelled has no script line yet): replay it with `fuzz replay`")
 
 
+def died_run(logs: list[list[dict[str, Any]]], commit: str | None) -> dict[str, Any] | None:
+    """The requests of a server worker whose llama-server died of a signal during them: from its last start to the
+    request it died in (None: none died so)."""
+    for log in logs:
+        reqs = [e for e in log if "request" in e]
+        for a, b in zip(log, log[1:], strict=False):
+            if "request" not in a or a["request"].get("op") == "load" or "signal" not in str(b.get("error", "")):
+                continue
+            upto = [e["request"] for e in reqs[:reqs.index(a) + 1]]
+            start = max(j for j, r in enumerate(upto) if r["op"] == "load")
+            model = upto[start].get("path")  # (a draft model that is the model itself: the file beside the script)
+            flags = ['"$dir/model.gguf"' if f == model else f for f in server_flags(upto[start])]
+            if any(f.endswith(".gguf") and f != '"$dir/model.gguf"' for f in flags):
+                raise UserError("llama-server ran with a second model (a draft of other weights): no standalone "
+                                "reproducer for it yet — replay the bundle with `fuzz replay`")
+            return {"flags": flags, "commit": commit, "died": True,
+                    "steps": ordered([r for r in upto[start + 1:] if r["op"] not in QUERIES]),
+                    "problem": {"check": "crash", "message": str(b.get("error", ""))}}
+    return None
+
+
+def died_script(run: dict[str, Any], title: str) -> str:
+    """repro.sh of a llama-server that dies during requests: started with the finding's flags, sent its requests
+    (side by side where they were), then asked whether it still runs: gone by a signal is the defect (exit 1), still
+    answering is fixed (exit 0)."""
+    sent = own_waits([x.replace(" >/dev/null", " >/dev/null 2>&1") for r in run["steps"] for x in lines_of(r)])
+    return "\n".join([
+        "#!/bin/sh", f"# {title}.", "#",
+        f"# llama.cpp {run['commit']}: llama-server (LLAMA_SERVER, else the one on PATH) on the model beside this",
+        "# file, sent the requests below. Exits 1 while the defect is present (llama-server dies of a signal), 0 once",
+        "# it is fixed (it answers them and still runs), 2 when it cannot run (no llama-server, no curl).",
+        'server=${LLAMA_SERVER:-llama-server}', 'port=${PORT:-18182}', 'dir=$(cd "$(dirname "$0")" && pwd)',
+        'command -v "$server" >/dev/null 2>&1 || { echo "cannot run: no $server (set LLAMA_SERVER)"; exit 2; }',
+        'command -v curl >/dev/null 2>&1 || { echo "cannot run: no curl"; exit 2; }',
+        'log=$(mktemp); slots=$(mktemp -d)  # what llama-server printed; where it saves slots',
+        f'GGML_NO_BACKTRACE=1 "$server" -m "$dir/model.gguf" --host 127.0.0.1 --port "$port" --slot-save-path "$slots" '
+        f'{" ".join(run["flags"])} >"$log" 2>&1 &',
+        "pid=$!; i=0",
+        'until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do',
+        '  kill -0 $pid 2>/dev/null || { echo "cannot run: llama-server exited as it started; see $log"; exit 2; }',
+        "  i=$((i + 1)); [ $i -lt 600 ] || { kill $pid; echo \"cannot run: llama-server did not start\"; exit 2; }",
+        "  sleep 0.1", "done",
+        "post() {  # POST $2 to $1 (a server that dies answers nothing)",
+        "  curl -s -X POST \"http://127.0.0.1:$port$1\" -H 'Content-Type: application/json' -d \"$2\"", "}", "",
+        *sent, "sleep 0.5", "",
+        "if ! kill -0 $pid 2>/dev/null; then",
+        "  wait $pid; rc=$?",
+        '  if [ $rc -gt 128 ]; then echo "DEFECT: llama-server was killed by signal $((rc - 128)) during the requests";'
+        " exit 1; fi",
+        '  echo "cannot run: llama-server exited ($rc) during the requests; see $log"; exit 2',
+        "fi",
+        'kill $pid; wait $pid 2>/dev/null; echo "fixed: llama-server answered the requests and still runs"; exit 0',
+        ""])
+
+
+def own_waits(lines: list[str]) -> list[str]:
+    """Script lines whose requests side by side are waited for by their own process ids: a bare `wait` would wait
+    for llama-server, started in the background too."""
+    return ['wait $posts; posts=""' if x == "wait" else x + ' posts="$posts $!"' if x.endswith(" &") else x
+            for x in lines]
+
+
 def named(d: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
     """The prompt (if the finding names it) and the wrong answer a finding's detail names: a prefix-cache finding's
     own, a radix finding's first (its replay names prompts by their place in a drawn tree)."""
@@ -121,7 +183,8 @@ def body(r: dict[str, Any]) -> str:
 def lines_of(r: dict[str, Any]) -> list[str]:
     """One request's script lines."""
     if r["op"] == "complete":
-        posts = [f"post /completion '{body(q)}' >/dev/null" for q in r["requests"]]
+        posts = [f"post /embedding '{json.dumps({'content': q['prompt']}, separators=(',', ':'))}' >/dev/null"
+                 if q.get("embed") else f"post /completion '{body(q)}' >/dev/null" for q in r["requests"]]
         if not r.get("concurrent") or len(posts) < 2:
             return posts
         return [*(p + " &" for p in posts), "wait"]
@@ -167,9 +230,9 @@ def answer_script(run: dict[str, Any], title: str) -> str:
         '{ echo "cannot run: a request to $1 failed; see $log"; stop; exit 2; }', "}",
         "tokens() { sed -n 's/.*\"tokens\":\\[\\([^]]*\\)\\].*/\\1/p'; }", "",
         f"start {flags}",
-        *[x for r in before for x in lines_of(r)],
-        *[f"post /completion '{body(x)}' >/dev/null" + (" &" if side else "") for x in others],
-        f"got=$(post /completion '{body(q)}' | tokens)", *(["wait"] if side else []), "stop", "",
+        *own_waits([x for r in before for x in lines_of(r)]),
+        *own_waits([f"post /completion '{body(x)}' >/dev/null" + (" &" if side else "") for x in others]),
+        f"got=$(post /completion '{body(q)}' | tokens)", *(own_waits(["wait"]) if side else []), "stop", "",
         "# the reference: the same prompt alone, nothing cached",
         f"start -np 1 -c {run['flags'][run['flags'].index('-c') + 1]} --cache-ram 0 --no-webui --no-warmup -fit off",
         f"want=$(post /completion '{body({**alone, 'cache_prompt': False})}' | tokens)",
