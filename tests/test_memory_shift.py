@@ -27,7 +27,8 @@ def test_the_shift_program_moves_one_whole_sequence_then_decodes_one_more_token(
     assert p == shift_program(64)  # seeded
     assert [op["op"] for op in p] == ["decode", "add", "decode"]
     assert len(p[0]["parts"][0][1]) == SHIFT_TOKENS == 12 and len(p[2]["parts"][0][1]) == 1
-    assert p[1] == {"op": "add", "seq": 0, "p0": 0, "p1": -1, "delta": SHIFT_DELTA}
+    assert p[1] == {"op": "add", "seq": 1, "p0": 0, "p1": -1, "delta": SHIFT_DELTA}  # (not 0: see shift_program)
+    assert p[0]["parts"][0][0] == p[2]["parts"][0][0] == 1
     assert all(0 <= t < 64 for op in (p[0], p[2]) for t in op["parts"][0][1])
     assert check_program(p, 2) == p
     cfg = shift_config(64, **YARN)

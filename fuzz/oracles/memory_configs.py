@@ -55,11 +55,13 @@ YARN = {"rope_scaling": "yarn", "rope_freq_scale": 0.25}
 
 
 def shift_program(n_vocab: int) -> list[dict[str, Any]]:
-    """SHIFT_TOKENS seeded tokens decoded as sequence 0, all of them shifted by +SHIFT_DELTA, one more token."""
+    """SHIFT_TOKENS seeded tokens decoded as sequence 1, all of them shifted by +SHIFT_DELTA, one more token. (Not
+    sequence 0 from position 0: a memory that passes a shift on with its sequence and start swapped shifts the same
+    cells there.)"""
     toks = [int(t) for t in np.random.default_rng(13).integers(0, n_vocab, SHIFT_TOKENS + 1)]
-    return [{"op": "decode", "parts": [[0, toks[:-1]]]}, {"op": "add", "seq": 0, "p0": 0, "p1": -1,
+    return [{"op": "decode", "parts": [[1, toks[:-1]]]}, {"op": "add", "seq": 1, "p0": 0, "p1": -1,
                                                            "delta": SHIFT_DELTA},
-            {"op": "decode", "parts": [[0, toks[-1:]]]}]
+            {"op": "decode", "parts": [[1, toks[-1:]]]}]
 
 
 def shift_config(n_vocab: int, **common: Any) -> MemoryConfig:
