@@ -58,9 +58,9 @@ PLACEMENT, BATCHED = "shared KV cache, not the options", "batched with other slo
 CHECKPOINT = "a checkpoint another prompt left"  # a finding's cause (checkpoint_cause), still a finding
 ROUNDS = (("random", "repeat", "branch"), ("random+", "repeat", "branch+"))  # + : the first turn and its answer, more
 # an /embedding request sent in each round beside the completions, in about this share of the schedules with several
-# slots, on a server loaded with --embeddings and one of these poolings; it must equal the
-# same prompt's embedding alone on the idle server to within EMBED_NMSE of its own power (scale-free: a slot batched
-# with a completion it must not share a batch with reads no embedding at all, 1.0)
+# slots, on a server loaded with --embeddings and one of these poolings; it must equal the same prompt's embedding
+# alone on the idle server to within EMBED_NMSE of its own power (scale-free: a slot batched with a completion it must
+# not share a batch with reads no embedding at all, 1.0)
 EMBED_SHARE, POOLINGS, EMBED_TOKENS, EMBED_NMSE = 0.4, ("mean", "last", "cls"), 8, 1e-4
 
 
