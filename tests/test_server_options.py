@@ -242,7 +242,8 @@ def test_the_cli_runs_one_schedule_and_refuses_bad_input(fixtures, tmp_path):
 def test_the_prefix_cache_lane_runs_the_drawn_options_per_slot_seeded_by_its_row(tmp_path):
     """Per bump the lane runs PER_BUMP_OPTIONS drawn schedules in the one-cache-per-slot layout, seeded by the row:
     another row draws other options. llama's schedule 1 serves embeddings with mean pooling on 3 slots: upstream's
-    abort loading (the lane's only known finding); the schedules after it still run."""
+    abort loading (the lane's only known finding); the schedules after it still run, and one more is drawn past it
+    (schedule 6)."""
     import zlib
 
     from fuzz.certify.server_lanes import PER_BUMP_OPTIONS, lane_prefix_cache
@@ -256,11 +257,13 @@ def test_the_prefix_cache_lane_runs_the_drawn_options_per_slot_seeded_by_its_row
     assert res.status == KNOWN and res.detail.endswith(
         "only upstream's known findings: server-embeddings-mean-pooling-parallel"), res.detail
     reps = [r for r in res.reports if r.oracle == "server-options"]
-    assert len(reps) == 1 and not reps[0].config["kv_unified"] and len(reps[0].results) == PER_BUMP_OPTIONS
+    assert len(reps) == 2 and not reps[0].config["kv_unified"] and len(reps[0].results) == PER_BUMP_OPTIONS
     assert [r["status"] for r in reps[0].results] == [PASS, "crash", PASS, PASS, PASS, PASS]
     assert "--embeddings --pooling mean" in reps[0].results[1]["options"] and reps[0].results[1]["slots"] == 3
+    assert [(r["step"], r["status"]) for r in reps[1].results] == [(PER_BUMP_OPTIONS, PASS)]
+    assert "1 drawn past schedules spent on known findings" in res.detail
     assert reps[0].config["seed"] == zlib.crc32(b"llama") % 100_000
-    assert f"{PER_BUMP_OPTIONS} drawn server-option schedules" in res.detail
+    assert f"{PER_BUMP_OPTIONS + 1} drawn server-option schedules" in res.detail
     other = draw(64, zlib.crc32(b"qwen3") % 100_000, 0, list(SPEC_TYPES), None)
     assert reps[0].results[0]["options"] != " ".join(other.args)
 

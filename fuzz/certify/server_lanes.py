@@ -33,7 +33,8 @@ def lane_prefix_cache(row: Row, path: Path, target_spec: str) -> LaneResult:
     radix engine on the lane's plans (a seeded sample of each plan's interleavings) and on PER_BUMP_TREES schedules
     of prompt trees drawn per schedule (aimed at the slots' checkpoints) with the host prompt cache on and as many
     with it off, in both KV layouts llama-server has: one cache per slot (-np given) and one for all slots (its
-    default without -np); and PER_BUMP_OPTIONS schedules of drawn server options (server_options.py)."""
+    default without -np); and PER_BUMP_OPTIONS schedules of drawn server options (server_options.py), and as many
+    more as met a known finding (server_lane)."""
     def runs(server: str, unified: bool) -> list[tuple[str, Any]]:
         return [("prefix-cache", PrefixCacheConfig(rounds=3, tokens=6, target=server, kv_unified=unified)),
                 ("radix", RadixConfig(plan=LANE_PLANS, limit=6, budget=0.0, tokens=6, target=server,
@@ -63,7 +64,9 @@ def options(row: Row, schedules: int, server: str, unified: bool) -> list[tuple[
 
 def server_lane(row: Row, lane: str, path: Path, target_spec: str,
                 runs: Callable[[str, bool], list[tuple[str, Any]]]) -> LaneResult:
-    """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named."""
+    """A llama-server lane: its oracle runs in both KV layouts, judged together; upstream's known findings named. The
+    drawn option schedules that met a known finding are spent on upstream's bug: as many are drawn past them, once
+    (the schedules after the lane's), so a row's exploration does not end where a known bug begins."""
     if server_binary(build=True) is None:
         return LaneResult(row.key, lane, SKIPPED, NO_SERVER)
     server = server_spec(target_spec)
@@ -75,6 +78,17 @@ def server_lane(row: Row, lane: str, path: Path, target_spec: str,
             cases.append(case)
     repros = known_findings(row, reps)
     bad = next((r for r in reps if any(repros[id(f)] is None for f in r.findings)), None)
+    if bad is None:  # drawn option schedules spent on known findings: as many drawn past them (once)
+        spent = [r for r in reps if r.oracle == "server-options" and r.findings]
+        n = sum(len({f.step for f in r.findings}) for r in spent)
+        if n:
+            cfg = spent[0].config
+            rep, case = oracle_run("server-options", path, ServerOptionsConfig(
+                schedules=n, first=cfg["first"] + cfg["schedules"], target=server, seed=cfg["seed"]))
+            reps.append(rep)
+            cases.append(case)
+            repros.update(known_findings(row, [rep]))
+            bad = rep if any(repros[id(f)] is None for f in rep.findings) else None
     if bad is None:
         detail = "llama-server, one KV cache per slot and one for all: " + "; ".join(server_parts(reps))
         return no_new_findings(row, lane, detail, "findings", reps, cases, repros)
@@ -113,10 +127,13 @@ def server_parts(reps: list[Report]) -> list[str]:
                      f"{sum(x.get('restores', 0) for r in scheds for x in r.results)} checkpoint restores, each of "
                      "the prompt's own tokens" + unjudged_part(scheds))
     drawn = [x for r in reps if r.oracle == "server-options" for x in r.results]
+    past = sum(len(r.results) for r in reps if r.oracle == "server-options" and r.config.get("first"))
     if drawn:
-        parts.append(f"{len(drawn)} drawn server-option schedules (speculative decoding, n_cmpl, checkpoint flags; "
-                     f"{sum(x.get('draft_n_accepted', 0) for x in drawn)} of {sum(x.get('draft_n', 0) for x in drawn)} "
-                     "draft tokens accepted): answers as uncached, slots freed")
+        parts.append(f"{len(drawn)} drawn server-option schedules (speculative decoding, n_cmpl, checkpoint flags, "
+                     f"embeddings; {sum(x.get('draft_n_accepted', 0) for x in drawn)} of "
+                     f"{sum(x.get('draft_n', 0) for x in drawn)} draft tokens accepted"
+                     + (f"; {past} drawn past schedules spent on known findings" if past else "")
+                     + "): answers as uncached, slots freed")
     noise = next((r.extra["noise"] for r in scheds if r.extra.get("noise")), None)
     if noise and noise["placement"] is not None:
         parts.append(f"one KV cache: placement moves answers by {noise['placement']:.1g}, picks below "

@@ -75,6 +75,7 @@ class ServerOptionsConfig:
     target: str = "llama-server"
     timeout: float = 120.0
     args: list[str] | None = None  # the schedule's flags as given (a bundle's, shrunk) instead of the drawn ones
+    first: int = 0  # the first schedule drawn (a lane's draws past schedules spent on known findings go on from there)
 
 
 @dataclass
@@ -238,7 +239,7 @@ class ServerOptions(CaseOracle[Draw]):
 
     def cases(self) -> list[Draw]:
         cfg = self.cfg
-        picks = [cfg.schedule] if cfg.schedule >= 0 else range(cfg.schedules)
+        picks = [cfg.schedule] if cfg.schedule >= 0 else range(cfg.first, cfg.first + cfg.schedules)
         drawn = [draw(self.info.n_vocab, cfg.seed, k, self.offered, self.flags) for k in picks]
         return drawn if cfg.args is None else [with_args(d, cfg.args) for d in drawn]
 
