@@ -318,6 +318,11 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
     with_server = lane(finding(1), server=[finding(9)])
     assert [v["verdict"] for v in bp.verdicts({"results": [with_server]}, {"results": [passing]}, {})] == \
         ["unchanged"]
+    # ... unless llama-server's finding is an abort as it loads (no request made: not timing)
+    load = {**finding(9), "message": "schedule 1 (--embeddings --pooling mean, 3 slots): llama-server aborted loading "
+                                     "with --embeddings --pooling mean: signal SIGABRT"}
+    (v,) = bp.verdicts({"results": [lane(finding(1), server=[load])]}, {"results": [passing]}, {})
+    assert v["verdict"] == "fixed" and v["detail"].startswith("fixed: the base's 2 findings of known upstream bugs"), v
 
 
 

@@ -11,6 +11,8 @@ import json
 from collections import Counter
 from typing import Any
 
+LOAD_ABORT = "llama-server aborted loading"  # a server finding's message (server_options.observe): no request made
+
 
 def compared(x: dict[str, Any]) -> dict[str, Any]:
     """What a bump compares of a lane result: its status, its reports' findings and conversations, and a memory
@@ -96,10 +98,13 @@ def fewer_known(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
 
 
 def known_fixed(base: dict[str, Any]) -> str | None:
-    """A lane known on the base that passes on the candidate, every known finding of the base's the library's: those
-    upstream findings are fixed there (a fix series, a newer llama.cpp). None where llama-server's reports had
-    findings: which schedules meet a known abort is timing, so a pass there is no fix."""
-    lib = library_findings(base)
+    """A lane known on the base that passes on the candidate, every known finding of the base's the library's or
+    llama-server aborting as it loads (no request: not timing): those upstream findings are fixed there (a fix series,
+    a newer llama.cpp). None where llama-server's reports had other findings: which schedules meet a known abort
+    during requests is timing, so a pass there is no fix."""
+    lib = library_findings(base) + [(i, f) for i, rep in enumerate(base.get("reports", []))
+                                    if rep.get("target") == "llama-server" for f in rep.get("findings", [])
+                                    if LOAD_ABORT in str(f.get("message", ""))]
     if not lib or len(lib) != sum(len(rep.get("findings", [])) for rep in base.get("reports", [])):
         return None
     first = lib[0][1].get("message", "")
