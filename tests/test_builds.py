@@ -326,6 +326,27 @@ def test_a_lane_known_on_both_builds_broke_where_the_candidate_fails_more_cases_
 
 
 
+def test_a_server_lane_broke_where_the_candidates_llama_server_offers_fewer_speculative_types():
+    """server-options records the speculative types the build's --help offers; a candidate that offers fewer has
+    lost a capability though every schedule drawn from what it offers passes (a --spec-type list misprinted:
+    speculative-2206 ran every schedule without draft-simple)."""
+    from fuzz.certify import bump as bp
+    from fuzz.certify.bump_known import compared, fewer_offered
+
+    def lane(offered):
+        return compared({"row": "qwen3", "lane": "prefix-cache", "status": "pass", "detail": "ok",
+                         "reports": [{"oracle": "server-options", "target": "llama-server", "findings": [],
+                                      "offered": offered}]})
+
+    full = ["draft-simple", "ngram-simple", "ngram-mod"]
+    assert fewer_offered(lane(full), lane(full)) is None and fewer_offered(lane(full[1:]), lane(full)) is None
+    assert fewer_offered(lane(full), lane(full[1:])) == ("capability lost: the candidate's llama-server offers no "
+                                                         "--spec-type draft-simple, which the base's does")
+    (v,) = bp.verdicts({"results": [{**lane(full), "row": "qwen3", "lane": "prefix-cache", "detail": "ok"}]},
+                       {"results": [{**lane(full[1:]), "row": "qwen3", "lane": "prefix-cache", "detail": "ok"}]}, {})
+    assert v["verdict"] == "broke" and v["detail"].startswith("capability lost"), v
+
+
 def test_a_memory_lane_broke_where_the_candidates_seeded_programs_refuse_what_the_base_took():
     """A seeded program runs the same on the same build: where the candidate's refuses an operation more often than
     the base's (the same run config, layout and index, as many operations, the same status), a capability is lost —

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from fuzz.certify.battery import run_battery, write_certificate
-from fuzz.certify.bump_known import fewer_known, known_fixed, more_known, newly_refused
+from fuzz.certify.bump_known import fewer_known, fewer_offered, known_fixed, more_known, newly_refused
 from fuzz.certify.lanes import NO_OPTIONS, LaneOptions
 from fuzz.certify.outputs import manifest_identity, write_outputs
 from fuzz.engine.contract import FAILING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED
@@ -224,8 +224,8 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         if a["status"] == KNOWN and (b.get("data") or {}).get("known_gone"):  # the upstream finding is gone there
             v = FIXED
         detail = b["detail"]
-        less = reuse_regression(a, b) or newly_refused(a, b) if v == UNCHANGED and outcome(b["status"]) == "ok" \
-            else None
+        less = reuse_regression(a, b) or newly_refused(a, b) or fewer_offered(a, b) \
+            if v == UNCHANGED and outcome(b["status"]) == "ok" else None
         if less:
             v, detail = BROKE, f"{less} | {detail}"
         more = more_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None

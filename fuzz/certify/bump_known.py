@@ -26,7 +26,7 @@ def compared(x: dict[str, Any]) -> dict[str, Any]:
     return {"status": x["status"],
             "reports": [{"oracle": r.get("oracle"), "target": r.get("target"),
                          "findings": [{k: f.get(k) for k in keep} for f in r.get("findings", [])],
-                         **{k: r[k] for k in ("rewinds", "clients") if r.get(k)},
+                         **{k: r[k] for k in ("rewinds", "clients", "offered") if r.get(k)},
                          **(programs(r) if r.get("oracle") == "memory" else {})} for r in x.get("reports", [])]}
 
 
@@ -137,3 +137,18 @@ def newly_refused(base: dict[str, Any], candidate: dict[str, Any]) -> str | None
     return (f"newly refused: {len(lost)} seeded memory programs refuse operations the base took; first: run {i}, "
             f"program {x['program']} ({layout}, {x['steps']} operations): "
             + ", ".join(f"{op} {n} more" for op, n in sorted(more.items())))
+
+
+def fewer_offered(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """A speculative decoding type the base's llama-server offers (its --help, as server-options reads it) that the
+    candidate's does not: a capability lost, though every schedule drawn from what the candidate offers passes (or
+    None)."""
+    def offered(lane: dict[str, Any]) -> set[str] | None:
+        got = [set(r["offered"]) for r in lane.get("reports", []) if r.get("offered")]
+        return set.union(*got) if got else None
+
+    a, b = offered(base), offered(candidate)
+    if a is None or b is None or a <= b:
+        return None
+    return (f"capability lost: the candidate's llama-server offers no --spec-type {', '.join(sorted(a - b))}, which "
+            "the base's does")

@@ -38,7 +38,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from fuzz.certify.bump_known import compared, more_known, newly_refused
+from fuzz.certify.bump_known import compared, fewer_offered, more_known, newly_refused
 from fuzz.certify.coverage import GROUP_NAMES, in_group
 from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
@@ -342,8 +342,10 @@ def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any]
     base, cand = pristine.lane(row, lane), compared(x)
     activate(build)
     if base["status"] == KNOWN == x["status"]:
-        return more_known(base, cand) or reuse_regression(base, cand) or newly_refused(base, cand)
-    return reuse_regression(base, cand) or newly_refused(base, cand) if base["status"] not in FAILING else None
+        return more_known(base, cand) or reuse_regression(base, cand) or newly_refused(base, cand) or \
+            fewer_offered(base, cand)
+    return reuse_regression(base, cand) or newly_refused(base, cand) or fewer_offered(base, cand) \
+        if base["status"] not in FAILING else None
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],

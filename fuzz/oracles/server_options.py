@@ -177,7 +177,7 @@ def flag_spans(args: list[str]) -> list[tuple[int, int]]:
 
 
 class ServerOptions(CaseOracle[Draw]):
-    name, unit, sections = "server-options", "schedules", ("drafts", "noise")
+    name, unit, sections = "server-options", "schedules", ("drafts", "noise", "offered")
 
     def __init__(self, fixture: Path, cfg: ServerOptionsConfig):
         super().__init__(fixture, cfg)
@@ -397,6 +397,7 @@ class ServerOptions(CaseOracle[Draw]):
         return {**fixture_header(self.fixture, self.info, target=cfg.target, commit=self.commit),
                 "config": dict(cfg.__dict__),
                 "noise": self.noise,
+                "offered": list(self.offered),  # the speculative types the build's --help offers (a bump compares)
                 "drafts": {"self": self.drafts["{self}"],
                            "other": "the fixture itself (not written by synth: no other weights of its family)"
                            if self.drafts["{other}"] == str(self.fixture) else "its family, seed + 1"}}
