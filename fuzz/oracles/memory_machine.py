@@ -477,7 +477,10 @@ def run_program(t: Target, fixture: Path, cfg: MemoryConfig, kv_unified: bool, r
                                                                                        kv_unified))
         done.append(op)
         mach.trace = i == trace
-        problem = mach.apply(op)
+        try:
+            problem = mach.apply(op)
+        except Crashed as c:  # (llama.cpp died in a call after the operation: the checks' own queries)
+            problem = c.problem
         if problem:
             return done, {**problem, "step": i, "op": op["op"]}, mach
         if i in settle:
