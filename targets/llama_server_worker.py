@@ -458,8 +458,10 @@ class ServerWorker:
             data = self._post(f"/slots/{slot}?action={action}", body, timeout=60)
         except urllib.error.HTTPError as e:
             return {"error": f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"}
-        n = data.get("n_saved", data.get("n_restored", data.get("n_erased", 0)))
-        return {"n_tokens": int(n), "id_slot": slot}
+        key = {"save": "n_saved", "restore": "n_restored", "erase": "n_erased"}[action]
+        if key not in data:  # (llama-server's answer to each action names its own count)
+            return {"error": f"the {action} answer names no {key}: {json.dumps(data)[:200]}"}
+        return {"n_tokens": int(data[key]), "id_slot": slot}
 
     def _complete_one(self, r: dict) -> dict:
         body = completion_body(r, stream=False)
