@@ -310,8 +310,11 @@ class Machine:
         if not parts:
             return None
         tokens, seqs, pos, out = batch_of(m, parts)
+        # (the program's mixed decodes read their logits as llama_get_logits gives them, one buffer in the batch's
+        # order: sequences of unequal lengths are split out of order by a recurrent memory; the recompute reads each
+        # row by llama_get_logits_ith)
         r = self.call("decode", **self.recompute.feed.args(tokens), seq=seqs, pos=pos, logits=out,
-                      **({"trace": "all"} if self.trace else {}))
+                      logits_from="buffer", **({"trace": "all"} if self.trace else {}))
         if r.ok and self.trace:
             self.traced = (r.data["nodes"], seqs)
         where = f"a decode of {len(tokens)} tokens for sequences {[s for s, _ in parts]}"
