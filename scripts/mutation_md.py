@@ -75,6 +75,16 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
             t = score([{**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r
                        for r in res], g)
             out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
+    since = {r["id"] for _, run in again for r in run["results"] if r["status"] == "killed"} & {r["id"] for r in res}
+    if since:  # (a survivor killed since by a later generator, judged again: the sections below)
+        out += ["", "As it stands: the survivors judged again since (the sections below) as they ended, those read to "
+                "be equivalent counted as equivalent:", "",
+                "| group | killed | survived | equivalent | score |", "|---|---:|---:|---:|---:|"]
+        now = [{**r, "status": "killed"} if r["id"] in since else
+               {**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r for r in res]
+        for g in GROUP_NAMES:
+            t = score(now, g)
+            out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
     out += ["", totals_line(res), "", "## Survivors", ""]
     surv = [r for r in res if r["status"] == "survived"]
     if not surv:
