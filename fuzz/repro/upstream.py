@@ -15,10 +15,11 @@ that died, from its last context's creation to the call it died in, run in a chi
 the defect. llama-server aborting as it starts becomes repro.sh: llama-server started on the model with the flags it
 aborted under, its /health asked with curl until it answers (fixed) or the process is killed by a signal (the
 defect). A wrong answer from llama-server becomes repro.sh too (fuzz/repro/upstream_server.py): the requests the
-toolkit sent it, with curl, and the last one's answer against the same prompt's from a server that caches nothing.
-A context made on a stage the run sliced has that stage as the report's model (stage_of_file). An abort during
-requests, operations that overlap, and calls this writer has no line for (a decode fed embeddings, a whole
-context's session file) are refused (exit 2) until their reproducers are written.
+toolkit sent it, with curl, and the last one's answer against the same prompt's from a server that caches nothing;
+llama-server dying during requests becomes one as well, its requests up to the one it died in and then whether the
+process is still there. A context made on a stage the run sliced has that stage as the report's model
+(stage_of_file). Operations that overlap, a second model of other weights, and calls this writer has no line for (a
+decode fed embeddings, a whole context's session file) are refused (exit 2) until their reproducers are written.
 """
 
 from __future__ import annotations
