@@ -272,7 +272,6 @@ class ServerOptions(CaseOracle[Draw]):
         got: dict[str, dict[str, Any]] = {}
         busy: list[list[int]] = []
         embeds: dict[str, dict[str, Any]] = {}  # an /embedding beside each round's completions (not in a control)
-        in_graph = "-bs" in d.args and not again  # sampling in the graph (backend sampling)
         for r_i, names in enumerate(ROUNDS):
             reqs = [(f"round {r_i + 1}", {"prompt": d.prompts["embed"], "embed": True})] \
                 if "embed" in d.prompts and not again else []
@@ -283,12 +282,9 @@ class ServerOptions(CaseOracle[Draw]):
                     sent[key] = d.prompts[base] if name == base else \
                         sent[base] + got[base].get("tokens", []) + d.prompts["motif"]
                 n = d.n_cmpl.get(name, 1)
-                # (the control asks each completion as a request of its own: no child copies a parent's state; with
-                # -bs no logprobs are asked, or llama-server samples that request on the CPU: the margins judged are
-                # the reference's)
+                # (the control asks each completion as a request of its own: no child copies a parent's state)
                 reqs += [(key, {"prompt": sent[key], "n_predict": self.cfg.tokens, "cache_prompt": not again,
-                                "n_cmpl": 1 if again else n, **({"n_probs": 0} if in_graph else {})})
-                         for _ in range(n if again else 1)]
+                                "n_cmpl": 1 if again else n}) for _ in range(n if again else 1)]
             r = self.srv.call("complete", requests=[q for _, q in reqs], concurrent=True)
             if not r.ok:
                 return r.failure
