@@ -76,6 +76,7 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
                        for r in res], g)
             out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
     since = {r["id"] for _, run in again for r in run["results"] if r["status"] == "killed"} & {r["id"] for r in res}
+    since -= {i for i, a in accounts.items() if a["status"] == "todo"}  # (a kill its account does not stand behind)
     if since:  # (a survivor killed since by a later generator, judged again: the sections below)
         out += ["", "As it stands: the survivors judged again since (the sections below) as they ended, those read to "
                 "be equivalent counted as equivalent:", "",
