@@ -406,9 +406,9 @@ def completions(got: dict[str, Any]) -> list[dict[str, Any]]:
 
 def verifies_drafts(d: Draw) -> bool:
     """Whether the server can verify a draft at all: with --embeddings it reserves one output per sequence
-    (server_output_limits, server-context.cpp:41-45), and a sequence sampled in the graph (-bs) may not output more
-    (llama-context.cpp:1758), so with both it drafts nothing (answers stay right; measured: the same schedule drafts
-    with either alone)."""
+    (server_output_limits, server-context.cpp:41-45), and with -bs the context's backend samplers are made for that
+    many (llama-context.cpp:1311, 1758), so with both it drafts nothing (answers stay right; measured on every row's
+    embeddings schedules: the same schedules draft with either flag alone)."""
     return not {"--embeddings", "-bs"} <= set(d.args)
 
 
