@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.certify.certificate import certificate
+from fuzz.certify.lane_result import known_of
 from fuzz.certify.lanes import NO_OPTIONS, LaneOptions, LaneResult, check_cuts, run_lane
 from fuzz.certify.outputs import manifest_identity, run_report, write_outputs
 from fuzz.certify.shards import longest_first
@@ -110,18 +111,16 @@ def finish_lane(res: LaneResult, out: Path | None) -> None:
             res.pictures.append(name)
     if res.status not in FAILING:
         return
-    from fuzz.repro.campaign import known_repro, known_upstream
     from synth.make import spec_of
 
-    known = known_upstream()
     seen: list[dict[str, Any]] = []  # a finding both batch shapes show is bundled once
     for rep, case in zip(res.reports, res.cases, strict=True):
         if rep.findings:
             spec = spec_of(rep.fixture) if Path(rep.fixture).is_file() else None
-            family = spec.family if spec is not None else res.row
+            known = known_of(spec.family if spec is not None else res.row, [rep])
             # (a finding that is a committed upstream repro has its bundle: the lane's go to the new ones)
             made = bundle_findings(rep, case, out / "bundles" / res.row, seen=seen,
-                                   skip=lambda f, family=family: known_repro(known, family, f) is not None)
+                                   skip=lambda f, known=known: known[id(f)] is not None)
             res.bundles += [str(p.relative_to(out)) for p in made]
 
 

@@ -224,8 +224,7 @@ def verdicts(base_run: dict[str, Any], cand_run: dict[str, Any], cross: dict[str
         if a["status"] == KNOWN and (b.get("data") or {}).get("known_gone"):  # the upstream finding is gone there
             v = FIXED
         detail = b["detail"]
-        less = reuse_regression(a, b) or newly_refused(a, b) or fewer_offered(a, b) \
-            if v == UNCHANGED and outcome(b["status"]) == "ok" else None
+        less = lost(a, b) if v == UNCHANGED and outcome(b["status"]) == "ok" else None
         if less:
             v, detail = BROKE, f"{less} | {detail}"
         more = more_known(a, b) if v == UNCHANGED and a["status"] == KNOWN == b["status"] else None
@@ -271,6 +270,12 @@ def rewinds_of(lane: dict[str, Any]) -> list[dict[str, Any]]:
     reports: the rewind conversations, then the clients taking turns."""
     return [c for rep in lane.get("reports", []) if rep.get("oracle") == "prefix-cache"
             for c in [*(rep.get("rewinds") or []), *([rep["clients"]] if rep.get("clients") else [])]]
+
+
+def lost(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:
+    """What a lane that did not fail on the candidate lost against the base, or None: prompt-cache reuse, operations
+    its seeded programs had taken, or speculative types its llama-server offered."""
+    return reuse_regression(base, candidate) or newly_refused(base, candidate) or fewer_offered(base, candidate)
 
 
 def reuse_regression(base: dict[str, Any], candidate: dict[str, Any]) -> str | None:

@@ -51,10 +51,14 @@ def worst(statuses: list[str]) -> str:
 def known_findings(row: Row, reps: list[Report]) -> dict[int, str | None]:
     """Each finding of the reports (by id) → the committed upstream repro it is (corpora/repros, matched by what
     it is: fuzz.repro.campaign.known_repro), or None."""
+    return known_of(str(row.recipe.get("family", row.key)), reps)
+
+
+def known_of(family: str, reps: list[Report]) -> dict[int, str | None]:
+    """known_findings for a family named directly."""
     from fuzz.repro.campaign import known_repro, known_upstream
 
     known = known_upstream()
-    family = str(row.recipe.get("family", row.key))
     return {id(f): known_repro(known, family, f) for rep in reps for f in rep.findings}
 
 

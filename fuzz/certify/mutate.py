@@ -38,7 +38,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from fuzz.certify.bump_known import compared, fewer_offered, more_known, newly_refused
+from fuzz.certify.bump_known import compared, more_known
 from fuzz.certify.coverage import GROUP_NAMES, in_group
 from fuzz.certify.coverage import spans as spans_of
 from fuzz.certify.schemas import MUTANT_STATUSES, MUTATE_SCHEMA
@@ -334,7 +334,7 @@ def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any]
     """What the bump from the pristine build to the mutant's says of a lane the mutant's run did not fail: a reuse
     regression, operations newly refused, or a known lane failing more cases (None: unchanged); the mutant's build
     activated again after a pristine run."""
-    from fuzz.certify.bump import reuse_regression, rewinds_of
+    from fuzz.certify.bump import lost, rewinds_of
     from targets.builds import activate
 
     if pristine is None or not (rewinds_of(x) or x["status"] == KNOWN or lane in ("memory", "shift")):
@@ -342,10 +342,8 @@ def bump_broke(pristine: Pristine | None, row: Any, lane: str, x: dict[str, Any]
     base, cand = pristine.lane(row, lane), compared(x)
     activate(build)
     if base["status"] == KNOWN == x["status"]:
-        return more_known(base, cand) or reuse_regression(base, cand) or newly_refused(base, cand) or \
-            fewer_offered(base, cand)
-    return reuse_regression(base, cand) or newly_refused(base, cand) or fewer_offered(base, cand) \
-        if base["status"] not in FAILING else None
+        return more_known(base, cand) or lost(base, cand)
+    return lost(base, cand) if base["status"] not in FAILING else None
 
 
 def run_mutant(m: Mutant, root: Path, pristine: dict[str, str | None], work: Path, pairs: list[tuple[Any, str]],

@@ -155,15 +155,13 @@ def draw(n_vocab: int, seed: int, index: int, offered: list[str], flags: set[str
     branch = random[:int(rng.integers(2, len(random)))] + toks(int(rng.integers(4, 9)))
     n_cmpl = {name: int(rng.integers(2, slots + 1)) for name in ("random", "repeat", "branch+")
               if slots > 1 and rng.random() < 0.4}
-    prompts = {"random": random, "repeat": repeat, "branch": branch, "motif": motif}
-    if "--embeddings" in args:  # (within the smallest ubatch drawn: an embedding is computed in one)
-        prompts["embed"] = random[:EMBED_TOKENS]
-    return Draw(index, slots, (0, 64)[int(rng.integers(0, 2))], args, n_cmpl, prompts)
+    return with_args(Draw(index, slots, (0, 64)[int(rng.integers(0, 2))], args, n_cmpl,
+                          {"random": random, "repeat": repeat, "branch": branch, "motif": motif}), args)
 
 
 def with_args(d: Draw, args: list[str]) -> Draw:
-    """The draw with these flags instead of its own (its prompts and slots kept; the embedding prompt with
-    --embeddings)."""
+    """The draw with these flags (its prompts and slots kept): with --embeddings an embedding prompt, the random
+    prompt's first tokens (within the smallest ubatch drawn: an embedding is computed in one)."""
     prompts = {k: v for k, v in d.prompts.items() if k != "embed"}
     if "--embeddings" in args:
         prompts["embed"] = d.prompts["random"][:EMBED_TOKENS]
