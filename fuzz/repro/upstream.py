@@ -51,7 +51,7 @@ from fuzz.repro.upstream_python import (
     step_lines,
     title_of,
 )
-from fuzz.repro.upstream_server import answer_run, answer_script, died_run, died_script, server_flags
+from fuzz.repro.upstream_server import answer_run, answer_script, deaths, died_run, died_script, server_flags
 from synth.errors import UserError
 from synth.inspect import inspect_file
 from synth.stage import SPLIT_FIRST, SPLIT_SECOND, Unsupported
@@ -320,8 +320,7 @@ def server_crash_run(bundle_dir: Path) -> dict[str, Any]:
     """A llama-server that aborts while it starts: the load whose server died by a signal, as the server worker made
     it (targets.llama_server_worker: its DEFAULTS, the flags a start adds)."""
     _, logs, rep = logged_run(bundle_dir)
-    died = [(a["request"], b.get("error", "")) for log in logs for a, b in zip(log, log[1:], strict=False)
-            if "request" in a and a["request"].get("op") == "load" and "signal" in b.get("error", "")]
+    died = [(a["request"], error) for _, a, error in deaths(logs) if a["request"].get("op") == "load"]
     if not died:
         during = died_run(logs, rep.llama_cpp_commit)
         if during is None:

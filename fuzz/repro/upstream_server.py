@@ -53,14 +53,19 @@ def answer_run(logs: list[list[dict[str, Any]]], finding: Any, commit: str | Non
                     "cancelled has no script line yet): replay it with `fuzz replay`")
 
 
+def deaths(logs: list[list[dict[str, Any]]]) -> list[tuple[list[dict[str, Any]], dict[str, Any], str]]:
+    """Each logged request a server worker's llama-server died of a signal in: (its worker's log, the request's
+    entry, the error), in log order."""
+    return [(log, a, str(b.get("error", ""))) for log in logs for a, b in zip(log, log[1:], strict=False)
+            if "request" in a and "signal" in str(b.get("error", ""))]
+
+
 def died_run(logs: list[list[dict[str, Any]]], commit: str | None) -> dict[str, Any] | None:
     """The requests of a server worker whose llama-server died of a signal during them: from its last start to the
     request it died in (None: none died so)."""
-    for log in logs:
-        reqs = [e for e in log if "request" in e]
-        for a, b in zip(log, log[1:], strict=False):
-            if "request" not in a or a["request"].get("op") == "load" or "signal" not in str(b.get("error", "")):
-                continue
+    for log, a, error in deaths(logs):
+        if a["request"].get("op") != "load":
+            reqs = [e for e in log if "request" in e]
             upto = [e["request"] for e in reqs[:reqs.index(a) + 1]]
             start = max(j for j, r in enumerate(upto) if r["op"] == "load")
             model = upto[start].get("path")  # (a draft model that is the model itself: the file beside the script)
@@ -70,7 +75,7 @@ def died_run(logs: list[list[dict[str, Any]]], commit: str | None) -> dict[str, 
                                 "reproducer for it yet — replay the bundle with `fuzz replay`")
             return {"flags": flags, "commit": commit, "died": True,
                     "steps": ordered([r for r in upto[start + 1:] if r["op"] not in QUERIES]),
-                    "problem": {"check": "crash", "message": str(b.get("error", ""))}}
+                    "problem": {"check": "crash", "message": error}}
     return None
 
 
