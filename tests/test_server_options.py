@@ -108,38 +108,6 @@ def test_the_fixture_drafting_for_itself_must_draft_and_have_every_draft_accepte
             "tokens": [5, 6, 7], "draft_n": 4, "draft_n_accepted": 0}}, "cold": {"random": ref}}, 1e-3) == []
 
 
-def test_ngram_simple_must_draft_where_its_pattern_is_in_the_slots_tokens():
-    """llama.cpp's ngram-simple looks up the slot's last n-1 tokens and the token just sampled, backwards in the slot's
-    tokens (never at position 0), and drafts the m tokens after the match — if at least n follow it. Until its first
-    draft a slot asks after every token, so where an answer reaches such a token the server must have drafted
-    (server-options' promise; which drafts are accepted is the model's)."""
-    from dataclasses import replace
-
-    from fuzz.oracles.server_options import first_ngram_draft, ngram_draft, ngram_problems
-
-    assert ngram_draft([5, 1, 2, 3, 9, 8, 1], 2, 2, 3) == (1, 3)  # [1, 2] at 1, three tokens after it
-    assert ngram_draft([1, 2, 7, 7, 7, 7, 1], 2, 2, 3) is None  # only at position 0
-    assert ngram_draft([5, 1, 2, 3, 9, 1, 2], 3, 3, 2) is None  # m < n: fewer than n tokens to copy
-    assert ngram_draft([5, 1, 2, 3, 1, 1], 2, 2, 3) is None  # too short to draft at all (n + m + 1 tokens)
-    assert ngram_draft([4, 6, 6, 2, 9, 8, 3], 6, 1, 2) == (2, 2)  # n 1: the sampled token alone, latest match first
-    # the first token of the answer finds nothing; the second, with the first in the slot's tokens, does
-    prompt = [5, 1, 2, 3, 9, 8, 4]
-    assert first_ngram_draft(prompt, [1, 2, 0, 0], 2, 3) == (1, 1, 3)
-    assert first_ngram_draft(prompt, [1, 2, 0], 2, 3) is None  # (no room left for a draft after the second)
-    d = replace(draw(64, 0, 0, list(SPEC_TYPES), None), args=[
-        "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "3"])
-
-    def problems(d, **answer):
-        return ngram_problems(d, {"sent": {"random+": prompt}, "got": {"random+": {"tokens": [1, 2, 0, 0], **answer}}})
-
-    assert problems(d, draft_n=3) == []
-    assert problems(d, draft_n=0) == ["random+: ngram-simple (size-n 2, size-m 3) drafted nothing, though at "
-                                      "generated token 1 its pattern stands at position 1 of the slot's tokens with "
-                                      "3 after it"]
-    for other in ("ngram-mod", "ngram-simple,draft-simple"):  # another speculator may draft otherwise
-        assert problems(replace(d, args=["--spec-type", other, *d.args[2:]]), draft_n=0) == []
-
-
 def test_embeddings_are_drawn_beside_completions_on_several_slots_in_a_stream_of_their_own():
     """--embeddings with a pooling in 16 of seed 0's 48 schedules, only where there are several slots (one slot would
     serve the embedding after the completions, never beside them); the embedding prompt is the random prompt's first
@@ -208,6 +176,19 @@ def test_drawn_options_answer_as_uncached_with_drafts_accepted_and_rejected(fixt
     drafted, accepted = sum(r["draft_n"] for r in rows), sum(r["draft_n_accepted"] for r in rows)
     assert 0 < accepted < drafted, (accepted, drafted)
     assert any(r["n_cmpl"] for r in rows) and rep.extra["drafts"]["other"] == "its family, seed + 1"
+
+
+@pytest.mark.llama
+@pytest.mark.server
+@pytest.mark.parametrize("family,knobs,k", [("qwen3", {"layers": 2}, 8), ("qwen3next", {"layers": 4, "period": 4}, 36)])
+def test_ngram_mod_alone_drafts_in_its_one_at_a_time_control_what_its_table_says(fixtures, family, knobs, k):
+    """Seed 0's schedules 8 and 36 draft with ngram-mod alone: before the rounds, six requests one at a time whose
+    draft counts equal the table re-derived from the slots' tokens (on the hybrid, partly accepted drafts decoded
+    again from a checkpoint): drafts that hold, drafts that fail, and the table emptied by a run of poor ones."""
+    rep = ServerOptions(fixtures(family, **knobs), ServerOptionsConfig(schedules=40, schedule=k)).report()
+    assert [r["status"] for r in rep.results] == [PASS], format_report(rep.native)
+    mod = rep.results[0]["ngram_mod"]
+    assert len(mod["drafted"]) == 6 and 0 < sum(mod["accepted"]) < sum(mod["drafted"]) and mod["resets"] >= 1, mod
 
 
 @pytest.mark.llama

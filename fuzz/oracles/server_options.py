@@ -13,10 +13,12 @@ too, must equal the uncached reference (each prompt alone on a one-slot server w
 token-exact wherever the reference's top-2 margin is clear. After each round every slot must be idle. The fixture
 drafting for itself alone must have every draft accepted on an answer clear at every pick, and draft at all with no
 probability floor (self_draft_problems); ngram-simple alone must draft where its pattern lookup matches the slot's
-tokens (ngram_problems). In some schedules the server also serves embeddings (--embeddings, a pooling type): an
-/embedding sent beside each round's completions must equal the same prompt's alone (embedding_problems). A schedule
-with a finding is observed once more before it counts (reproduced or not); `--schedule K` runs the K-th draw alone
-(what a bundle replays, with its flags as shrunk: `args`).
+tokens (ngram_problems); ngram-mod alone first serves six requests one at a time (on its fresh table) whose draft
+counts, drafted and accepted, must be what its table re-derived from the slots' tokens says (ngram_drafts). In some
+schedules the server also serves embeddings (--embeddings, a pooling type): an /embedding sent beside each round's
+completions must equal the same prompt's alone (embedding_problems). A schedule with a finding is observed once more
+before it counts (reproduced or not); `--schedule K` runs the K-th draw alone (what a bundle replays, with its flags
+as shrunk: `args`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 from fuzz.engine.case_oracle import CaseOracle
 from fuzz.engine.contract import FAILING, FINDING, NUMERICS, PASS, Oracle, Report
 from fuzz.engine.fleet import Fleet, fixture_header, need_server
+from fuzz.oracles.ngram_drafts import mod_control, mod_judged, mod_sizes, ngram_problems
 from fuzz.oracles.server_answers import (
     NEAR_TIE,
     NOISE_FACTOR,
@@ -251,8 +254,16 @@ class ServerOptions(CaseOracle[Draw]):
                         kv_unified=cfg.kv_unified, args=self.argv(d))
         except ServerCrash as e:
             return Failure("crash", f"llama-server aborted loading with {' '.join(d.args)}: {e}", "load", e.params)
+        mod: dict[str, Any] = {}  # ngram-mod alone: its one-at-a-time control first, on the fresh table
+        if mod_sizes(d.args) and verifies_drafts(d):
+            asked = mod_control(self.srv, d.args, d.prompts["random"], 2 * cfg.tokens, self.info.n_vocab,
+                                np.random.Generator(np.random.PCG64([cfg.seed, d.index, 3])))
+            if isinstance(asked, Failure):
+                return asked
+            mod = {"ngram_mod": {"asked": asked, "n_ctx": cfg.n_ctx if cfg.kv_unified else cfg.n_ctx // d.slots,
+                                 "replay": self.info.is_recurrent or self.info.is_hybrid}}  # (a slot's context)
         seen = self.rounds(d)
-        return seen if isinstance(seen, Failure) else self.with_cold(seen)
+        return seen if isinstance(seen, Failure) else {**self.with_cold(seen), **mod}
 
     def with_cold(self, seen: dict[str, Any]) -> dict[str, Any]:
         """What a run saw, with the uncached reference of every prompt it sent (each asked once per oracle run)."""
@@ -373,13 +384,16 @@ class ServerOptions(CaseOracle[Draw]):
                     wrong.append({"name": name, "completion": c, **({"tokens": answer["tokens"]}
                                                                    if "tokens" in answer else {})})
         problems += [f"slots {b} still processing after round {k}" for k, b in enumerate(seen["busy"]) if b]
-        problems += self_draft_problems(d, seen, self.near_tie) + ngram_problems(d, seen) + embedding_problems(seen)
+        problems += self_draft_problems(d, seen, self.near_tie) + embedding_problems(seen)
+        mod_wrong, mod_seen = mod_judged(d.args, seen.get("ngram_mod"))
+        problems += (ngram_problems(d.args, seen) if verifies_drafts(d) else []) + mod_wrong
         answers = [a for g in seen["got"].values() for a in completions(g)]
         row = {**self.identity(d), "n_cmpl": d.n_cmpl,
                "draft_n": sum(a.get("draft_n", 0) for a in answers),
                "draft_n_accepted": sum(a.get("draft_n_accepted", 0) for a in answers),
                "cache_n": sum(a.get("cache_n", 0) for a in answers),
                **({"embeddings": len(seen["embeddings"]) - 1} if seen.get("embeddings") else {}),  # (compared)
+               **mod_seen,
                "status": FINDING if problems else PASS}
         return [{**row, "reason": "; ".join(problems), "diverged": wrong} if problems else row]
 
@@ -444,52 +458,6 @@ def self_draft_problems(d: Draw, seen: dict[str, Any], near_tie: float) -> list[
             if "tokens" in answer and taken < drafted and answer["tokens"] == ref["tokens"] and clear(ref, near_tie):
                 out.append(f"{name}: the fixture drafting for itself, {drafted - taken} of {drafted} draft tokens "
                            f"rejected on an answer that is the reference's, every pick clear")
-    return out
-
-
-def ngram_draft(tokens: list[int], sampled: int, n: int, m: int) -> tuple[int, int] | None:
-    """Where llama.cpp's ngram-simple speculator finds a draft, and how long it is, or None: the slot's last n-1
-    tokens and the token just sampled, searched for backwards in the slot's tokens (not at position 0 nor at the
-    end), the m-gram after the match the draft (common_ngram_simple_draft, common/ngram-map.cpp)."""
-    size = len(tokens)
-    if size <= n + m + 1:
-        return None
-    pattern = tokens[size - n + 1:] + [sampled]
-    for j in range(size - n - 1, 0, -1):
-        if tokens[j:j + n] == pattern:
-            copy = min(m, size - (j + n))
-            return (j, copy) if copy >= n else None
-    return None
-
-
-def first_ngram_draft(prompt: list[int], answer: list[int], n: int, m: int) -> tuple[int, int, int] | None:
-    """The first generated token at which ngram-simple must draft (the step, the match's position, the draft's
-    length), or None. Until its first draft a slot drafts after every token it samples, from its tokens so far (the
-    prompt and the tokens generated before it), while the answer has room for a draft (two tokens more to come)."""
-    for i in range(len(answer) - 2):
-        found = ngram_draft(prompt + answer[:i], answer[i], n, m)
-        if found:
-            return i, *found
-    return None
-
-
-def ngram_problems(d: Draw, seen: dict[str, Any]) -> list[str]:
-    """A promise of the schedule itself: with ngram-simple the only speculator, an answer that reaches a token the
-    speculator finds a draft for (first_ngram_draft: the pattern is in the slot's own tokens) was drafted for. An
-    answer with no draft is a speculator that was not added or not given the slot's tokens; which drafts are accepted
-    is the model's, and not judged."""
-    a = d.args
-    if "--spec-type" not in a or a[a.index("--spec-type") + 1] != "ngram-simple" or not verifies_drafts(d) or \
-            not {"--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"} <= set(a):
-        return []
-    n, m = (int(a[a.index(f"--spec-ngram-simple-size-{x}") + 1]) for x in "nm")
-    out = []
-    for name, got in seen["got"].items():
-        found = first_ngram_draft(seen["sent"][name], got.get("tokens") or [], n, m)
-        if found and not got.get("draft_n"):
-            step, at, size = found
-            out.append(f"{name}: ngram-simple (size-n {n}, size-m {m}) drafted nothing, though at generated token "
-                       f"{step} its pattern stands at position {at} of the slot's tokens with {size} after it")
     return out
 
 
