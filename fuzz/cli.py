@@ -16,6 +16,7 @@ from fuzz.oracles import determinism as det
 from fuzz.oracles import isolation as iso
 from fuzz.oracles import prefix_cache as pc
 from fuzz.oracles import radix as rx
+from fuzz.oracles import sampling as smp
 from fuzz.oracles.handoff_state import MODES as HANDOFF_MODES
 from fuzz.oracles.handoff_state import HandoffConfig
 from fuzz.oracles.memory_configs import capacity_config, pressure_config
@@ -293,6 +294,31 @@ def isolation_cmd(
     return run_oracle("isolation", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
 
 
+@app.command("sampling")
+def sampling_cmd(
+    fixture: FixtureArg,
+    programs: Annotated[int, Opt(help="programs drawn, each on a fresh context")] = 4,
+    program: Annotated[int, Opt(help="run only this drawn program (a finding names it)")] = -1,
+    steps: Annotated[int, Opt(help="batches a program decodes")] = 16,
+    n_seq: Annotated[int, Opt(help="sequences of the context")] = 3,
+    target: TargetOpt = "llama-cpp",
+    llama_cpp: LlamaCppOpt = None,
+    patches: PatchesOpt = None,
+    backend: BackendOpt = None,
+    report: ReportOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    seed: SeedOpt = 0,
+    bundle: BundleOpt = None,
+) -> int:
+    """Sampling in the graph (backend samplers) on several sequences whose batches verify drafts: every token
+    sampled in the graph equals the greedy pick of the same batches on a context without samplers."""
+    if programs < 1 or steps < 1 or n_seq < 2:
+        raise UserError("--programs and --steps must be at least 1, --n-seq at least 2 (sequences batched together)")
+    cfg = smp.SamplingConfig(programs=programs, program=program, steps=steps, n_seq=n_seq, target=target,
+                             timeout=timeout, seed=seed)
+    return run_oracle("sampling", fixture, cfg, report, bundle, (llama_cpp, patches, backend))
+
+
 def rope_params(rope: str) -> dict[str, Any]:
     """--rope SCALING[:FREQ_SCALE] as MemoryConfig's fields."""
     scaling, _, scale = rope.partition(":")
@@ -563,24 +589,7 @@ def inputs_cmd(
     a repro bundle or a layer package's manifest, reading them must work or end as one line and exit 2 — anything
     else is a finding."""
     from fuzz.repro import inputs
-    if kind not in inputs.KINDS:
-        raise UserError(f"input kind {kind!r}: use one of {', '.join(inputs.KINDS)}")
-    if runs < 1 or seed < 0 or (seconds is not None and seconds < 1):
-        raise UserError(f"--runs {runs} / --seed {seed} / --seconds {seconds}: runs and seconds must be at least 1, "
-                        "the seed at least 0")
-    rc, crashes, log = inputs.fuzz_inputs(kind, runs=runs, seed=seed, out=out, seconds=seconds)
-    done = next((ln for ln in reversed(log.splitlines()) if ln.startswith("Done ")), "")
-    if crashes:
-        what = {"oom": "ran out of memory", "timeout": "took too long", "leak": "leaked memory"}.get(
-            crashes[0].name.split("-")[0])
-        exc = what or next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
-                            and ("Error" in ln or "Exception" in ln)), "an exception")
-        print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.repro.inputs {kind} {crashes[0]})")
-        return 1
-    if rc != 0:
-        raise UserError(f"the fuzzer stopped with exit code {rc} and no saved input: {log.strip().splitlines()[-1:]}")
-    print(f"pass: {kind}: {done or f'{runs} runs'}; every input read or refused in one line")
-    return 0
+    return inputs.fuzz_command(kind, runs=runs, seed=seed, out=out, seconds=seconds)
 
 
 def main(argv: list[str] | None = None) -> None:

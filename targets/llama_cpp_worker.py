@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from targets import native, state_io
+from targets import native, state_io, tokenizer
+from targets.samplers import free_chains, set_greedy
 from targets.worker_build import (
     DEVICE_BACKENDS,
     PINNED_LLAMA_CPP_PYTHON,
@@ -33,7 +34,8 @@ from targets.worker_protocol import CACHE_TYPES, PROTOCOL_VERSION, ROPE_SCALINGS
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
-            "capture": True, "trace": False, "n_rs_seq": 0, "swa_full": False}
+            "capture": True, "trace": False, "n_rs_seq": 0, "swa_full": False, "n_outputs_max": 0,
+            "n_outputs_max_per_seq": 0}  # (0: llama.cpp's own caps on output rows)
 
 
 def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int] | None:
@@ -70,6 +72,7 @@ class LlamaWorker:
         self.model = None
         self.model_key: tuple[Any, ...] | None = None  # the loaded model's file (path, identity, size, mtime), mmap
         self.ctx = None
+        self.chains: dict[int, Any] = {}  # the context's backend samplers, by sequence (load's `samplers`)
         self.params: dict[str, Any] = {}
         self.kv_unified = False  # the loaded context's KV layout (one stream for every sequence)
         self.info: dict[str, Any] = {}
@@ -158,6 +161,7 @@ class LlamaWorker:
         cp.n_ubatch = params["n_ubatch"]
         cp.n_seq_max = params["n_seq_max"]
         cp.n_rs_seq = params["n_rs_seq"]  # recurrent-state snapshots per sequence for rollback (archs that have it)
+        cp.n_outputs_max, cp.n_outputs_max_per_seq = params["n_outputs_max"], params["n_outputs_max_per_seq"]
         cp.n_threads = params["n_threads"]
         cp.n_threads_batch = params["n_threads"]
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
@@ -188,8 +192,13 @@ class LlamaWorker:
                                                           self._last_error("failed to create context")))
         self.model, self.model_key, self.ctx, self.params = model, key, ctx, params
         self.info = self._model_info()
+        try:  # sampling in the graph: the greedy chain on each of these sequences
+            self.chains, eog = set_greedy(L, ctx, model, [int(s) for s in req.get("samplers", [])])
+        except RequestError:
+            self._unload()
+            raise
         return {**self.info, "load_seconds": round(time.perf_counter() - t0, 6), "model_reused": model_reused,
-                "device": self.device[1] if self.device else "CPU"}
+                "device": self.device[1] if self.device else "CPU", **({"sampler_eog": eog} if self.chains else {})}
 
     def _check_offloaded(self, L: Any, model: Any) -> None:
         """Every layer went to the device, as llama.cpp reports it ("offloaded N/M layers to GPU"); else the run
@@ -358,6 +367,9 @@ class LlamaWorker:
             ptrs = [ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value for i in rows]
         resp: dict[str, Any] = {"n_tokens": n, "rows": rows, "argmax": [self.native.argmax(p, n_vocab) for p in ptrs],
                                 "n_vocab": n_vocab}
+        if self.chains:  # each output row's token sampled in the graph (None: its sequence has no sampler)
+            resp["sampled"] = [int(L.llama_get_sampled_token_ith(ctx, i)) if seq_sets[i][0] in self.chains else None
+                               for i in rows]
         if req.get("return_logits", True) and rows:
             resp["logits"] = b"".join(ctypes.string_at(p, 4 * n_vocab) for p in ptrs)
         if capture:
@@ -442,28 +454,11 @@ class LlamaWorker:
 
     def op_tokenize(self, req: dict) -> dict:
         """The model's own tokenizer (llama_tokenize): no BOS/EOS added, special-token text not parsed."""
-        L, vocab = self.L, self.L.llama_model_get_vocab(self._need_model())
-        text = str(req.get("text", "")).encode()
-        n = L.llama_tokenize(vocab, text, len(text), None, 0, False, False)  # -(tokens needed), or 0
-        buf = (ctypes.c_int32 * max(-n, 1))()
-        got = L.llama_tokenize(vocab, text, len(text), buf, len(buf), False, False) if n < 0 else 0
-        return {"tokens": list(buf[:got])}
+        return {"tokens": tokenizer.tokenize(self.L, self._need_model(), str(req.get("text", "")))}
 
     def op_detokenize(self, req: dict) -> dict:
         """Token ids back to text (llama_detokenize): special tokens neither removed nor rendered."""
-        L, vocab = self.L, self.L.llama_model_get_vocab(self._need_model())
-        tokens = [int(t) for t in req.get("tokens", [])]
-        if any(not 0 <= t < L.llama_vocab_n_tokens(vocab) for t in tokens):
-            raise RequestError("bad_request", "detokenize: token id out of range")
-        ids = (ctypes.c_int32 * max(len(tokens), 1))(*tokens)
-        size = 16 * len(tokens) + 16
-        for _ in range(2):  # a negative result is the size needed
-            out = ctypes.create_string_buffer(size)
-            n = L.llama_detokenize(vocab, ids, len(tokens), out, size, False, False)
-            if n >= 0:
-                return {"text": out.raw[:n].decode("utf-8", errors="replace")}
-            size = -n
-        raise RequestError("bad_request", "detokenize: llama_detokenize did not fit its own size")
+        return {"text": tokenizer.detokenize(self.L, self._need_model(), [int(t) for t in req.get("tokens", [])])}
 
     def op_seq_rm(self, req: dict) -> dict:
         L, ctx = self.L, self._need_ctx()
@@ -545,6 +540,7 @@ class LlamaWorker:
         if self.ctx:
             self.L.llama_free(self.ctx)
         self.ctx = None
+        free_chains(self.L, self.chains)  # (after the context that held them)
         if self.model and not keep_model:
             self.L.llama_model_free(self.model)
             self.model = self.model_key = None

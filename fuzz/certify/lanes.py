@@ -15,7 +15,7 @@ import numpy as np
 
 from fuzz.certify.lane_result import LaneResult, known_findings, memory_verdict, oracle_run
 from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
-from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.engine.contract import FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.fixtures import quant_head_fixture
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
@@ -24,6 +24,7 @@ from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_configs import SHIFT_DELTA, YARN, capacity_config, pressure_config, shift_config
 from fuzz.oracles.memory_machine import hung, sliding_window
 from fuzz.oracles.memory_model import MemoryConfig
+from fuzz.oracles.sampling import SamplingConfig
 from fuzz.oracles.sweep_report import SweepConfig
 from synth.dtype import DTYPES, MADE_SCALES
 from synth.errors import UserError
@@ -241,7 +242,28 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
     else:
         f = rep.findings[0]
         detail = f"{len(rep.findings)} findings; first: {f.message}; reproduced={f.reproduced}"
-    return LaneResult(row.key, "isolation", rep.status, detail, reports=[rep], cases=[case])
+    return with_sampling(row, path, target_spec, LaneResult(row.key, "isolation", rep.status, detail, reports=[rep],
+                                                            cases=[case]))
+
+
+def with_sampling(row: Row, path: Path, target_spec: str, res: LaneResult) -> LaneResult:
+    """The isolation lane's sequences batched together once more, sampling in the graph (fuzz sampling: backend
+    samplers, batches verifying drafts): its findings that are committed upstream repros make the lane `known` where
+    isolation itself passes; any other counts as the lane's."""
+    smp, case = oracle_run("sampling", path, SamplingConfig(target=target_spec))
+    repros = known_findings(row, [smp])
+    names = sorted({n for n in repros.values() if n})
+    if smp.findings and all(repros.values()) and res.status not in FAILING:
+        res.reports.append(smp)
+        res.cases.append(case)
+        return replace(res, status=KNOWN, detail=f"{res.detail}; sampling in the graph: only upstream's known "
+                                                 f"findings: {', '.join(names)}", data={**res.data, "known": [
+                                                     f"corpora/repros/{n}" for n in names]})
+    res.add(smp, case)
+    first = smp.findings[0].message if smp.findings else ""
+    res.detail += f"; sampling in the graph: {smp.status}" + (f" ({first})" if first else
+                                                              f", {len(smp.results)} programs")
+    return res
 
 
 def lane_memory(row: Row, path: Path, target_spec: str) -> LaneResult:

@@ -11,6 +11,7 @@ from fuzz.oracles import (
     memory,
     prefix_cache,
     radix,
+    sampling,
     server_options,
     skippy,
     sweep,
@@ -19,7 +20,8 @@ from fuzz.oracles import (
 from synth.errors import UserError
 
 ORACLES: dict[str, Oracle] = {m.ORACLE.name: m.ORACLE for m in (sweep, handoff, determinism, isolation, memory,
-                                                                prefix_cache, radix, server_options, wire, skippy)}
+                                                                prefix_cache, radix, server_options, wire, skippy,
+                                                                sampling)}
 
 
 def get_oracle(name: str) -> Oracle:

@@ -155,6 +155,28 @@ def fuzz_inputs(kind: str, *, runs: int, seed: int, out: Path, max_len: int = 65
     return rc, [f for f in _findings(out) if f not in before], log
 
 
+def fuzz_command(kind: str, *, runs: int, seed: int, out: Path, seconds: int | None) -> int:
+    """`fuzz inputs`: its arguments checked, the fuzzer run, its verdict printed in one line; the exit code."""
+    if kind not in KINDS:
+        raise UserError(f"input kind {kind!r}: use one of {', '.join(KINDS)}")
+    if runs < 1 or seed < 0 or (seconds is not None and seconds < 1):
+        raise UserError(f"--runs {runs} / --seed {seed} / --seconds {seconds}: runs and seconds must be at least 1, "
+                        "the seed at least 0")
+    rc, crashes, log = fuzz_inputs(kind, runs=runs, seed=seed, out=out, seconds=seconds)
+    done = next((ln for ln in reversed(log.splitlines()) if ln.startswith("Done ")), "")
+    if crashes:
+        what = {"oom": "ran out of memory", "timeout": "took too long", "leak": "leaked memory"}.get(
+            crashes[0].name.split("-")[0])
+        exc = what or next((ln for ln in log.splitlines() if ln and not ln.startswith(("INFO", "#", " ", "="))
+                            and ("Error" in ln or "Exception" in ln)), "an exception")
+        print(f"FINDING: {exc}; input saved: {crashes[0]} (replay: python -m fuzz.repro.inputs {kind} {crashes[0]})")
+        return 1
+    if rc != 0:
+        raise UserError(f"the fuzzer stopped with exit code {rc} and no saved input: {log.strip().splitlines()[-1:]}")
+    print(f"pass: {kind}: {done or f'{runs} runs'}; every input read or refused in one line")
+    return 0
+
+
 def _run_fuzzer(cmd: list[str], runs: int, *, timeout: float, env: dict[str, str]) -> tuple[int, str]:
     """The child's exit code and output; on a terminal a bar follows libFuzzer's `#N` run counter. A child still
     running after `timeout` seconds is killed (its exit code then says so)."""

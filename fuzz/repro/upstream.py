@@ -49,6 +49,7 @@ from fuzz.repro.upstream_python import (
     helpers,
     memory_script,
     step_lines,
+    step_text,
     title_of,
 )
 from fuzz.repro.upstream_server import answer_run, answer_script, deaths, died_run, died_script, server_flags
@@ -429,7 +430,7 @@ def issue(bundle_dir: Path, data: dict[str, Any], run: dict[str, Any], fix: Path
     else:
         steps = [f"{model} Each step is one call of llama.cpp's C API (through llama-cpp-python's `llama_cpp` "
                  "bindings in repro.py; `decode` fills one `llama_batch`):", "",
-                 *[f"{k}. `{call_line('ctx', op, req, 'rows')}`" for k, (op, req) in enumerate(run["steps"], 1)]]
+                 *[f"{k}. {step_text(op, req)}" for k, (op, req) in enumerate(run["steps"], 1)]]
         reproduce = ["    pip install numpy llama-cpp-python   # built from the commit above", "    python3 repro.py"]
     title = died_title(data, run) if run.get("died") else crash_title(data, run) if p["check"] == "crash" else \
         answer_title(data) if p["check"] == "answer" else title_of(data)

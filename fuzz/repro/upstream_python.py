@@ -113,6 +113,7 @@ def changes(req: dict[str, Any]) -> str:
         out.append(f"rope_scaling_type=L.LLAMA_ROPE_SCALING_TYPE_{str(req['rope_scaling']).upper()}")
     if req.get("rope_freq_scale"):
         out.append(f"rope_freq_scale={float(req['rope_freq_scale'])!r}")
+    out += [f"{k}={int(req[k])}" for k in ("n_outputs_max", "n_outputs_max_per_seq") if req.get(k)]
     return "".join(f", {x}" for x in out)
 
 
@@ -129,7 +130,34 @@ def helpers(steps: list[tuple[str, dict[str, Any]]]) -> list[str]:
             *([SHIFT_HELPER] if any(op in SHIFTS for op, _ in steps) else []),
             *([FILE_HELPER] if any(op.startswith("state_") and req.get("via") == "file" for op, req in steps)
               else []),
-            *([REFUSED_HELPER] if any(req.get(REFUSED) for _, req in steps) else [])]
+            *([REFUSED_HELPER] if any(req.get(REFUSED) for _, req in steps) else []),
+            *([SAMPLERS_HELPER] if any(op == "load" and req.get("samplers") for op, req in steps) else [])]
+
+
+SAMPLERS_HELPER = '''
+
+
+def greedy_samplers(ctx, model, seqs):
+    """llama-server's chain for a greedy request that ignores end of generation as each sequence's backend sampler
+    (llama_set_sampler: sampling in the graph): a logit bias of -inf on every end-of-generation token, top-k 1,
+    top-p 0.95, min-p 0.05, temperature 0, dist. The chains, kept while the context lives."""
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    eog = [t for t in range(n_vocab) if L.llama_vocab_is_eog(vocab, t)]
+    chains = []
+    for seq in seqs:
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if eog:
+            bias = (L.llama_logit_bias * len(eog))(*[L.llama_logit_bias(t, float("-inf")) for t in eog])
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n_vocab, len(eog), bias))
+        for s in (L.llama_sampler_init_top_k(1), L.llama_sampler_init_top_p(0.95, 1),
+                  L.llama_sampler_init_min_p(0.05, 1), L.llama_sampler_init_temp_ext(0.0, 0.0, 1.0),
+                  L.llama_sampler_init_dist(0)):
+            L.llama_sampler_chain_add(chain, s)
+        if not L.llama_set_sampler(ctx, seq, chain):
+            cannot(f"llama_set_sampler refused sequence {seq}")
+        chains.append(chain)
+    return chains'''
 
 
 REFUSED = "refused"  # a recorded state import llama.cpp refused, as the program meant it to (a state cut short)
@@ -173,9 +201,20 @@ def refused_shift():
     sys.exit(0)'''
 
 
+def step_text(op: str, req: dict[str, Any]) -> str:
+    """A recorded step as issue.md lists it: its call, and a context's backend samplers with it."""
+    text = f"`{call_line('ctx', op, req, 'rows')}`"
+    if op == "load" and req.get("samplers"):
+        text += (f", then `chains = greedy_samplers(ctx, model, {[int(x) for x in req['samplers']]})` (each of these "
+                 "sequences gets llama-server's chain for a greedy request as its backend sampler, llama_set_sampler)")
+    return text
+
+
 def step_lines(ctx: str, op: str, req: dict[str, Any], rows: str, model: str | None = None) -> list[str]:
     """A recorded step's lines in the script: its call (call_line), a shift only where the memory says it can."""
     line = call_line(ctx, op, req, rows, model)
+    if op == "load" and req.get("samplers"):
+        return [line, f"chains = greedy_samplers({ctx}, model, {[int(x) for x in req['samplers']]})"]
     if op in SHIFTS:
         return [f"if not L.llama_memory_can_shift(L.llama_get_memory({ctx})):", "    refused_shift()", line]
     return [line]
