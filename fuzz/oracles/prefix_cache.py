@@ -350,19 +350,28 @@ class PrefixCache(CaseOracle[str]):
 
     def _clients(self, t: Target) -> dict[str, Any]:
         """The clients' conversations (client_conversations) taking turns on a fresh two-slot server with the host
-        cache on, one request after another: what each request took from the cache and which slot served it."""
-        self._load(t, slots=2, cache_ram=self.cfg.cache_ram)
+        cache on, one request after another, then again with idle slots not cached (--no-cache-idle-slots: only a
+        slot taken over for a new task saves its prompt to the host cache): what each request took from the cache
+        and which slot served it, both runs in one record (a bump compares them request by request)."""
         convs, order = client_conversations(self.info.n_vocab, self.cfg.seed)
-        sent, answers, failed = converse(t, convs, order, self.cfg.tokens, "client")
-        if failed:
-            return {"answers": [], "failed": f"clients taking turns, {failed}"}
-        names = list(sent)
-        out = {"name": "clients taking turns on two slots", "order": names, **reuse(sent, answers, names)}
+        out: dict[str, Any] = {"name": "clients taking turns on two slots", "order": [], "lengths": [],
+                               "shared": [], "cache_n": [], "slots": []}
+        answered: dict[str, tuple[list[int], dict[str, Any]]] = {}
+        for prefix, args in (("client", []), ("idle-uncached client", ["--no-cache-idle-slots"])):
+            self._load(t, slots=2, cache_ram=self.cfg.cache_ram, args=args)
+            sent, answers, failed = converse(t, convs, order, self.cfg.tokens, prefix)
+            if failed:
+                return {"answers": [], "failed": f"clients taking turns, {failed}"}
+            names = list(sent)
+            for k, v in reuse(sent, answers, names).items():
+                out[k] += v
+            out["order"] += names
+            answered.update({n: (sent[n], answers[n]) for n in names})
+            self._cold(sent)
         self.passes.setdefault("clients", out)
-        self._cold(sent)
-        return {"sizes": {n: (out["lengths"][k], out["shared"][k]) for k, n in enumerate(names)},
-                "answers": [{"name": n, "tokens": sent[n], "answer": got, "where": f"clients taking turns, {n}"}
-                            for n, got in answers.items()]}
+        return {"sizes": {n: (out["lengths"][k], out["shared"][k]) for k, n in enumerate(out["order"])},
+                "answers": [{"name": n, "tokens": p, "answer": got, "where": f"clients taking turns, {n}"}
+                            for n, (p, got) in answered.items()]}
 
     def _cold(self, sent: dict[str, list[int]]) -> None:
         """The uncached reference of every prompt sent not yet answered uncached (each prompt's once, whichever
