@@ -51,15 +51,17 @@ def test_the_greedy_pick_leaves_out_end_of_generation_tokens():
     assert greedy(row, [1]) == (2, pytest.approx(2.4))
 
 
-def judged(sampled, rows, moved=0.0, samplers=(0, 1)):
+def judged(sampled, rows, moved=0.0, split_picks=(1, 0, 3), samplers=(0, 1)):
     o = Sampling.__new__(Sampling)
     p = Program(3, list(samplers), True, False, [])
     order = [(0, 0), (0, 1), (1, 2)]
     return o.judge(p, {"sampled": sampled, "eog": [3], "ref": [np.asarray(r, np.float32) for r in rows],
-                       "order": order, "moved": moved})[0]
+                       "order": order, "moved": [moved] * 3, "split_picks": list(split_picks)})[0]
 
 
 def test_a_token_sampled_in_the_graph_must_be_the_greedy_pick_where_its_margin_clears_the_control():
+    """Judged where the batches split by sequence pick the same and the margin clears 4x what the split moved the
+    row (the control, row by row)."""
     rows = [[0, 2, 1, 9], [5, 0, 0, 0], [0, 0, 0, 1]]  # (token 3 is end of generation: left out)
     row = judged([1, 0, None], rows)  # (sequence 2 has no sampler: not judged)
     assert row["status"] == PASS and (row["outputs_sampled"], row["judged"]) == (2, 2)
@@ -67,6 +69,7 @@ def test_a_token_sampled_in_the_graph_must_be_the_greedy_pick_where_its_margin_c
     assert row["status"] == FINDING and row["reason"] == \
         "batch 0, sequence 0: sampled 2 in the graph, the greedy pick is 1 (its margin 1, the bound 0)"
     assert judged([2, 0, None], rows, moved=0.3)["status"] == PASS  # a margin within 4x the control's move
+    assert judged([2, 0, None], rows, split_picks=(2, 0, 3))["status"] == PASS  # the split picks otherwise
     assert judged([1, None, None], rows)["status"] == FINDING  # a sampler's row with nothing sampled
     o = Sampling.__new__(Sampling)
     unsupported = o.judge(Program(0, [0], False, False, []), {"unsupported": "no samplers"})[0]
