@@ -34,8 +34,7 @@ from targets.worker_protocol import CACHE_TYPES, PROTOCOL_VERSION, ROPE_SCALINGS
 
 # Defaults pinned for determinism (notes §9b): fixed batch sizes, flash attention off, one thread.
 DEFAULTS = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "flash_attn": False,
-            "capture": True, "trace": False, "n_rs_seq": 0, "swa_full": False, "n_outputs_max": 0,
-            "n_outputs_max_per_seq": 0}  # (0: llama.cpp's own caps on output rows)
+            "capture": True, "trace": False, "n_rs_seq": 0, "swa_full": False}
 
 
 def batch_order(ubatch_logits: bytes, ptrs: list[int], n_vocab: int) -> list[int] | None:
@@ -161,7 +160,9 @@ class LlamaWorker:
         cp.n_ubatch = params["n_ubatch"]
         cp.n_seq_max = params["n_seq_max"]
         cp.n_rs_seq = params["n_rs_seq"]  # recurrent-state snapshots per sequence for rollback (archs that have it)
-        cp.n_outputs_max, cp.n_outputs_max_per_seq = params["n_outputs_max"], params["n_outputs_max_per_seq"]
+        for k in ("n_outputs_max", "n_outputs_max_per_seq"):  # caps on a batch's output rows (llama.cpp's unless given)
+            if k in req:
+                setattr(cp, k, int(req[k]))
         cp.n_threads = params["n_threads"]
         cp.n_threads_batch = params["n_threads"]
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if params["flash_attn"] \
