@@ -30,7 +30,10 @@ def greedy_chain(L: Any, model: Any, eog: list[int]) -> Any:
 
 def set_greedy(L: Any, ctx: Any, model: Any, seqs: list[int]) -> tuple[dict[int, Any], list[int]]:
     """The greedy chain as each sequence's backend sampler: the chains by sequence (freed by free_chains after the
-    context), and the end-of-generation tokens they bias away."""
+    context), and the end-of-generation tokens they bias away (nothing asked, nothing looked up: a vocabulary's
+    tokens are asked one call each)."""
+    if not seqs:
+        return {}, []
     eog = eog_tokens(L, model)
     chains: dict[int, Any] = {}
     for s in seqs:
