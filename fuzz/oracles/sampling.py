@@ -108,7 +108,6 @@ class Sampling(CaseOracle[Program]):
     def __init__(self, fixture: Path, cfg: SamplingConfig):
         super().__init__(fixture, cfg)
         self.info = inspect_file(str(self.fixture))
-        self.noise: dict[str, float] = {}
 
     def open(self, fleet: Fleet) -> None:
         self.smp, self.ref = fleet.open(2, start=True)
