@@ -194,7 +194,8 @@ class LlamaWorker:
         self.model, self.model_key, self.ctx, self.params = model, key, ctx, params
         self.info = self._model_info()
         try:  # sampling in the graph: the greedy chain on each of these sequences
-            self.chains, eog = set_greedy(L, ctx, model, [int(s) for s in req.get("samplers", [])])
+            seqs = [self._seq({"samplers": s}, "samplers") for s in req.get("samplers", [])]
+            self.chains, eog = set_greedy(L, ctx, model, seqs)
         except RequestError:
             self._unload()
             raise
