@@ -34,6 +34,12 @@ def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", "⏎").strip()
 
 
+def score_rows(results: list[dict[str, Any]]) -> list[str]:
+    """Each group's killed, survived, equivalent and score as a table row."""
+    return [f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |"
+            for g, t in ((g, score(results, g)) for g in GROUP_NAMES)]
+
+
 def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dict[str, Any]]] = ()) -> str:
     accounts = {a["id"]: a for a in tomllib.loads(ACCOUNTS.read_text()).get("survivor", [])}
     res = rep["results"]
@@ -68,24 +74,18 @@ def page(rep: dict[str, Any], machine: str, day: str, again: list[tuple[str, dic
     # (survivors whose account shows them equivalent by reading the code: TCE compares object code, and a change
     # that compiles otherwise but computes the same, or a dead statement, passes it)
     read = {i for i, a in accounts.items() if a["status"] == "unobservable" and a["why"].startswith("equivalent")}
+    as_read = [{**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r for r in res]
     if any(r["id"] in read for r in res):
         out += ["", "With the survivors read to be equivalent (their accounts below) counted as equivalent too:", "",
-                "| group | killed | survived | equivalent by reading | score |", "|---|---:|---:|---:|---:|"]
-        for g in GROUP_NAMES:
-            t = score([{**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r
-                       for r in res], g)
-            out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
+                "| group | killed | survived | equivalent by reading | score |", "|---|---:|---:|---:|---:|",
+                *score_rows(as_read)]
     since = {r["id"] for _, run in again for r in run["results"] if r["status"] == "killed"} & {r["id"] for r in res}
     since -= {i for i, a in accounts.items() if a["status"] == "todo"}  # (a kill its account does not stand behind)
     if since:  # (a survivor killed since by a later generator, judged again: the sections below)
         out += ["", "As it stands: the survivors judged again since (the sections below) as they ended, those read to "
                 "be equivalent counted as equivalent:", "",
-                "| group | killed | survived | equivalent | score |", "|---|---:|---:|---:|---:|"]
-        now = [{**r, "status": "killed"} if r["id"] in since else
-               {**r, "status": "equivalent"} if r["id"] in read and r["status"] == "survived" else r for r in res]
-        for g in GROUP_NAMES:
-            t = score(now, g)
-            out.append(f"| {g} | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['score']}% |")
+                "| group | killed | survived | equivalent | score |", "|---|---:|---:|---:|---:|",
+                *score_rows([{**r, "status": "killed"} if r["id"] in since else r for r in as_read])]
     out += ["", totals_line(res), "", "## Survivors", ""]
     surv = [r for r in res if r["status"] == "survived"]
     if not surv:
