@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from fuzz.certify.lane_result import LaneResult, known_findings, memory_verdict, oracle_run
+from fuzz.certify.lane_result import LaneResult, known_findings, memory_verdict, no_new_findings, oracle_run
 from fuzz.certify.server_lanes import lane_prefix_cache, lane_prompt_trees
-from fuzz.engine.contract import FAILING, FINDING, KNOWN, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
+from fuzz.engine.contract import FAILING, FINDING, MISSING, NUMERICS, PASS, SKIPPED, UNSUPPORTED, Report
 from fuzz.engine.fixtures import quant_head_fixture
 from fuzz.engine.stages import PLANNER, FixtureStages, cut_sets
 from fuzz.oracles.determinism import DeterminismConfig
@@ -249,16 +249,12 @@ def lane_isolation(row: Row, path: Path, target_spec: str) -> LaneResult:
 def with_sampling(row: Row, path: Path, target_spec: str, res: LaneResult) -> LaneResult:
     """The isolation lane's sequences batched together once more, sampling in the graph (fuzz sampling: backend
     samplers, batches verifying drafts): its findings that are committed upstream repros make the lane `known` where
-    isolation itself passes; any other counts as the lane's."""
+    isolation itself passes (no_new_findings); any other counts as the lane's."""
     smp, case = oracle_run("sampling", path, SamplingConfig(target=target_spec))
     repros = known_findings(row, [smp])
-    names = sorted({n for n in repros.values() if n})
     if smp.findings and all(repros.values()) and res.status not in FAILING:
-        res.reports.append(smp)
-        res.cases.append(case)
-        return replace(res, status=KNOWN, detail=f"{res.detail}; sampling in the graph: only upstream's known "
-                                                 f"findings: {', '.join(names)}", data={**res.data, "known": [
-                                                     f"corpora/repros/{n}" for n in names]})
+        return no_new_findings(row, "isolation", f"{res.detail}; sampling in the graph", "findings",
+                               [*res.reports, smp], [*res.cases, case], repros)
     res.add(smp, case)
     first = smp.findings[0].message if smp.findings else ""
     res.detail += f"; sampling in the graph: {smp.status}" + (f" ({first})" if first else
