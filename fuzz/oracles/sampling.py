@@ -128,9 +128,9 @@ class Sampling(CaseOracle[Program]):
     def identity(self, p: Program) -> dict[str, Any]:
         return {"step": p.index, "samplers": p.samplers, "flash_attn": p.flash_attn, "kv_unified": p.kv_unified}
 
-    def run_on(self, t: Target, p: Program, samplers: list[int] | None, split: bool = False) -> Any:
-        """The program on a fresh context of the target (with samplers: each batch a decode call of its own, as a
-        standalone reproducer makes it; without: one script)."""
+    def run_on(self, t: Target, p: Program, steps: list[dict[str, Any]], samplers: list[int] | None = None) -> Any:
+        """The program's decode requests on a fresh context of the target (with samplers: each batch a decode call of
+        its own, as a standalone reproducer makes it; without: one script)."""
         loaded = t.load(str(self.fixture), **self.params(p, samplers))
         if not loaded.ok:
             return loaded.failure
@@ -138,27 +138,28 @@ class Sampling(CaseOracle[Program]):
             return {"unsupported": "the target sets no backend samplers (its load reply has no sampler_eog)"}
         if samplers:
             results = []
-            for step in program_steps(p, split):
+            for step in steps:
                 r = t.decode(**step)
                 if not r.ok:
                     return r.failure
                 results.append(r.data)
             return {"eog": loaded.data.get("sampler_eog", []), "results": results}
-        r = t.script(program_steps(p, split))
+        r = t.script(steps)
         return r.failure if not r.ok else {"eog": [], "results": r.data["results"]}
 
     def observe(self, p: Program) -> dict[str, Any] | Failure:
-        got = self.run_on(self.smp, p, p.samplers)
+        steps, parts = program_steps(p), program_steps(p, split=True)
+        got = self.run_on(self.smp, p, steps, p.samplers)
         if isinstance(got, Failure) or "unsupported" in got:
             return got
-        ref, split = self.run_on(self.ref, p, None), self.run_on(self.ref, p, None, split=True)
+        ref, split = self.run_on(self.ref, p, steps), self.run_on(self.ref, p, parts)
         if isinstance(ref, Failure) or isinstance(split, Failure):  # (the same target without samplers)
             return ref if isinstance(ref, Failure) else split
-        order = outputs(program_steps(p))
+        order = outputs(steps)
         rows = [row for res in ref["results"] for row in res["logits"]]
         # the control: the same batches split by sequence; its rows matched by sequence and output number
         parted = {s: [] for _, s in order}
-        for (_, s), row in zip(outputs(program_steps(p, split=True)), (r for res in split["results"]
+        for (_, s), row in zip(outputs(parts), (r for res in split["results"]
                                                                         for r in res["logits"]), strict=True):
             parted[s].append(row)
         moved, picks, seen_of = [], [], {s: 0 for s in parted}
